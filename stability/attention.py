@@ -1,0 +1,185 @@
+"""Causal self-attention with the gate variants of Qiu et al. (2025) and three backends.
+
+Shapes: x is (B, S, d_model); inside, q is (B, H, S, D) and k, v are (B, Hkv, S, D)
+with H query heads, Hkv key/value heads (grouped-query attention) and head dim D.
+
+The gate is ``act(x @ W_g)`` computed from the same normalised hidden state x that feeds
+Q, K and V (no bias), and multiplies (or, in the additive variant, is added to) one
+tensor of the attention:
+
+    G1  the SDPA output of each head, before W_o   (the paper's recommendation)
+    G2  the value projection output
+    G3  the key projection output
+    G4  the query projection output
+    G5  the output of W_o
+
+Backends compute the same function: "torch" (fused ``scaled_dot_product_attention``),
+"explicit" (materialises the probabilities; probes read them through ``observer``) and
+"triton" (the fused kernel of ``stability.kernels``, with a G1 sigmoid gate fused in).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stability.config import GateConfig, ModelConfig
+
+Observer = Callable[[str, torch.Tensor], None]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dim with a learned gain (computed in fp32)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(x.dtype)
+
+
+def rope_tables(context: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape (context, head_dim / 2) for rotary position embeddings."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(context, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (first half, second half) of the last dim of x (B, heads, S, D)."""
+    seq = x.shape[-2]
+    cos, sin = cos[:seq].to(x.dtype), sin[:seq].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def gate_width(config: ModelConfig) -> int:
+    """Number of gate logits per token: the extra parameters are ``d_model * gate_width``."""
+    gate = config.gate
+    if not gate.enabled:
+        return 0
+    if gate.position == "G5":
+        return config.d_model
+    heads = config.n_kv_heads if gate.position in ("G2", "G3") else config.n_heads
+    per_head = config.head_dim if gate.granularity == "elementwise" else 1
+    return per_head * (1 if gate.shared_heads else heads)
+
+
+def apply_gate(target: torch.Tensor, logits: torch.Tensor, gate: GateConfig) -> torch.Tensor:
+    """``target * act(logits)`` or ``target + act(logits)``; logits broadcast against target."""
+    score = torch.sigmoid(logits) if gate.activation == "sigmoid" else F.silu(logits)
+    return target * score if gate.mode == "multiplicative" else target + score
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                       observer: Observer | None = None) -> torch.Tensor:
+    """Causal attention that materialises the (B, H, S, S) probabilities, in fp32.
+
+    The observer, when given, sees "attn_logits" (scaled scores before the mask) and
+    "attn_probs"."""
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)
+    v = v.repeat_interleave(groups, dim=1)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    seq = q.shape[-2]
+    mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
+    if observer is not None:
+        observer("attn_logits", scores.masked_fill(~mask, float("-inf")))
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    if observer is not None:
+        observer("attn_probs", probs)
+    return (probs @ v.float()).to(q.dtype)
+
+
+def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention through PyTorch's fused SDPA (grouped-query aware)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention with an optional gate (see module docstring)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.gate = config.gate
+        d, heads, kv_heads, head_dim = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
+        self.q_proj = nn.Linear(d, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(d, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, d, bias=False)
+        self.gate_proj = nn.Linear(d, gate_width(config), bias=False) if self.gate.enabled else None
+        self.q_norm = RMSNorm(head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.norm_eps) if config.qk_norm else None
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.backend = config.backend
+        self.observer: Observer | None = None  # set by probes; forces the explicit backend
+
+    def _heads(self, t: torch.Tensor, n_heads: int) -> torch.Tensor:
+        """(B, S, n_heads * D) -> (B, n_heads, S, D)."""
+        batch, seq, _ = t.shape
+        return t.view(batch, seq, n_heads, self.config.head_dim).transpose(1, 2)
+
+    def _gate_logits(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
+        """Gate logits shaped to broadcast against a (B, n_heads, S, D) tensor."""
+        logits = self.gate_proj(x)  # (B, S, gate_width)
+        per_head = self.config.head_dim if self.gate.granularity == "elementwise" else 1
+        batch, seq, _ = logits.shape
+        groups = 1 if self.gate.shared_heads else n_heads
+        return logits.view(batch, seq, groups, per_head).transpose(1, 2)
+
+    def _observe_gate(self, logits: torch.Tensor) -> None:
+        if self.observer is not None:
+            score = torch.sigmoid(logits) if self.gate.activation == "sigmoid" else F.silu(logits)
+            self.observer("gate_score", score)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cfg, gate = self.config, self.gate
+        q = self._heads(self.q_proj(x), cfg.n_heads)
+        k = self._heads(self.k_proj(x), cfg.n_kv_heads)
+        v = self._heads(self.v_proj(x), cfg.n_kv_heads)
+        gate_logits = None
+        if gate.enabled and gate.position != "G5":
+            heads = cfg.n_kv_heads if gate.position in ("G2", "G3") else cfg.n_heads
+            gate_logits = self._gate_logits(x, heads)
+            self._observe_gate(gate_logits)
+            if gate.position == "G2":
+                v = apply_gate(v, gate_logits, gate)
+            elif gate.position == "G3":
+                k = apply_gate(k, gate_logits, gate)
+            elif gate.position == "G4":
+                q = apply_gate(q, gate_logits, gate)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        fuse_gate = gate.position == "G1" and gate.activation == "sigmoid" and gate.mode == "multiplicative"
+        if self.observer is not None or self.backend == "explicit":
+            y = explicit_attention(q, k, v, self.scale, self.observer)
+        elif self.backend == "triton":
+            from stability.kernels import gated_attention
+
+            # (B, H or 1, S, D or 1) -> (B, H, S, D or 1), the shapes the kernel takes
+            fused = gate_logits.expand(-1, q.shape[1], -1, -1) if fuse_gate else None
+            y = gated_attention(q, k, v, gate=fused, causal=True, scale=self.scale)
+        else:
+            y = torch_attention(q, k, v, self.scale)
+        already_gated = self.backend == "triton" and fuse_gate and self.observer is None
+        if gate.position == "G1" and not already_gated:
+            y = apply_gate(y, gate_logits, gate)
+
+        batch, _, seq, _ = y.shape
+        out = self.o_proj(y.transpose(1, 2).reshape(batch, seq, -1))
+        if gate.position == "G5":
+            logits = self.gate_proj(x)
+            self._observe_gate(logits)
+            out = apply_gate(out, logits, gate)
+        return out

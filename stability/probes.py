@@ -1,0 +1,227 @@
+"""The stability figures, each a small function on tensors or numbers (definitions: DESIGN.md).
+
+Cheap figures run every step: ``SpikeDetector`` (loss and gradient-norm spikes),
+``grad_norms`` (global and per-layer L2 before clipping, as one device tensor so the
+trainer syncs once per step) and ``first_nonfinite_module`` (used only after a
+non-finite step, so healthy steps pay nothing for it).
+
+Heavy figures run every K steps on a fixed probe batch through the explicit attention
+path: ``heavy_probes`` returns M-Act, F-Attn, sink rate, max attention logit, output
+logit health, gate score and the kurtosis / infinity norm of every Linear's input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+from torch import nn
+
+SINK_THRESHOLD = 0.3  # Gu et al. (ICLR 2025): a head has a sink at k=0 when alpha_0 > 0.3
+
+
+# ----------------------------------------------------------------------------- spikes
+
+class SpikeDetector:
+    """Flags a value at least ``k`` standard deviations above the mean of the previous
+    ``window`` finite values (needs ``min_history`` values first). Non-finite values are
+    never added to the history and are not spikes (they are non-finite events)."""
+
+    def __init__(self, window: int, k: float, min_history: int = 10):
+        self.k = k
+        self.min_history = min_history
+        self.history: deque[float] = deque(maxlen=window)
+
+    def update(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        spike = False
+        if len(self.history) >= self.min_history:
+            mean = sum(self.history) / len(self.history)
+            std = math.sqrt(sum((h - mean) ** 2 for h in self.history) / len(self.history))
+            spike = value >= mean + self.k * max(std, 1e-12)
+        self.history.append(value)
+        return spike
+
+
+def spike_score(flags: list[bool]) -> float:
+    """Percentage of steps flagged as spikes."""
+    return 100.0 * sum(flags) / len(flags) if flags else 0.0
+
+
+# ----------------------------------------------------------------------------- gradients
+
+def layer_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Parameters grouped for per-layer gradient norms: "embed", "layer0".."layerN-1", "head"."""
+    groups: dict[str, list[nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        if name.startswith("blocks."):
+            key = "layer" + name.split(".")[1]
+        elif name.startswith("embed"):
+            key = "embed"
+        else:
+            key = "head"
+        groups.setdefault(key, []).append(param)
+    return groups
+
+
+def grad_norms(groups: dict[str, list[nn.Parameter]]) -> torch.Tensor:
+    """L2 norms of the gradients: entry 0 is the global norm, then one per group, on device."""
+    per_group = []
+    for params in groups.values():
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            per_group.append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float()))
+        else:
+            per_group.append(torch.zeros((), device=next(iter(params)).device))
+    stacked = torch.stack(per_group)
+    return torch.cat([torch.linalg.vector_norm(stacked).reshape(1), stacked])
+
+
+# ----------------------------------------------------------------------------- non-finite
+
+def first_nonfinite_module(model: nn.Module, run_forward) -> str | None:
+    """Name of the first module, in the order modules finish their forward, whose output
+    holds a NaN or Inf when ``run_forward()`` is called; None if every output is finite."""
+    found: list[str] = []
+    handles = []
+
+    def hook(name):
+        def check(_module, _inputs, output):
+            tensor = output[0] if isinstance(output, tuple) else output
+            if not found and torch.is_tensor(tensor) and not torch.isfinite(tensor).all():
+                found.append(name)
+        return check
+
+    for name, module in model.named_modules():
+        if name:
+            handles.append(module.register_forward_hook(hook(name)))
+    try:
+        with torch.no_grad():
+            run_forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[0] if found else None
+
+
+def nonfinite_grad_modules(model: nn.Module) -> list[str]:
+    """Names of parameters whose gradient holds a NaN or Inf, in registration order."""
+    return [name for name, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+
+
+def layer_of(module_name: str | None) -> int | None:
+    """The block index in a module name like "blocks.3.attn.q_proj", else None."""
+    if module_name and module_name.startswith("blocks."):
+        return int(module_name.split(".")[1])
+    return None
+
+
+# ----------------------------------------------------------------------------- heavy figures
+
+def massive_activation(residual: torch.Tensor) -> tuple[float, float]:
+    """M-Act of one layer's residual output (B, S, d): (max |value|, max / median |value|)."""
+    magnitude = residual.detach().float().abs()
+    peak = magnitude.max().item()
+    median = magnitude.median().item()
+    return peak, peak / median if median > 0 else float("inf")
+
+
+def first_token_share(probs: torch.Tensor) -> torch.Tensor:
+    """Per-head attention on position 0, averaged over batch and query positions.
+
+    probs: (B, H, S, S) rows summing to 1 -> (H,). Its mean over heads is F-Attn."""
+    return probs.detach().float()[..., 0].mean(dim=(0, 2))
+
+
+def sink_rate(per_head_first_share: torch.Tensor, threshold: float = SINK_THRESHOLD) -> float:
+    """Fraction of heads whose alpha_0 (mean over queries of A[i, 0]) exceeds the threshold."""
+    return (per_head_first_share > threshold).float().mean().item()
+
+
+def max_attention_logit(logits: torch.Tensor) -> float:
+    """max of q.k / sqrt(d) over the unmasked entries of (B, H, S, S) logits (masked = -inf)."""
+    return logits.detach().float().max().item()
+
+
+def logit_health(logits: torch.Tensor) -> tuple[float, float]:
+    """Output-logit max |logit| and mean log Z (log-sum-exp over the vocab) of (B, S, V) logits."""
+    logits = logits.detach().float()
+    return logits.abs().max().item(), torch.logsumexp(logits, dim=-1).mean().item()
+
+
+def kurtosis(x: torch.Tensor) -> float:
+    """Kurtosis E[(x - mu)^4] / sigma^4 over all elements (3 for a Gaussian)."""
+    x = x.detach().double().flatten()
+    centred = x - x.mean()
+    var = centred.pow(2).mean()
+    return (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else float("nan")
+
+
+@torch.no_grad()
+def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
+    """All per-layer figures of ``model`` (a ``GatedLM``) on one probe batch (B, S).
+
+    Runs one forward through the explicit attention path with hooks, then removes them."""
+    n_layers = len(model.blocks)
+    layers = [{} for _ in range(n_layers)]
+    linear_inputs: dict[str, dict[str, float]] = {}
+    handles = []
+
+    def observe(layer, name, tensor):
+        if name == "attn_probs":
+            per_head = first_token_share(tensor)
+            layers[layer]["f_attn"] = per_head.mean().item()
+            layers[layer]["sink_rate"] = sink_rate(per_head)
+        elif name == "attn_logits":
+            layers[layer]["max_attn_logit"] = max_attention_logit(tensor)
+        elif name == "gate_score":
+            layers[layer]["gate_score"] = tensor.float().mean().item()
+
+    def block_hook(index):
+        def hook(_module, _inputs, output):
+            peak, ratio = massive_activation(output)
+            layers[index]["m_act"] = peak
+            layers[index]["m_act_ratio"] = ratio
+        return hook
+
+    def linear_hook(name):
+        def hook(_module, inputs):
+            x = inputs[0]
+            linear_inputs[name] = {"kurtosis": kurtosis(x), "inf_norm": x.detach().float().abs().max().item()}
+        return hook
+
+    for index, block in enumerate(model.blocks):
+        handles.append(block.register_forward_hook(block_hook(index)))
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            handles.append(module.register_forward_pre_hook(linear_hook(name)))
+    was_training = model.training
+    model.eval()
+    model.set_observer(observe)
+    try:
+        logits = model(tokens)
+    finally:
+        model.set_observer(None)
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    logit_max, log_z = logit_health(logits)
+
+    def mean_of(key):
+        values = [layer[key] for layer in layers if key in layer]
+        return sum(values) / len(values) if values else None
+
+    return {
+        "layers": layers,
+        "m_act_mean": mean_of("m_act"),
+        "m_act_max": max(layer["m_act"] for layer in layers),
+        "f_attn_mean": mean_of("f_attn"),
+        "sink_rate_mean": mean_of("sink_rate"),
+        "max_attn_logit": max(layer["max_attn_logit"] for layer in layers),
+        "gate_score_mean": mean_of("gate_score"),
+        "logit_max": logit_max,
+        "log_z_mean": log_z,
+        "linear_inputs": linear_inputs,
+    }

@@ -1,0 +1,64 @@
+"""Paired statistics over seeds: mean difference, 95% t-interval, exact sign-flip p-value.
+
+For n paired seeds with differences d_i = gated_i - baseline_i, the interval is
+mean(d) +/- t_{0.975, n-1} * sd(d) / sqrt(n), and the p-value is the two-sided exact
+permutation test that flips the sign of each d_i (2^n arrangements, no distribution
+assumed). With one seed there is no interval and no p-value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+# Two-sided 95% Student-t critical values by degrees of freedom (standard tables).
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+         10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
+         18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t_critical(df: int) -> float:
+    """Two-sided 95% t quantile for ``df`` degrees of freedom (next tabulated df below, so conservative)."""
+    usable = [d for d in T_975 if d <= df]
+    return T_975[max(usable)] if usable else float("nan")
+
+
+def sign_flip_p_value(differences: list[float]) -> float | None:
+    """Exact two-sided sign-flip test of mean(differences) == 0 (None for n < 2; sampled above n=16)."""
+    n = len(differences)
+    if n < 2:
+        return None
+    observed = abs(sum(differences))
+    if n <= 16:
+        signs = itertools.product((1, -1), repeat=n)
+        total = extreme = 0
+        for pattern in signs:
+            total += 1
+            extreme += abs(sum(s * d for s, d in zip(pattern, differences))) >= observed - 1e-12
+        return extreme / total
+    import random
+
+    rng = random.Random(0)
+    draws = 20000
+    extreme = sum(abs(sum(d if rng.random() < 0.5 else -d for d in differences)) >= observed - 1e-12
+                  for _ in range(draws))
+    return (extreme + 1) / (draws + 1)
+
+
+def paired_difference(baseline: list[float], gated: list[float]) -> dict:
+    """Summary of gated - baseline over paired seeds; pairs with a non-finite side are dropped."""
+    pairs = [(b, g) for b, g in zip(baseline, gated)
+             if b is not None and g is not None and math.isfinite(b) and math.isfinite(g)]
+    n = len(pairs)
+    out = {"n": n, "baseline": None, "gated": None, "difference": None, "ci_low": None, "ci_high": None,
+           "p_value": None}
+    if n == 0:
+        return out
+    diffs = [g - b for b, g in pairs]
+    mean = sum(diffs) / n
+    out.update(baseline=sum(b for b, _ in pairs) / n, gated=sum(g for _, g in pairs) / n, difference=mean)
+    if n >= 2:
+        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+        half = t_critical(n - 1) * sd / math.sqrt(n)
+        out.update(ci_low=mean - half, ci_high=mean + half, p_value=sign_flip_p_value(diffs))
+    return out
