@@ -1,0 +1,134 @@
+"""Shared pytest plumbing: markers, command-line options, fixtures, hypothesis profiles.
+
+Options:  --scale smoke|ci|full   (default $STABILITY_SCALE or smoke)
+          --device cpu|cuda       (default cpu; under pytest-xdist each worker takes GPU index = worker number)
+          --seeds 0,1,2           (override the preset's seeds)
+          --tracking-uri URI      (default $MLFLOW_TRACKING_URI or sqlite:///reports/mlflow-tests.db)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Triton kernels on a machine without CUDA run in the interpreter; this must be set
+# before any kernel is defined, so it is set here, before tests import anything.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # torch missing: the test run fails on its own, with a clearer message
+    pass
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, max_examples=50)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+MARKERS = {
+    "stress": "paired stress runs through the public API (pytest suites/ -m stress)",
+    "kernel": "Triton kernel correctness (interpreter on the CPU, real kernels on a GPU)",
+    "quant": "post-training quantization evaluation",
+    "gpu": "needs a CUDA GPU; skipped cleanly without one",
+    "slow": "long runs (ci/full scale, searches); deselect with -m 'not slow'",
+    "bench": "benchmarks (pytest-benchmark); speed is reported, never asserted",
+}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("stability")
+    group.addoption("--scale", default=os.environ.get("STABILITY_SCALE", "smoke"),
+                    choices=("smoke", "ci", "full"), help="scale preset of the stress suites")
+    group.addoption("--device", default=os.environ.get("STABILITY_DEVICE"),
+                    help="cpu or cuda (default: the preset's device: cpu for smoke/ci, cuda for full)")
+    group.addoption("--seeds", default=None, help="comma-separated seeds overriding the preset's")
+    group.addoption("--tracking-uri", default=None, help="MLflow tracking URI for the suites")
+    group.addoption("--run-slow", action="store_true", default=os.environ.get("STABILITY_RUN_SLOW") == "1",
+                    help="also run tests marked slow (long CPU runs, regime searches)")
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_collection_modifyitems(config, items):
+    has_cuda = False
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        pass
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none available)")
+    skip_slow = pytest.mark.skip(reason="slow: run with --run-slow (or STABILITY_RUN_SLOW=1)")
+    run_slow = config.getoption("--run-slow")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
+
+
+def _worker_index(config) -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
+@pytest.fixture(scope="session")
+def scale(pytestconfig) -> str:
+    return pytestconfig.getoption("--scale")
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig) -> str | None:
+    """The device of this test process; under xdist each worker gets its own GPU."""
+    wanted = pytestconfig.getoption("--device")
+    if wanted is None:
+        from stability.config import preset
+
+        wanted = preset(pytestconfig.getoption("--scale")).run.device
+    if wanted.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("--device cuda asked for, but no CUDA GPU is available")
+        if wanted == "cuda":
+            wanted = f"cuda:{_worker_index(pytestconfig) % torch.cuda.device_count()}"
+    return wanted
+
+
+@pytest.fixture(scope="session")
+def seeds(pytestconfig):
+    text = pytestconfig.getoption("--seeds")
+    return tuple(int(s) for s in text.split(",")) if text else None
+
+
+@pytest.fixture(scope="session")
+def tracking_uri(pytestconfig, tmp_path_factory) -> str:
+    uri = pytestconfig.getoption("--tracking-uri") or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    os.makedirs("reports", exist_ok=True)
+    return "sqlite:///reports/mlflow-tests.db"
+
+
+@pytest.fixture(scope="session")
+def stress_config(scale, device, seeds):
+    """Factory: the scale preset with overrides (``model__d_model=96`` or {"model.d_model": 96}),
+    on this process's device and seeds."""
+    from stability.config import resolve
+
+    def make(overrides: dict | None = None, **keyword_overrides):
+        values = {**(overrides or {}), **{k.replace("__", "."): v for k, v in keyword_overrides.items()}}
+        if device is not None:
+            values["run.device"] = device
+        if seeds is not None:
+            values["seeds"] = seeds
+        return resolve(scale, values)
+
+    return make
