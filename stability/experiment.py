@@ -86,6 +86,19 @@ def paired_summary(arms: list[dict], figures=FIGURES) -> dict:
     return out
 
 
+def quantization_hook(run: cfg.RunConfig, schemes: tuple[str, ...]):
+    """After training, evaluate the model under each post-training quantization scheme
+    and store the result in the arm record's "quant" entry (None when no scheme is asked)."""
+    if not schemes:
+        return None
+
+    def evaluate_quantized(model, corpus, record):
+        from stability.quantize import evaluate_schemes
+
+        record["quant"] = evaluate_schemes(model, corpus, run, schemes)
+    return evaluate_quantized
+
+
 def run_pair(config: cfg.ExperimentConfig, schedule=None, on_arm_done: Callable[[dict], None] | None = None,
              on_step=None, description: str = "") -> dict:
     """Train every (seed, arm) of ``config`` and return the pair record.
@@ -97,13 +110,14 @@ def run_pair(config: cfg.ExperimentConfig, schedule=None, on_arm_done: Callable[
 
     schedule = schedule or Standard()
     record = new_record(config, schedule.name, description or schedule.describe())
-    corpus = load_corpus(config.run.data, config.run.model.vocab_size)
+    corpus = load_corpus(config.run.data, config.run.model.vocab_size, config.run.model.context)
     for seed in config.seeds:
         for arm in ARMS:
             run = config.arm_config(arm, seed)
             step_cb = (lambda step, figures, arm=arm, seed=seed: on_step(arm, seed, step, figures)) if on_step \
                 else None
-            arm_record = train(run, schedule, corpus=corpus, arm=arm, on_step=step_cb)
+            arm_record = train(run, schedule, corpus=corpus, arm=arm, on_step=step_cb,
+                               on_trained=quantization_hook(run, config.quant_schemes))
             record["arms"].append(arm_record)
             record["paired"] = paired_summary(record["arms"])
             if on_arm_done:

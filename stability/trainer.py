@@ -81,15 +81,19 @@ def _finite_mean(values: list[float]) -> float:
 
 
 def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str = "",
-          on_step: StepCallback | None = None) -> dict:
-    """Train one arm and return its run record (see module docstring)."""
+          on_step: StepCallback | None = None, on_trained: Callable | None = None) -> dict:
+    """Train one arm and return its run record (see module docstring).
+
+    ``on_trained(model, corpus, record)``, when given, runs after the final evaluation of an
+    arm that completed or diverged (the experiment uses it for quantization evaluation)."""
     schedule = schedule or Standard()
     device = torch.device(run.device)
-    corpus = corpus or load_corpus(run.data, run.model.vocab_size)
+    corpus = corpus or load_corpus(run.data, run.model.vocab_size, run.model.context)
     torch.manual_seed(run.seed)
     model = GatedLM(run.model, seed=run.seed).to(device)
     policy = PrecisionPolicy(run.precision, run.device)
     model = policy.prepare(model)
+    policy.watch(model)  # bf16/fp16: counts overflow/underflow of Linear inputs on device (fp8 counts in its casts)
     optimizer = make_optimizer(model, run)
     groups = probes.layer_groups(model)
     params = [p for p in model.parameters()]
@@ -122,9 +126,8 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
         snapshot = probes.heavy_probes(model, probe_x)
         snapshot["step"] = step
         record["probes"].append(snapshot)
-        stats = policy.pop_stats()
-        if stats:
-            record["precision_stats"].append({"step": step, **stats})
+        if run.precision.dtype != "fp32":
+            record["precision_stats"].append({"step": step, **policy.pop_stats()})
         probe_seconds += time.perf_counter() - t0
 
     model.train()
@@ -148,6 +151,10 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
             figures = torch.cat([loss.detach().float().reshape(1), norms]).tolist()  # the one sync per step
             loss_value, grad_norm, layer_norms = figures[0], figures[1], figures[2:]
             grads_finite = math.isfinite(grad_norm)
+            loss_finite = math.isfinite(loss_value)
+            nonfinite = "" if loss_finite and grads_finite else ("loss" if not loss_finite else "grad")
+            if nonfinite:  # localise before the optimizer step can spread the NaN into the weights
+                record["events"].append(_nonfinite_event(model, policy, step, nonfinite, x, cfg_p))
             if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:
                 torch._foreach_mul_([p.grad for p in params if p.grad is not None],
                                     run.optim.grad_clip / (grad_norm + 1e-6))
@@ -156,8 +163,6 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
             tokens_seen += x.numel()
             train_seconds += time.perf_counter() - t0
 
-            loss_finite = math.isfinite(loss_value)
-            nonfinite = "" if loss_finite and grads_finite else ("loss" if not loss_finite else "grad")
             for key, value in (("step", step), ("lr", lr), ("batch_size", batch_size), ("tokens", tokens_seen),
                                ("loss", loss_value), ("grad_norm", grad_norm), ("layer_grad_norm", layer_norms),
                                ("loss_scale", policy.loss_scale), ("loss_spike", loss_spikes.update(loss_value)),
@@ -165,7 +170,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
                                ("skipped", not stepped)):
                 series[key].append(value)
             if nonfinite:
-                record["events"].append(_nonfinite_event(model, policy, step, nonfinite, x, stepped, cfg_p))
+                record["events"][-1]["skipped"] = not stepped
             if on_step:
                 on_step(step, {"loss": loss_value, "lr": lr, "grad_norm": grad_norm})
 
@@ -194,6 +199,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     finally:
         if fault_handle is not None:
             fault_handle.remove()
+        policy.unwatch()
 
     if record["status"] in ("completed", "diverged") and series["step"]:
         last = series["step"][-1]
@@ -201,6 +207,8 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
             take_probes(last)
         t0 = time.perf_counter()
         record["final"].update(evaluate(model, held_out, policy))
+        if on_trained is not None:
+            on_trained(model, corpus, record)
         eval_seconds = time.perf_counter() - t0
     else:
         eval_seconds = 0.0
@@ -212,9 +220,11 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     return record
 
 
-def _nonfinite_event(model, policy, step, what, x, stepped, cfg_p) -> dict:
-    """Describe a non-finite step; localise the first module whose output went non-finite."""
-    event = {"step": step, "what": what, "skipped": not stepped, "module": None, "layer": None, "grad_params": []}
+def _nonfinite_event(model, policy, step, what, x, cfg_p) -> dict:
+    """Describe a non-finite step: the first module whose output went non-finite (re-running
+    the step's forward with hooks), or the parameters whose gradients did."""
+    event = {"step": step, "what": what, "skipped": False, "module": None, "layer": None,
+             "grad_params": probes.nonfinite_grad_modules(model)[:20]}
     if cfg_p.localize_nonfinite:
         def forward():
             with policy.autocast():

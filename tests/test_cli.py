@@ -1,0 +1,102 @@
+"""`stability run` end to end: JSON record first, then one MLflow parent run with a child per arm."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from stability.cli import main
+
+FAST = ["--set", "steps=8", "--set", "probes.every=4", "--set", "probes.eval_batches=1", "--quiet"]
+
+
+@pytest.fixture()
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+def test_run_writes_the_record_and_one_parent_with_two_child_runs(workdir, capsys):
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    assert main(["run", "--preset", "smoke", "--tracking-uri", uri, "--experiment", "cli-test", *FAST]) == 0
+    out = capsys.readouterr().out
+    assert "heldout_loss" in out and "gated-baseline" in out
+    records = list((workdir / "reports" / "runs").glob("*.json"))
+    assert len(records) == 1
+    record = json.loads(records[0].read_text())
+    assert record["tracking"]["status"] == "tracked"
+    assert [a["status"] for a in record["arms"]] == ["completed", "completed"]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("cli-test")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1 and len(children) == 2
+    assert parents[0].data.tags["stability.preset"] == "smoke"
+    for child in children:
+        history = client.get_metric_history(child.info.run_id, "loss")
+        assert [m.step for m in history] == list(range(8))
+        assert len(client.get_metric_history(child.info.run_id, "grad_norm")) == 8
+        assert "final.heldout_loss" in child.data.metrics and "final.f_attn_mean" in child.data.metrics
+        assert child.info.status == "FINISHED"
+    assert parents[0].data.params["run.model.d_model"] == "64"
+
+
+def test_an_unreachable_tracking_store_loses_nothing(workdir, capsys):
+    with socket.socket() as sock:  # a loopback port with nobody listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = main(["run", "--preset", "smoke", "--tracking-uri", f"http://127.0.0.1:{port}", *FAST])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "NOT TRACKED" in err and "stability upload" in err
+    record = json.loads(next((workdir / "reports" / "runs").glob("*.json")).read_text())
+    assert record["tracking"]["status"] == "not tracked"
+    assert len(record["arms"]) == 2 and record["arms"][0]["series"]["loss"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "model.n_heads=5"], "model.n_heads=5"),
+    (["--set", "model.n_kv_heads=3"], "model.n_kv_heads=3"),
+    (["--set", "gated_gate.position=G9"], "gate.position='G9'"),
+    (["--set", "gated_gate.activation=tanh"], "gate.activation='tanh'"),
+    (["--set", "optim.lr=-1"], "optim.lr=-1.0"),
+    (["--set", "optim.lr=0"], "optim.lr=0.0"),
+    (["--set", "data.batch_size=0"], "data.batch_size=0"),
+    (["--set", "model.context=0"], "model.context=0"),
+    (["--set", "data.corpus=/no/such/corpus.txt"], "/no/such/corpus.txt"),
+    (["--set", "model.d_modl=3"], "'d_modl'"),
+    (["--preset", "huge"], "preset='huge'"),
+    (["--set", "steps"], "FIELD=VALUE"),
+])
+def test_bad_input_is_a_clear_error_before_training(workdir, capsys, args, message):
+    assert main(["run", *args, "--no-track", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert not (workdir / "reports").exists()
+
+
+def test_empty_corpus_and_oversized_token_ids_are_rejected(workdir, capsys):
+    (workdir / "empty.txt").write_bytes(b"")
+    assert main(["run", "--set", f"data.corpus={workdir / 'empty.txt'}", "--no-track", "--quiet"]) == 2
+    assert "empty" in capsys.readouterr().err
+    import numpy as np
+
+    np.array([1, 2, 999], dtype=np.uint16).tofile(workdir / "tokens.bin")
+    assert main(["run", "--set", f"data.corpus={workdir / 'tokens.bin'}", "--no-track", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "999" in err and "257" in err
+
+
+def test_overrides_from_a_toml_file(workdir, capsys):
+    (workdir / "over.toml").write_text("steps = 4\n[model]\nd_model = 32\nn_heads = 2\n[probes]\nevery = 2\n")
+    assert main(["run", "--config", str(workdir / "over.toml"), "--no-track", "--quiet",
+                 "--set", "probes.eval_batches=1"]) == 0
+    record = json.loads(next((workdir / "reports" / "runs").glob("*.json")).read_text())
+    assert record["config"]["run"]["model"]["d_model"] == 32 and len(record["arms"][0]["series"]["loss"]) == 4

@@ -1,0 +1,125 @@
+"""Each probe on hand-built tensors with a known answer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from stability import probes
+from stability.config import ModelConfig
+from stability.model import GatedLM
+
+
+def test_first_token_share_of_a_map_with_half_on_token_zero_is_one_half():
+    probs = torch.zeros(2, 3, 5, 5)
+    probs[..., 0] = 0.5
+    probs[..., 1] = 0.5
+    assert torch.allclose(probes.first_token_share(probs), torch.full((3,), 0.5))
+
+
+def test_first_token_share_averages_over_heads_and_queries():
+    probs = torch.zeros(1, 2, 4, 4)
+    probs[0, 0, :, 0] = torch.tensor([1.0, 0.5, 0.2, 0.1])  # head 0: mean 0.45
+    probs[0, 0, :, 1] = 1 - probs[0, 0, :, 0]
+    probs[0, 1, :, 1] = 1.0  # head 1: nothing on token 0
+    per_head = probes.first_token_share(probs)
+    assert torch.allclose(per_head, torch.tensor([0.45, 0.0]))
+    assert per_head.mean().item() == pytest.approx(0.225)
+
+
+def test_sink_rate_counts_heads_above_the_threshold():
+    assert probes.sink_rate(torch.tensor([0.9, 0.31, 0.3, 0.05])) == pytest.approx(0.5)
+    assert probes.sink_rate(torch.tensor([0.1, 0.2])) == 0.0
+
+
+def test_massive_activation_reports_max_and_max_over_median():
+    residual = torch.ones(1, 4, 25)
+    residual[0, 0, 3] = -1000.0
+    peak, ratio = probes.massive_activation(residual)
+    assert peak == 1000.0 and ratio == pytest.approx(1000.0)
+
+
+def test_max_attention_logit_ignores_masked_entries():
+    logits = torch.tensor([[[[2.0, float("-inf")], [7.5, -3.0]]]])
+    assert probes.max_attention_logit(logits) == 7.5
+
+
+def test_logit_health_gives_max_abs_logit_and_mean_log_partition():
+    logits = torch.zeros(1, 2, 4)
+    logits[0, 1, 2] = -9.0
+    peak, log_z = probes.logit_health(logits)
+    expected = (math.log(4) + math.log(3 + math.exp(-9))) / 2
+    assert peak == 9.0 and log_z == pytest.approx(expected, rel=1e-6)
+
+
+def test_kurtosis_is_three_for_a_gaussian_and_large_with_an_outlier():
+    gaussian = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
+    assert probes.kurtosis(gaussian) == pytest.approx(3.0, abs=0.05)
+    spiky = torch.zeros(1000)
+    spiky[0] = 1.0
+    assert probes.kurtosis(spiky) > 900
+
+
+def test_spike_detector_flags_a_jump_of_k_sigma_and_not_noise():
+    detector = probes.SpikeDetector(window=20, k=6.0, min_history=10)
+    values = [2.0 + 0.01 * ((i * 7) % 5 - 2) for i in range(30)]
+    flags = [detector.update(v) for v in values]
+    assert not any(flags)
+    assert detector.update(2.5)  # far above 6 sigma of the noise
+    assert not detector.update(float("nan"))
+
+
+def test_spike_detector_waits_for_min_history():
+    detector = probes.SpikeDetector(window=20, k=1.0, min_history=5)
+    assert [detector.update(v) for v in (1.0, 1.0, 1.0, 1.0, 100.0)] == [False] * 5
+
+
+def test_spike_score_is_a_percentage():
+    assert probes.spike_score([True, False, False, False]) == 25.0
+    assert probes.spike_score([]) == 0.0
+
+
+def test_grad_norms_give_global_then_per_group_l2():
+    a, b = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(1))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])
+    norms = probes.grad_norms({"first": [a], "second": [b]})
+    assert norms.tolist() == pytest.approx([5.0, 3.0, 4.0])
+
+
+def test_first_nonfinite_module_finds_the_earliest_offender_in_forward_order():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
+    with torch.no_grad():
+        model[1].weight.fill_(float("inf"))
+    assert probes.first_nonfinite_module(model, lambda: model(torch.ones(1, 2))) == "1"
+    with torch.no_grad():
+        model[1].weight.fill_(1.0)
+    assert probes.first_nonfinite_module(model, lambda: model(torch.ones(1, 2))) is None
+    assert not any(m._forward_hooks for m in model)  # hooks removed: healthy steps pay nothing
+
+
+def test_layer_of_reads_the_block_index():
+    assert probes.layer_of("blocks.3.attn.q_proj") == 3
+    assert probes.layer_of("embed") is None and probes.layer_of(None) is None
+
+
+def test_heavy_probes_on_a_model_with_a_planted_sink_and_massive_activation():
+    """Plant a huge value in layer 1's residual stream and a key bias toward token 0."""
+    config = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, context=16)
+    model = GatedLM(config, seed=0)
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = 256
+    before = probes.heavy_probes(model, tokens)
+    with torch.no_grad():
+        model.blocks[1].mlp.w_down.weight[5].fill_(50.0)  # channel 5 of layer 1's output becomes massive
+    after = probes.heavy_probes(model, tokens)
+    assert after["layers"][1]["m_act"] > 20 * before["layers"][1]["m_act"]
+    assert after["layers"][0]["m_act"] == pytest.approx(before["layers"][0]["m_act"])
+    assert after["m_act_mean"] == pytest.approx((after["layers"][0]["m_act"] + after["layers"][1]["m_act"]) / 2)
+    for layer in after["layers"]:
+        assert 0.0 < layer["f_attn"] <= 1.0 and 0.0 <= layer["sink_rate"] <= 1.0
+    assert set(after["linear_inputs"]) >= {"blocks.0.attn.q_proj", "blocks.1.mlp.w_down"}
+    assert after["gate_score_mean"] is None  # a baseline model has no gate
+    assert not any(b.attn.observer for b in model.blocks)
