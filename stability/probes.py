@@ -66,17 +66,32 @@ def layer_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     return groups
 
 
+class GradNorms:
+    """Global and per-group L2 norms of the gradients in one pass, kept on device.
+
+    Calling it returns a tensor: entry 0 is the global norm, then one entry per group of
+    ``layer_groups`` order. One fused ``_foreach_norm`` over all gradients, then a
+    scatter-add of the squares into their groups: no host sync, no per-group loop."""
+
+    def __init__(self, groups: dict[str, list[nn.Parameter]]):
+        self.params = [p for params in groups.values() for p in params]
+        self.group_of = torch.tensor([i for i, params in enumerate(groups.values()) for _ in params])
+        self.n_groups = len(groups)
+
+    def __call__(self) -> torch.Tensor:
+        pairs = [(i, p.grad) for i, p in enumerate(self.params) if p.grad is not None]
+        device = self.params[0].device
+        if not pairs:
+            return torch.zeros(self.n_groups + 1, device=device)
+        index = self.group_of[[i for i, _ in pairs]].to(device)
+        squares = torch.stack(torch._foreach_norm([g for _, g in pairs])).float().pow(2)
+        per_group = torch.zeros(self.n_groups, device=device).index_add_(0, index, squares)
+        return torch.cat([squares.sum().reshape(1), per_group]).sqrt()
+
+
 def grad_norms(groups: dict[str, list[nn.Parameter]]) -> torch.Tensor:
     """L2 norms of the gradients: entry 0 is the global norm, then one per group, on device."""
-    per_group = []
-    for params in groups.values():
-        grads = [p.grad for p in params if p.grad is not None]
-        if grads:
-            per_group.append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float()))
-        else:
-            per_group.append(torch.zeros((), device=next(iter(params)).device))
-    stacked = torch.stack(per_group)
-    return torch.cat([torch.linalg.vector_norm(stacked).reshape(1), stacked])
+    return GradNorms(groups)()
 
 
 # ----------------------------------------------------------------------------- non-finite

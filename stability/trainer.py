@@ -96,6 +96,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     policy.watch(model)  # bf16/fp16: counts overflow/underflow of Linear inputs on device (fp8 counts in its casts)
     optimizer = make_optimizer(model, run)
     groups = probes.layer_groups(model)
+    grad_norms = probes.GradNorms(groups)
     params = [p for p in model.parameters()]
     cfg_p = run.probes
     loss_spikes = probes.SpikeDetector(cfg_p.spike_window, cfg_p.spike_k, cfg_p.spike_min_history)
@@ -147,7 +148,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
             loss = next_token_loss(logits, y)
             policy.backward(loss)
             policy.unscale_(optimizer)
-            norms = probes.grad_norms(groups)
+            norms = grad_norms()
             figures = torch.cat([loss.detach().float().reshape(1), norms]).tolist()  # the one sync per step
             loss_value, grad_norm, layer_norms = figures[0], figures[1], figures[2:]
             grads_finite = math.isfinite(grad_norm)

@@ -1,0 +1,55 @@
+"""Configs are validated at construction and round-trip through the record."""
+
+from __future__ import annotations
+
+import pytest
+
+from stability.config import (ConfigError, ExperimentConfig, GateConfig, ModelConfig, from_dict, load_overrides,
+                              override, resolve, to_dict)
+
+
+@pytest.mark.parametrize("preset", ["smoke", "ci", "full"])
+def test_every_preset_is_valid_and_round_trips_through_a_dict(preset):
+    config = resolve(preset)
+    assert from_dict(ExperimentConfig, to_dict(config)) == config
+
+
+def test_dotted_overrides_reach_nested_fields_and_coerce_types():
+    config = resolve("smoke", {"model.d_model": "96", "run.optim.lr": "1e-2", "seeds": "0,1,2",
+                               "gated_gate.granularity": "headwise", "model.qk_norm": "true"})
+    assert config.run.model.d_model == 96 and config.run.optim.lr == 0.01 and config.seeds == (0, 1, 2)
+    assert config.gated_gate.granularity == "headwise" and config.run.model.qk_norm is True
+
+
+@pytest.mark.parametrize("dotted, value, message", [
+    ("model.d_model", "abc", "expected a int"),
+    ("model.qk_norm", "maybe", "expected true or false"),
+    ("seeds", "0,0", "distinct seeds"),
+    ("gated_gate.position", "none", "other than 'none'"),
+    ("nothing.here", 1, "not a config field"),
+])
+def test_bad_overrides_name_the_field_and_what_was_expected(dotted, value, message):
+    with pytest.raises(ConfigError, match=message):
+        override(resolve("smoke"), dotted, value)
+
+
+def test_g5_takes_no_heads():
+    with pytest.raises(ConfigError, match="G5"):
+        GateConfig(position="G5", granularity="headwise")
+
+
+def test_gqa_needs_kv_heads_dividing_heads():
+    with pytest.raises(ConfigError, match="n_kv_heads=3 is invalid: expected a divisor of model.n_heads=4"):
+        ModelConfig(d_model=64, n_heads=4, n_kv_heads=3)
+
+
+def test_overrides_file_must_exist_and_parse(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_overrides(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_overrides(bad)
+    good = tmp_path / "good.json"
+    good.write_text('{"model": {"d_model": 32}, "steps": 5}')
+    assert load_overrides(good) == {"model.d_model": 32, "steps": 5}
