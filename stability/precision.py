@@ -358,7 +358,7 @@ class PrecisionPolicy:
     def watch(self, model: nn.Module) -> None:
         """bf16 / fp16: count, on the device, the input values of every nn.Linear that the
         low-precision format cannot hold: |x| > max (overflow) and non-zero |x| <= smallest
-        subnormal / 2 (flushed to zero). Meant for probe steps only; ``unwatch`` removes it.
+        subnormal / 2 (flushed to zero), and the outputs that overflowed to +/-inf. Meant for probe steps only; ``unwatch`` removes it.
         fp32: nothing to count; fp8: always counted, so a no-op too."""
         if self.config.dtype not in ("bf16", "fp16") or self._hooks:
             return
@@ -373,9 +373,16 @@ class PrecisionPolicy:
             tally.add(magnitude.numel(), (magnitude > fmax).sum(), (nonzero & (magnitude <= flush)).sum(),
                       nonzero.sum())
 
+        def count_outputs(module, args, output):
+            # a matmul whose result exceeds the format's range comes out as +/-inf
+            if torch.is_tensor(output) and output.is_floating_point():
+                none = torch.zeros((), dtype=torch.int64, device=output.device)
+                tally.add(output.numel(), output.detach().isinf().sum(), none, none)
+
         for module in model.modules():
             if isinstance(module, nn.Linear):
                 self._hooks.append(module.register_forward_pre_hook(count_inputs))
+                self._hooks.append(module.register_forward_hook(count_outputs))
 
     def unwatch(self) -> None:
         """Remove the hooks ``watch`` installed."""

@@ -161,14 +161,27 @@ def test_watch_counts_fp16_overflow_and_underflow_of_linear_inputs_only_while_wa
     x = torch.tensor([[1e5, 1e-9, 1.0, 0.0]])  # 1 overflow of 4 values, 1 flush of 3 non-zero
     policy.watch(model)
     with policy.autocast():
-        model(x)
+        out = model(x)
     stats = policy.pop_stats()
-    assert stats["overflow_fraction"] == pytest.approx(1 / 4)
+    inf_outputs = out.isinf().sum().item()  # the overflowed input makes the outputs inf as well
+    assert inf_outputs == 4
+    assert stats["overflow_fraction"] == pytest.approx((1 + inf_outputs) / (4 + 4))
     assert stats["underflow_fraction"] == pytest.approx(1 / 3)
     policy.unwatch()
     with policy.autocast():
         model(x)
     assert policy.pop_stats()["overflow_fraction"] == 0.0
+
+
+def test_watch_counts_fp16_matmul_outputs_that_overflow_from_finite_inputs():
+    policy = _policy("fp16")
+    model = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 1.0], [0.0, 1e-3]]))
+    policy.watch(model)
+    with policy.autocast():
+        model(torch.tensor([[60000.0, 60000.0]]))  # 120000 > 65504: the first output overflows
+    assert policy.pop_stats()["overflow_fraction"] == pytest.approx(1 / 4)  # 0 of 2 inputs + 1 of 2 outputs
 
 
 # ----------------------------------------------------------------------------- fp8
