@@ -10,6 +10,10 @@ already set) so the kernels run on CPU in the Triton interpreter. Without triton
 `gated_attention` raises RuntimeError; the reference still works.
 """
 
+if __name__ == "kernels":  # imported from a sys.path entry at the repository root, not as stability.kernels
+    raise ImportError("the folder kernels/ is the package stability.kernels; the top-level name 'kernels' "
+                      "belongs to the Hugging Face hub-kernels package", name="kernels")
+
 from .reference import reference_gated_attention
 
 try:

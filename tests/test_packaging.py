@@ -1,0 +1,31 @@
+"""kernels/ ships as stability.kernels and never as a top-level module named `kernels`."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_wheel_maps_kernels_into_the_stability_namespace(tmp_path):
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    if built.returncode != 0:
+        pytest.skip(f"could not build a wheel here: {built.stderr[-300:]}")
+    names = zipfile.ZipFile(next(tmp_path.glob("stability-*.whl"))).namelist()
+    assert "stability/kernels/gated_attention.py" in names
+    assert {name.split("/")[0] for name in names} == {"stability", "stability-0.1.0.dist-info"}
+
+
+def test_the_kernels_folder_refuses_the_top_level_name(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.delitem(sys.modules, "kernels", raising=False)
+    with pytest.raises(ImportError, match="hub-kernels"):
+        importlib.import_module("kernels")
+    assert importlib.import_module("stability.kernels").gated_attention is not None
