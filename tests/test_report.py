@@ -1,0 +1,114 @@
+"""Properties of the report (stability/report.py, `stability report`), rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from _stability_records import edited, pair_record
+
+from stability import regression as reg
+from stability import report
+from stability.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="module")
+def records():
+    plain = pair_record(seeds=(0, 1), quant=True)
+    plain["tracking"] = {"status": "tracked", "uri": "sqlite:///m.db", "experiment": "stability-smoke",
+                         "experiment_id": "1", "parent_run_id": "parent0123456789",
+                         "child_run_ids": {"baseline-seed0": "child-b0", "gated-seed0": "child-g0"}}
+    sweep = pair_record(schedule="lr_sweep", seeds=(0,), lrs=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1])
+    return [plain, sweep]
+
+
+@pytest.fixture(scope="module")
+def written(records, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    baseline = reg.make_baseline([records[0]])
+    result = reg.check([edited(records[0], "gated", "m_act_mean", factor=3.0)], baseline)
+    return report.write_report(records, out, result), result
+
+
+def _data_uri_images(text: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", text)]
+
+
+def test_html_is_self_contained_with_every_plot_as_a_png_data_uri(written):
+    paths, _ = written
+    text = paths["html"].read_text()
+    images = _data_uri_images(text)
+    assert len(images) == 2 + 1 + 1 + 2   # record 1: curves, layers, quant; record 2: curves, lr_sweep, layers
+    assert all(image.startswith(PNG_MAGIC) and len(image) > 2000 for image in images)
+    assert not re.search(r"(src|href)=['\"](?!data:)[^'\"]+['\"]", text)   # nothing loaded from elsewhere
+    for plot in ("plot-0-curves", "plot-0-layers", "plot-0-quant", "plot-1-curves", "plot-1-lr_sweep"):
+        assert f"id='{plot}'" in text
+
+
+def test_report_has_summary_table_verdicts_environment_and_mlflow_ids(written, records):
+    paths, result = written
+    text = paths["html"].read_text()
+    assert "<table class=\"summary\">" in text and ">heldout_loss<" in text and ">m_act_mean<" in text
+    assert result.exit_code == 1 and "REGRESSED" in text and "Regression check" in text
+    assert "torch" in text and "2.13.0+cpu" in text and "git.commit" in text
+    assert "parent0123456789" in text and "child-g0" in text
+    assert "fp8 needs a GPU here" in text   # a skipped quantization scheme says why
+
+
+def test_markdown_twin_links_existing_pngs_and_holds_the_same_tables(written):
+    paths, _ = written
+    md = paths["markdown"].read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(links) == len(paths["plots"]) == 6
+    assert all((paths["markdown"].parent / link).read_bytes().startswith(PNG_MAGIC) for link in links)
+    assert "| figure | better | baseline | gated |" in md and "parent0123456789" in md and "REGRESSED" in md
+
+
+def test_cli_report_writes_html_and_markdown_and_rejects_bad_records(tmp_path, records, capsys):
+    good = tmp_path / "r.json"
+    good.write_text(json.dumps(records[0], allow_nan=False))
+    base = tmp_path / "b.json"
+    reg.write_baseline(reg.make_baseline([records[0]]), base)
+    assert main(["report", str(good), "--out", str(tmp_path / "out" / "report.html"), "--baseline", str(base)]) == 0
+    assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "report.md").is_file()
+    assert "PASS" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(records[0])[:300])
+    assert main(["report", str(bad), "--out", str(tmp_path / "x.html")]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_report_renders_in_headless_chromium_with_loaded_figures_and_table(written, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); the render check needs it")
+    paths, _ = written
+    flags = CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
+    url = paths["html"].resolve().as_uri()
+    dom = subprocess.run([browser, *flags, "--dump-dom", url], check=False, capture_output=True, text=True,
+                         timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    images = re.findall(r"<img[^>]*class=\"plot\"[^>]*>", dom.stdout)
+    assert len(images) == 6 and all('data-loaded="true"' in img for img in images), images[:1]
+    assert 'data-plots-loaded="6"' in dom.stdout
+    assert re.search(r"<table class=\"summary\">.*heldout_loss", dom.stdout, re.DOTALL)
+    shot = tmp_path / "shot.png"
+    run = subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1200,1600", url],
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and shot.read_bytes().startswith(PNG_MAGIC), run.stderr[-2000:]
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(shot))
+    assert pixels.std() > 0.05   # not a blank page: text, tables and plots were drawn

@@ -1,0 +1,287 @@
+"""Properties of the MLflow tracking (stability/tracking.py) against SQLite stores and a local server.
+
+Stores live under tmp_path (sqlite:///{tmp_path}/m.db). A fresh MLflow SQLite schema takes
+seconds to create, so most tests copy one migrated template; the parallel-writer test starts
+from an empty file on purpose (schema creation under concurrency). The `mlflow server` of the
+server tests is started when this module starts and awaited only by those tests (at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from _stability_records import edited, pair_record
+
+from stability import tracking
+from stability.cli import main
+
+SERVER_START_TIMEOUT_S = 150
+
+
+@pytest.fixture(autouse=True)
+def _fresh_failure_memory(monkeypatch):
+    """Each test starts with no remembered store failures (they are per process)."""
+    monkeypatch.setattr(tracking, "_FAILED", {})
+    monkeypatch.setattr(tracking, "_REPORTED", set())
+
+
+@pytest.fixture(scope="module")
+def template_db(request, tmp_path_factory):
+    """An empty, migrated MLflow SQLite store to copy from; kept in pytest's cache per MLflow version (the
+    migration takes seconds), made under tmp when the cache is off."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir("stability-mlflow-template") if cache is not None else tmp_path_factory.mktemp("template")
+    path = Path(folder) / f"mlflow-{mlflow.__version__}.db"
+    if not path.is_file():
+        fresh = path.with_suffix(f".{os.getpid()}.tmp")
+        MlflowClient(tracking_uri=f"sqlite:///{fresh}").search_experiments()   # creates and migrates the schema
+        os.replace(fresh, path)
+    return path
+
+
+@pytest.fixture
+def store(tmp_path, template_db):
+    shutil.copy(template_db, tmp_path / "m.db")
+    return f"sqlite:///{tmp_path}/m.db"
+
+
+@pytest.fixture(scope="module")
+def record():
+    return pair_record(seeds=(0, 1), quant=True)
+
+
+def _client(uri):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _runs(uri, experiment="stability-smoke"):
+    client = _client(uri)
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id]) if found else []
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------- the mlflow server, started early
+
+@pytest.fixture(scope="module", autouse=True)
+def _start_server_early(request):
+    """Start the server when the module starts, so its slow start-up overlaps the other tests; under
+    pytest-xdist (tests of this module spread over workers) only the worker that needs it starts one."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        request.getfixturevalue("mlflow_server")
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory, template_db):
+    """`mlflow server` on SQLite, loopback, a free port; started at module start, killed after."""
+    root = tmp_path_factory.mktemp("server")
+    shutil.copy(template_db, root / "server.db")
+    port = _free_port()
+    log = open(root / "server.log", "w")  # noqa: SIM115  (open for the server's whole life)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/server.db",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    state = {"uri": f"http://127.0.0.1:{port}", "process": process, "log": root / "server.log", "up": False}
+    yield state
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(process.pid, signal.SIGKILL)
+    log.close()
+
+
+@pytest.fixture
+def server_uri(mlflow_server):
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while not mlflow_server["up"]:
+        if mlflow_server["process"].poll() is not None:
+            pytest.fail(f"mlflow server exited: {mlflow_server['log'].read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(mlflow_server["uri"] + "/health", timeout=2) as response:
+                mlflow_server["up"] = response.status == 200
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"mlflow server not up within {SERVER_START_TIMEOUT_S} s: "
+                            f"{mlflow_server['log'].read_text()[-2000:]}")
+            time.sleep(1)
+    return mlflow_server["uri"]
+
+
+# ----------------------------------------------------------------------------- what is logged
+
+def test_parent_and_child_runs_with_params_metrics_tags_description_and_artifacts(store, record):
+    result = tracking.log_to_mlflow(record, store)
+    assert result["status"] == "tracked", result
+    client = _client(store)
+    parent = client.get_run(result["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    tags = parent.data.tags
+    for key in ("git.commit", "git.branch", "git.dirty", "env.torch", "env.triton", "env.bitsandbytes",
+                "env.device_name", "stability.preset", "stability.schedule"):
+        assert key in tags, key
+    assert tags["stability.preset"] == "smoke" and tags["git.branch"] == "main"
+    description = tags["mlflow.note.content"]
+    assert "\n" not in description and "standard" in description and "G1" in description
+    assert parent.data.params["run.model.d_model"] == "64"
+    assert parent.data.params["run.optim.lr"] == "0.003"
+    assert set(result["child_run_ids"]) == {"baseline-seed0", "gated-seed0", "baseline-seed1", "gated-seed1"}
+    child_id = result["child_run_ids"]["gated-seed1"]
+    child = client.get_run(child_id)
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    history = client.get_metric_history(child_id, "loss")
+    assert [m.step for m in history] == list(range(30))
+    assert client.get_metric_history(child_id, "probe.f_attn.layer1")
+    assert "final.m_act_mean" in child.data.metrics and "quant.int8.damage_loss" in child.data.metrics
+    artifacts = {f.path for d in ("record", "plots", "report") for f in client.list_artifacts(parent.info.run_id, d)}
+    assert any(p.startswith("record/") and p.endswith(".json") for p in artifacts)
+    assert {"report/report.html", "report/report.md"} <= artifacts
+    plots = {p.rsplit("-", 1)[-1] for p in artifacts if p.startswith("plots/")}
+    assert plots == {"curves.png", "layers.png", "quant.png"}
+
+
+def test_one_experiment_per_suite_or_campaign(store, monkeypatch):
+    first = tracking.log_to_mlflow(pair_record(seeds=(0,)), store, plots=False)
+    second = tracking.log_to_mlflow(pair_record(seeds=(0,), schedule="lr_ramp"), store, plots=False)
+    assert first["experiment_id"] == second["experiment_id"] and first["experiment"] == "stability-smoke"
+    monkeypatch.setenv("STABILITY_EXPERIMENT", "campaign-42")
+    third = tracking.log_to_mlflow(pair_record(seeds=(0,)), store, plots=False)
+    assert third["experiment"] == "campaign-42" and third["experiment_id"] != first["experiment_id"]
+
+
+def test_killed_arms_and_pairs_are_marked_killed(store):
+    killed = pair_record(seeds=(0,), status="killed")
+    result = tracking.log_to_mlflow(killed, store, plots=False)
+    client = _client(store)
+    assert client.get_run(result["parent_run_id"]).info.status == "KILLED"
+    assert client.get_run(result["child_run_ids"]["gated-seed0"]).info.status == "KILLED"
+    assert client.get_run(result["child_run_ids"]["baseline-seed0"]).info.status == "FINISHED"
+
+
+# ----------------------------------------------------------------------------- failing stores
+
+def test_unreachable_server_fails_fast_reports_once_and_upload_sends_later(tmp_path, store, record, capsys):
+    port = _free_port()   # nothing listens there
+    uri = f"http://127.0.0.1:{port}"
+    path = tracking.write_record(record, tmp_path / "runs")
+    before = path.read_text()
+    started = time.monotonic()
+    first = tracking.log_to_mlflow(record, uri)
+    second = tracking.log_to_mlflow(record, uri)
+    elapsed = time.monotonic() - started
+    assert first["status"] == second["status"] == "not tracked"
+    assert "unreachable" in first["error"] and "\n" not in first["error"]
+    assert elapsed < 30, f"an unreachable store took {elapsed:.1f} s"   # fail fast, not MLflow's retry minutes
+    assert tracking.report_failure(first, path) and not tracking.report_failure(second, path)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NOT TRACKED" in err and "stability upload" in err and "Traceback" not in err
+    assert path.read_text() == before   # nothing measured is lost
+    assert main(["upload", str(path), "--tracking-uri", store]) == 0
+    assert len(_runs(store)) == 1 + len(record["arms"])
+
+
+def test_a_failing_sqlite_store_does_not_raise(tmp_path, record):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = tracking.log_to_mlflow(record, f"sqlite:///{blocker}/sub/m.db", plots=False)
+    assert result["status"] == "not tracked" and result["error"]
+
+
+def test_upload_of_a_corrupt_record_exits_2_with_a_message(tmp_path, store, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema_version": 1, "arms": [')
+    assert main(["upload", str(bad), "--tracking-uri", store]) == 2
+    assert "cannot be read as JSON" in capsys.readouterr().err
+
+
+def test_cli_run_reports_an_unreachable_store_in_one_line(tmp_path, monkeypatch, capsys):
+    """The CLI path: write the record, fail to track, print one NOT TRACKED line naming `stability upload`."""
+    result = {"status": "not tracked", "uri": "http://127.0.0.1:1", "error": "ConnectionError: refused"}
+    assert tracking.report_failure(result, tmp_path / "r.json")
+    assert not tracking.report_failure(result, tmp_path / "r.json")
+    assert capsys.readouterr().err.count("NOT TRACKED") == 1
+
+
+# ----------------------------------------------------------------------------- parallel writers
+
+def _log_one(uri: str, seed: int, queue) -> None:
+    result = tracking.log_to_mlflow(pair_record(name=f"par{seed}", seeds=(seed,)), uri, experiment="parallel",
+                                    plots=False)
+    queue.put(result)
+
+
+def test_parallel_writers_share_one_fresh_sqlite_store(tmp_path):
+    uri = f"sqlite:///{tmp_path}/m.db"   # empty: the schema is created by the racing writers, under the lock
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    processes = [context.Process(target=_log_one, args=(uri, seed, queue)) for seed in range(3)]
+    for process in processes:
+        process.start()
+    results = [queue.get(timeout=240) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+    assert [r["status"] for r in results] == ["tracked"] * 3, results
+    runs = _runs(uri, "parallel")
+    parents = [r for r in runs if r.data.tags.get("stability.level") == "pair"]
+    assert len(parents) == 3 and len(runs) == 3 * 3
+
+
+# ----------------------------------------------------------------------------- baseline from the store
+
+def test_check_from_mlflow_takes_the_latest_parent_runs_of_a_branch(tmp_path, store, record, capsys):
+    old = edited(record, "gated", "m_act_mean", factor=10.0)
+    assert tracking.log_to_mlflow(old, store, plots=False)["status"] == "tracked"
+    time.sleep(0.01)
+    assert tracking.log_to_mlflow(record, store, plots=False)["status"] == "tracked"   # latest wins
+    current = tmp_path / "r.json"
+    current.write_text(json.dumps(record, allow_nan=False))
+    assert main(["check", "--from-mlflow", "main", "--tracking-uri", store, str(current)]) == 0
+    worse = tmp_path / "w.json"
+    worse.write_text(json.dumps(edited(record, "baseline", "m_act_max", factor=3.0), allow_nan=False))
+    assert main(["check", "--from-mlflow", "main", "--tracking-uri", store, str(worse)]) == 1
+    assert main(["check", "--from-mlflow", "no-such-branch", "--tracking-uri", store, str(current)]) == 2
+    assert "git.branch='no-such-branch'" in capsys.readouterr().out
+
+
+def test_check_from_an_unreachable_store_exits_2(tmp_path, record, capsys):
+    current = tmp_path / "r.json"
+    current.write_text(json.dumps(record, allow_nan=False))
+    uri = f"http://127.0.0.1:{_free_port()}"
+    assert main(["check", "--from-mlflow", "main", "--tracking-uri", uri, str(current)]) == 2
+    assert "unreachable" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- a tracking server (last: it starts slowly)
+
+def test_same_code_logs_to_a_tracking_server(server_uri):
+    record = pair_record(seeds=(0,))
+    result = tracking.log_to_mlflow(record, server_uri, plots=False)
+    assert result["status"] == "tracked", result
+    client = _client(server_uri)
+    parent = client.get_run(result["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.params["run.model.d_model"] == "64"
+    assert len(client.get_metric_history(result["child_run_ids"]["baseline-seed0"], "loss")) == 30
+    fetched = tracking.fetch_records("main", server_uri, preset="smoke")
+    assert [r["id"] for r in fetched] == [record["id"]]
