@@ -22,7 +22,7 @@ try:
 except ImportError:  # torch missing: the test run fails on its own, with a clearer message
     pass
 
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -132,3 +132,26 @@ def stress_config(scale, device, seeds):
         return resolve(scale, values)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def stress_record(stress_config, tracking_uri):
+    """Factory: ``stress_record("lr_sweep")`` runs that stress case (``stability.stress.CASES``) on
+    the scale preset once per session: JSON record first ($STABILITY_RECORD_DIR, default reports/runs/),
+    then one MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
+    overrides return the same record (``.records`` holds all)."""
+    from stability.stress import run_recorded
+
+    cache: dict = {}
+    out_dir = os.environ.get("STABILITY_RECORD_DIR", "reports/runs")
+    plots = os.environ.get("STABILITY_PLOTS", "1") != "0"
+
+    def get(kind: str, overrides: dict | None = None) -> dict:
+        config = stress_config(overrides)
+        if (kind, config) not in cache:
+            cache[(kind, config)] = run_recorded(kind, config, tracking_uri=tracking_uri, out_dir=out_dir,
+                                                 plots=plots)
+        return cache[(kind, config)]
+
+    get.records = cache
+    return get

@@ -9,6 +9,7 @@ from a preset name plus dotted overrides such as ``{"model.d_model": 256}``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -33,7 +34,11 @@ BACKENDS = ("torch", "explicit", "triton")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 FP8_SCALINGS = ("current", "delayed")
 LR_SCHEDULES = ("cosine", "constant")
+LR_SCALING_RULES = ("none", "linear", "sqrt")
+SHOCK_KINDS = ("jump", "no_warmup")
 OPTIMIZERS = ("adamw", "adamw8bit")
+# post-training quantization schemes (stability.quantize evaluates them; kept here to avoid an import cycle)
+QUANT_SCHEMES = ("int8", "int8-nooutlier", "nf4", "fp4", "w8a8-tensor", "w8a8-token", "fp8")
 
 
 @dataclass(frozen=True)
@@ -239,6 +244,67 @@ class FaultConfig:
 
 
 @dataclass(frozen=True)
+class StressConfig:
+    """Settings of the stress cases (``stability.stress``) and their schedules (``stability.schedules``).
+
+    sweep_lrs: peak LRs of the learning-rate sweep, increasing (a log grid; Wortsman et al. 2023 use
+        3e-4 ... 3e-1). ramp_start_lr / ramp_end_lr: the LR range test rises exponentially from start to
+        end over ``run.steps`` (no warmup) until the arm diverges. batch_double_every / batch_max_size /
+        batch_lr_rule: the batch ramp doubles the batch every N steps up to the cap and scales the LR by
+        the batch growth ("none"), its square root ("sqrt") or linearly ("linear"). shock_kind "jump"
+        multiplies the LR by ``shock_factor`` from ``shock_step`` to the end; "no_warmup" starts at the
+        peak LR with no warmup (shock at step 0). recovery_smoothing: steps of the rolling mean used to
+        decide that the loss is back to its pre-shock level. precisions: the rungs of the precision
+        ladder, fp32 first (the gaps are measured against it). threads: CPU intra-op threads while a
+        stress case runs (fixed so CPU figures are reproducible; 0 leaves torch's setting alone).
+    """
+
+    sweep_lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
+    ramp_start_lr: float = 1e-4
+    ramp_end_lr: float = 10.0
+    batch_double_every: int = 50
+    batch_max_size: int = 256
+    batch_lr_rule: str = "sqrt"
+    shock_kind: str = "jump"
+    shock_step: int = 100
+    shock_factor: float = 10.0
+    recovery_smoothing: int = 5
+    precisions: tuple[str, ...] = PRECISIONS
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        lrs = self.sweep_lrs
+        _check(len(lrs) > 0 and all(isinstance(v, (int, float)) and 0 < v and math.isfinite(v) for v in lrs)
+               and all(a < b for a, b in itertools.pairwise(lrs)), "stress.sweep_lrs", lrs,
+               "a non-empty, strictly increasing tuple of positive finite learning rates")
+        _check(isinstance(self.ramp_start_lr, (int, float)) and 0 < self.ramp_start_lr, "stress.ramp_start_lr",
+               self.ramp_start_lr, "a positive learning rate")
+        _check(isinstance(self.ramp_end_lr, (int, float)) and self.ramp_start_lr < self.ramp_end_lr
+               and math.isfinite(self.ramp_end_lr), "stress.ramp_end_lr", self.ramp_end_lr,
+               f"a finite learning rate above stress.ramp_start_lr={self.ramp_start_lr!r}")
+        _check(isinstance(self.batch_double_every, int) and self.batch_double_every > 0,
+               "stress.batch_double_every", self.batch_double_every, "a positive integer")
+        _check(isinstance(self.batch_max_size, int) and self.batch_max_size > 0, "stress.batch_max_size",
+               self.batch_max_size, "a positive integer")
+        _check(self.batch_lr_rule in LR_SCALING_RULES, "stress.batch_lr_rule", self.batch_lr_rule,
+               f"one of {LR_SCALING_RULES}")
+        _check(self.shock_kind in SHOCK_KINDS, "stress.shock_kind", self.shock_kind, f"one of {SHOCK_KINDS}")
+        _check(isinstance(self.shock_step, int) and self.shock_step >= 0, "stress.shock_step", self.shock_step,
+               "a non-negative integer")
+        _check(isinstance(self.shock_factor, (int, float)) and 0 < self.shock_factor
+               and math.isfinite(self.shock_factor), "stress.shock_factor", self.shock_factor,
+               "a positive finite factor")
+        _check(isinstance(self.recovery_smoothing, int) and self.recovery_smoothing > 0,
+               "stress.recovery_smoothing", self.recovery_smoothing, "a positive integer")
+        _check(len(self.precisions) > 0 and self.precisions[0] == "fp32"
+               and all(p in PRECISIONS for p in self.precisions)
+               and len(set(self.precisions)) == len(self.precisions), "stress.precisions", self.precisions,
+               f"distinct entries of {PRECISIONS}, starting with 'fp32'")
+        _check(isinstance(self.threads, int) and self.threads >= 0, "stress.threads", self.threads,
+               "a non-negative integer (0 = leave torch's setting)")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything one arm of one seed needs: config in, run record out."""
 
@@ -273,12 +339,16 @@ class ExperimentConfig:
     gated_gate: GateConfig = field(default_factory=lambda: GateConfig(position="G1"))
     seeds: tuple[int, ...] = (0,)
     quant_schemes: tuple[str, ...] = ()
+    stress: StressConfig = field(default_factory=StressConfig)
 
     def __post_init__(self) -> None:
         _check(len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds,
                "a non-empty tuple of distinct seeds")
         _check(self.gated_gate.enabled, "gated_gate.position", self.gated_gate.position,
                "a gate position other than 'none' for the gated arm")
+        unknown = [s for s in self.quant_schemes if s not in QUANT_SCHEMES]
+        _check(not unknown, "quant_schemes", self.quant_schemes,
+               f"names from {QUANT_SCHEMES} (unknown: {unknown})")
 
     def arm_config(self, arm: str, seed: int) -> RunConfig:
         """The run config of one arm ("baseline" or "gated") at one seed."""
@@ -301,21 +371,35 @@ def _smoke() -> ExperimentConfig:
             steps=60,
         ),
         seeds=(0,),
+        # decade grid around the reference LR 3e-3 up to one that diverges; a ramp that crosses
+        # LR 1 a third of the way before the end; two batch doublings; a x10 jump at mid-run
+        stress=StressConfig(sweep_lrs=(3e-4, 3e-3, 3e-2, 3e-1, 3.0), ramp_start_lr=1e-3, ramp_end_lr=1e4,
+                            batch_double_every=20, batch_max_size=32, shock_step=30, shock_factor=10.0,
+                            threads=1),
     )
 
 
 def _ci() -> ExperimentConfig:
-    """CPU, about a minute per arm on 2 cores: the largest CPU run that still says something."""
+    """CPU, about 10 s per arm on one thread: the stress suites in about 15 minutes on 2 cores.
+
+    The smoke model trained 5x longer, three seeds, in the regime where the CPU-scale search
+    (reports/effects.md) found the arms to differ: peak LR 1e-2, no weight decay, beta2 0.999,
+    no gradient clipping (the knobs the literature links to sinks and massive activations)."""
     return ExperimentConfig(
         name="ci", preset="ci",
         run=RunConfig(
-            model=ModelConfig(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, context=128),
-            data=DataConfig(batch_size=16, builtin_bytes=2_000_000),
-            optim=OptimConfig(lr=3e-3, warmup_steps=30),
+            model=ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, context=64),
+            data=DataConfig(batch_size=8, builtin_bytes=1_000_000),
+            optim=OptimConfig(lr=1e-2, warmup_steps=30, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=0.0),
             probes=ProbeConfig(every=100, spike_window=50, eval_batches=8),
-            steps=400,
+            steps=300,
         ),
         seeds=(0, 1, 2),
+        # half-decade grid from the reference LR to one that diverges; LR 1 crossed at ~40% of the
+        # ramp; two batch doublings; a x10 jump at mid-run
+        stress=StressConfig(sweep_lrs=(1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0), ramp_start_lr=1e-3, ramp_end_lr=1e4,
+                            batch_double_every=100, batch_max_size=32, shock_step=150, shock_factor=10.0,
+                            threads=1),
     )
 
 
@@ -334,6 +418,10 @@ def _full() -> ExperimentConfig:
             device="cuda",
         ),
         seeds=(0, 1, 2),
+        # Wortsman et al.'s grid plus 1.0; the ramp crosses 1e-2 at mid-run; batch 32 -> 128
+        stress=StressConfig(sweep_lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0), ramp_start_lr=1e-5,
+                            ramp_end_lr=10.0, batch_double_every=1000, batch_max_size=128, shock_step=2500,
+                            shock_factor=10.0, threads=0),
     )
 
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from stability.stats import sample_std
+
 BASELINE_SCHEMA_VERSION = 1
 USABLE_ARM_STATUS = ("completed", "diverged")
 
@@ -158,7 +160,7 @@ def _stats(values: list) -> dict:
     finite = [v for v in values if v is not None]
     n = len(finite)
     mean = sum(finite) / n if n else None
-    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n >= 2 else 0.0
+    std = sample_std(finite)
     return {"mean": mean, "std": std, "n": n, "values": list(values)}
 
 

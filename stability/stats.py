@@ -45,6 +45,18 @@ def sign_flip_p_value(differences: list[float]) -> float | None:
     return (extreme + 1) / (draws + 1)
 
 
+def sample_std(values: list[float]) -> float:
+    """Sample standard deviation (n - 1), computed scaled so that the figures of a diverged
+    arm (finite but ~1e200) do not overflow when squared; 0.0 for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    deviations = [v - mean for v in values]
+    scale = max(abs(v) for v in deviations)
+    return scale * math.sqrt(sum((v / scale) ** 2 for v in deviations) / (n - 1)) if scale > 0 else 0.0
+
+
 def paired_difference(baseline: list[float], gated: list[float]) -> dict:
     """Summary of gated - baseline over paired seeds; pairs with a non-finite side are dropped."""
     pairs = [(b, g) for b, g in zip(baseline, gated)
@@ -58,7 +70,6 @@ def paired_difference(baseline: list[float], gated: list[float]) -> dict:
     mean = sum(diffs) / n
     out.update(baseline=sum(b for b, _ in pairs) / n, gated=sum(g for _, g in pairs) / n, difference=mean)
     if n >= 2:
-        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-        half = t_critical(n - 1) * sd / math.sqrt(n)
+        half = t_critical(n - 1) * sample_std(diffs) / math.sqrt(n)
         out.update(ci_low=mean - half, ci_high=mean + half, p_value=sign_flip_p_value(diffs))
     return out

@@ -1,0 +1,562 @@
+"""Stress cases: each a pure function of a resolved ``ExperimentConfig`` -> a pair record.
+
+    run_sweep(config, lrs=None)     learning-rate sweep over ``stress.sweep_lrs`` (several runs per arm):
+                                    LR sensitivity and critical LR (Wortsman et al. 2023)
+    run_lr_ramp(config)             LR range test: exponential LR until the arm diverges
+    run_batch_ramp(config)          batch doubling every N steps, LR scaled by a rule
+    run_precision_ladder(config)    the same run in fp32, bf16, fp16 (+loss scaling), fp8
+    run_shock(config)               LR jump by a factor mid-run (or no warmup)
+
+    run_case(kind, config)          any of the above by name (``CASES``)
+    run_recorded(kind, config, ...) run_case, then the JSON record (written first), then MLflow
+
+Nothing here keeps state between calls: the config (including its ``stress`` settings) is the
+whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
+CPU intra-op threads are set from ``stress.threads`` for the duration of a case and restored.
+
+Every record keeps the pair-record layout that tracking, regression and report read:
+``schema_version``, ``arms`` (one entry per arm and seed, with ``arm``, ``seed``, ``status``,
+``final`` ...) and ``paired`` (per figure: baseline, gated, difference, 95% interval, p). The
+case-specific results sit under a key named after the case (``record["lr_sweep"]`` ...), and the
+key figures of each case are added to the arms' ``final`` and to ``paired``
+(directions in ``STRESS_FIGURES``). For the multi-run cases (sweep, ladder) the ``arms`` entry of
+an arm and seed is its *reference* run (the grid LR nearest ``optim.lr``; fp32), and the other
+runs are summarised under the case key.
+
+Figure definitions (the ones not already in DESIGN.md):
+
+* ``critical_lr``: smallest swept peak LR at which the arm diverged. When no LR diverged the value
+  is *censored*: one grid step above the largest LR (``critical_lr_censored`` is True), so paired
+  statistics and the regression check still see a finite lower bound.
+* ``lr_sensitivity``: ``mean_eta [min(L(eta), L_init) - min_eta L(eta)]`` with ``L`` the held-out
+  loss after training at peak LR ``eta``, a diverged (or failed) run counting as ``L_init`` (the
+  loss at step 0, the same for every LR of an arm and seed).
+* ``ramp_divergence_lr``: in the LR range test, the LR at the onset of divergence (the first step of
+  the final run of steps whose loss is non-finite or above ``diverge_factor`` x the initial loss);
+  the end LR, censored, when the arm never diverged. ``ramp_best_lr``: LR at the lowest smoothed loss.
+* ``shock_peak_excess``: highest loss after the shock minus the pre-shock loss (the mean of the
+  ``recovery_smoothing`` losses up to the shock step; the loss at step 0 for "no_warmup").
+  ``shock_recovery_steps``: steps after the shock until the rolling mean (``recovery_smoothing``
+  post-shock losses) is back at or below the pre-shock loss; censored at the steps left when it
+  never is (``shock_recovered`` False).
+* ``loss_gap_<p>``: held-out loss at precision ``p`` minus held-out loss in fp32, same arm and seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from stability import config as cfg
+from stability.data import load_corpus
+from stability.experiment import ARMS, FIGURES, new_record, paired_summary, quantization_hook
+from stability.schedules import Standard, from_stress
+from stability.trainer import train
+
+CASES_ORDER = ("lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock")
+
+# Figures each case adds to the arms' "final" (and to "paired"); "lower"/"higher" is the better direction.
+SWEEP_FIGURES = {"lr_sensitivity": "lower", "critical_lr": "higher", "diverged": "lower"}
+RAMP_FIGURES = {"ramp_divergence_lr": "higher", "ramp_divergence_step": "higher", "ramp_spikes": "lower",
+                "ramp_grad_spikes": "lower", "ramp_best_lr": "higher", "diverged": "lower"}
+BATCH_FIGURES = {"diverged": "lower", "tokens_seen": "higher"}
+SHOCK_FIGURES = {"shock_peak_excess": "lower", "shock_recovery_steps": "lower", "shock_spikes": "lower",
+                 "shock_recovered": "higher", "diverged": "lower"}
+
+
+def ladder_figures(precisions: tuple[str, ...]) -> dict[str, str]:
+    out = {"diverged": "lower"}
+    for p in precisions:
+        if p == "fp32":
+            continue
+        out.update({f"loss_gap_{p}": "lower", f"nonfinite_events_{p}": "lower", f"diverged_{p}": "lower",
+                    f"overflow_fraction_{p}": "lower", f"underflow_fraction_{p}": "lower",
+                    f"loss_scale_drops_{p}": "lower", f"loss_spike_score_{p}": "lower"})
+    return out
+
+
+STRESS_FIGURES = {**SWEEP_FIGURES, **RAMP_FIGURES, **BATCH_FIGURES, **SHOCK_FIGURES,
+                  **ladder_figures(cfg.PRECISIONS)}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+@contextlib.contextmanager
+def cpu_threads(threads: int):
+    """Run the block with ``threads`` CPU intra-op threads (0: unchanged), then restore."""
+    if threads <= 0:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rolling_min_index(values: list[float], width: int) -> int | None:
+    """Index of the lowest rolling mean (trailing ``width``) of the finite values; None if none."""
+    best, best_index = math.inf, None
+    for i in range(len(values)):
+        window = [v for v in values[max(0, i - width + 1):i + 1] if _finite(v)]
+        if len(window) == min(width, i + 1) and window:
+            mean = sum(window) / len(window)
+            if mean < best:
+                best, best_index = mean, i
+    return best_index
+
+
+def run_summary(arm_record: dict, **extra) -> dict:
+    """A compact copy of one run for the case key: status, final figures, timing, loss curve."""
+    return {**extra, "arm": arm_record["arm"], "seed": arm_record["seed"], "variant": arm_record["variant"],
+            "status": arm_record["status"], "diverged_at_step": arm_record["diverged_at_step"],
+            "stop_reason": arm_record["stop_reason"], "final": dict(arm_record["final"]),
+            "events": arm_record["events"], "timing": arm_record["timing"],
+            "loss": list(arm_record["series"]["loss"])}
+
+
+class _Case:
+    """Shared bookkeeping of a stress case: the record, the corpus, the per-run timings."""
+
+    def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str):
+        self.started = time.perf_counter()
+        self.kind = kind
+        self.config = config
+        self.record = new_record(config, schedule_name, description)
+        self.record["stress"] = kind
+        self.corpus = load_corpus(config.run.data, config.run.model.vocab_size)
+        self.runs: list[dict] = []  # timing dicts of every run trained
+
+    def train(self, run: cfg.RunConfig, schedule, arm: str) -> dict:
+        arm_record = train(run, schedule, corpus=self.corpus, arm=arm,
+                           on_trained=quantization_hook(run, self.config.quant_schemes))
+        self.runs.append(arm_record["timing"])
+        return arm_record
+
+    def finish(self, figures: dict[str, str]) -> dict:
+        record = self.record
+        record["paired"] = paired_summary(record["arms"], {**FIGURES, **figures})
+        statuses = [run.get("status") for run in record["arms"]] + [
+            run["status"] for run in (record.get(self.kind) or {}).get("runs", [])]
+        record["status"] = "error" if "error" in statuses else ("killed" if "killed" in statuses else "completed")
+        sums = {key: sum(t.get(key, 0.0) for t in self.runs)
+                for key in ("wall_seconds", "train_seconds", "probe_seconds", "eval_seconds", "tokens")}
+        wall = time.perf_counter() - self.started
+        # wall_seconds: the whole case; run_wall_seconds: inside train(); setup: record, corpus, analysis
+        record["timing"] = {"wall_seconds": wall, "run_wall_seconds": sums.pop("wall_seconds"), **sums,
+                            "runs": len(self.runs)}
+        record["timing"]["setup_seconds"] = wall - record["timing"]["run_wall_seconds"]
+        return record
+
+
+# ----------------------------------------------------------------------------- the learning-rate sweep
+
+def sweep_figures(lrs: list[float], losses: list[float | None], diverged: list[bool], loss_init: float) -> dict:
+    """LR sensitivity and critical LR of one arm and seed over a grid (see module docstring).
+
+    ``losses[i]`` is the final (held-out) loss at ``lrs[i]``; a diverged or non-finite entry counts as
+    ``loss_init``."""
+    counted = [loss_init if (div or not _finite(loss)) else min(loss, loss_init)
+               for loss, div in zip(losses, diverged)]
+    best = min(counted)
+    sensitivity = sum(c - best for c in counted) / len(counted)
+    failing = [lr for lr, div in zip(lrs, diverged) if div]
+    if failing:
+        critical, censored = min(failing), False
+    else:
+        step = lrs[-1] / lrs[-2] if len(lrs) > 1 else 2.0
+        critical, censored = lrs[-1] * step, True
+    best_index = counted.index(best)
+    return {"lr_sensitivity": sensitivity, "critical_lr": critical, "critical_lr_censored": censored,
+            "best_lr": lrs[best_index], "best_lr_loss": best, "loss_init": loss_init}
+
+
+def reference_index(lrs: tuple[float, ...], lr: float) -> int:
+    """Index of the grid LR nearest ``lr`` on a log scale."""
+    return min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i]) - math.log(lr)))
+
+
+def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
+    """Train both arms at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
+
+    ``record["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
+    sweep figures, and a compact summary of every run. The ``arms`` entries are the runs at the grid
+    LR nearest ``optim.lr``, with ``lr_sensitivity``, ``critical_lr`` ... added to ``final``."""
+    if lrs is not None:
+        config = replace(config, stress=replace(config.stress, sweep_lrs=tuple(float(v) for v in lrs)))
+    grid = config.stress.sweep_lrs
+    ref = reference_index(grid, config.run.optim.lr)
+    with cpu_threads(config.stress.threads):
+        case = _Case("lr_sweep", config, "lr_sweep",
+                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}")
+        per_arm, runs = [], []
+        for seed in config.seeds:
+            for arm in ARMS:
+                base = config.arm_config(arm, seed)
+                records = []
+                for lr in grid:
+                    run = replace(base, optim=replace(base.optim, lr=lr))
+                    arm_record = case.train(run, Standard(), arm)
+                    records.append(arm_record)
+                    runs.append(run_summary(arm_record, lr=lr))
+                losses = [r["final"].get("heldout_loss") for r in records]
+                diverged = [r["status"] != "completed" for r in records]
+                first = [r["series"]["loss"][0] for r in records if r["series"]["loss"]
+                         and _finite(r["series"]["loss"][0])]
+                loss_init = first[0] if first else math.log(config.run.model.vocab_size)
+                figures = sweep_figures(list(grid), losses, diverged, loss_init)
+                per_arm.append({"arm": arm, "seed": seed, "lrs": list(grid), "final_loss": losses,
+                                "status": [r["status"] for r in records], **figures})
+                reference = records[ref]
+                reference["final"].update(figures)
+                reference["final"]["peak_lr"] = grid[ref]
+                case.record["arms"].append(reference)
+        case.record["lr_sweep"] = {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs}
+        return case.finish(SWEEP_FIGURES)
+
+
+# ----------------------------------------------------------------------------- the LR range test
+
+def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr: float) -> dict:
+    """Divergence LR and step, spikes on the way, and the best LR of one LR-range-test run."""
+    series = arm_record["series"]
+    losses, lrs = series["loss"], series["lr"]
+    if not losses:
+        return {}
+    init = next((v for v in losses if _finite(v)), None)
+    diverged = arm_record["status"] == "diverged"
+    if diverged:
+        onset = arm_record["diverged_at_step"]
+        while onset > 0 and not (_finite(losses[onset - 1]) and init is not None
+                                 and losses[onset - 1] <= diverge_factor * init):
+            onset -= 1
+        lr, step = lrs[onset], onset
+    else:
+        onset, lr, step = len(losses), end_lr, len(losses)
+    best = _rolling_min_index(losses[:onset] or losses, smoothing)
+    return {"ramp_divergence_lr": lr, "ramp_divergence_step": step, "ramp_censored": not diverged,
+            "ramp_spikes": sum(series["loss_spike"][:onset]), "ramp_grad_spikes": sum(series["grad_spike"][:onset]),
+            "ramp_best_lr": lrs[best] if best is not None else None,
+            "ramp_best_loss": (sum(losses[max(0, best - smoothing + 1):best + 1]) / len(
+                losses[max(0, best - smoothing + 1):best + 1])) if best is not None else None}
+
+
+def run_lr_ramp(config: cfg.ExperimentConfig) -> dict:
+    """One LR range test per arm and seed: exponential LR from ``ramp_start_lr`` to ``ramp_end_lr``."""
+    schedule = from_stress("lr_ramp", config)
+    stress = config.stress
+    with cpu_threads(stress.threads):
+        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe())
+        per_arm = []
+        for seed in config.seeds:
+            for arm in ARMS:
+                run = config.arm_config(arm, seed)
+                arm_record = case.train(run, schedule, arm)
+                figures = ramp_figures(arm_record, run.probes.diverge_factor, stress.recovery_smoothing,
+                                       stress.ramp_end_lr)
+                arm_record["final"].update(figures)
+                case.record["arms"].append(arm_record)
+                per_arm.append({"arm": arm, "seed": seed, "status": arm_record["status"],
+                                "diverged_at_step": arm_record["diverged_at_step"], **figures})
+        case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
+                                  "per_arm": per_arm}
+        return case.finish(RAMP_FIGURES)
+
+
+# ----------------------------------------------------------------------------- the batch ramp
+
+def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
+    """[[tokens seen, mean loss of the steps since the previous point], ...] at about ``points`` points."""
+    series = arm_record["series"]
+    n = len(series["loss"])
+    if not n:
+        return []
+    every = max(1, math.ceil(n / points))
+    out = []
+    for start in range(0, n, every):
+        window = [v for v in series["loss"][start:start + every] if _finite(v)]
+        out.append([series["tokens"][min(n, start + every) - 1], sum(window) / len(window) if window else None])
+    return out
+
+
+def run_batch_ramp(config: cfg.ExperimentConfig) -> dict:
+    """Batch doubling every ``batch_double_every`` steps up to ``batch_max_size``, LR by ``batch_lr_rule``."""
+    stress = config.stress
+    if stress.batch_max_size < config.run.data.batch_size:
+        raise cfg.ConfigError(f"stress.batch_max_size={stress.batch_max_size!r} is invalid: expected at least "
+                              f"data.batch_size={config.run.data.batch_size}")
+    schedule = from_stress("batch_ramp", config)
+    with cpu_threads(stress.threads):
+        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe())
+        per_arm = []
+        for seed in config.seeds:
+            for arm in ARMS:
+                arm_record = case.train(config.arm_config(arm, seed), schedule, arm)
+                series = arm_record["series"]
+                tokens = series["tokens"][-1] if series["tokens"] else 0
+                arm_record["final"]["tokens_seen"] = tokens
+                arm_record["final"]["final_batch_size"] = series["batch_size"][-1] if series["batch_size"] else None
+                per_arm.append({"arm": arm, "seed": seed, "status": arm_record["status"],
+                                "diverged_at_step": arm_record["diverged_at_step"], "tokens_seen": tokens,
+                                "loss_vs_tokens": loss_vs_tokens(arm_record)})
+                case.record["arms"].append(arm_record)
+        case.record["batch_ramp"] = {"lr_rule": stress.batch_lr_rule, "double_every": stress.batch_double_every,
+                                     "max_batch_size": stress.batch_max_size, "per_arm": per_arm}
+        return case.finish(BATCH_FIGURES)
+
+
+# ----------------------------------------------------------------------------- the precision ladder
+
+def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
+    """The same run (reference LR, Standard schedule) at every precision of ``stress.precisions``.
+
+    The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
+    ``nonfinite_events_<p>``, ``diverged_<p>``, ``overflow_fraction_<p>``, ``underflow_fraction_<p>``,
+    ``loss_scale_drops_<p>`` and ``loss_spike_score_<p>``."""
+    precisions = config.stress.precisions
+    with cpu_threads(config.stress.threads):
+        case = _Case("precision_ladder", config, "precision_ladder",
+                     f"the same run in {', '.join(precisions)}")
+        runs = []
+        for seed in config.seeds:
+            for arm in ARMS:
+                base = config.arm_config(arm, seed)
+                by_precision = {}
+                for p in precisions:
+                    run = replace(base, precision=replace(base.precision, dtype=p))
+                    arm_record = case.train(run, Standard(), arm)
+                    by_precision[p] = arm_record
+                    runs.append(run_summary(arm_record, precision=p))
+                reference = by_precision["fp32"]
+                ref_loss = reference["final"].get("heldout_loss")
+                for p, rec in by_precision.items():
+                    if p == "fp32":
+                        continue
+                    final = rec["final"]
+                    loss = final.get("heldout_loss")
+                    reference["final"].update({
+                        f"loss_gap_{p}": (loss - ref_loss) if _finite(loss) and _finite(ref_loss) and
+                        rec["status"] == "completed" else None,
+                        f"nonfinite_events_{p}": final.get("nonfinite_events"),
+                        f"diverged_{p}": rec["status"] != "completed",
+                        f"overflow_fraction_{p}": final.get("overflow_fraction"),
+                        f"underflow_fraction_{p}": final.get("underflow_fraction"),
+                        f"loss_scale_drops_{p}": final.get("loss_scale_drops"),
+                        f"loss_spike_score_{p}": final.get("loss_spike_score"),
+                    })
+                case.record["arms"].append(reference)
+        case.record["precision_ladder"] = {"precisions": list(precisions), "runs": runs}
+        return case.finish(ladder_figures(precisions))
+
+
+# ----------------------------------------------------------------------------- the shock
+
+def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoothing: int,
+                  status: str) -> dict:
+    """Peak excess, steps to recover and spikes after an LR shock at ``shock_step`` (see module docstring)."""
+    if len(losses) <= shock_step:
+        return {"shock_step": shock_step, "shock_pre_loss": None, "shock_peak_excess": None,
+                "shock_recovery_steps": None, "shock_recovered": False, "shock_spikes": 0}
+    before = [v for v in losses[max(0, shock_step - smoothing + 1):shock_step + 1] if _finite(v)]
+    pre = sum(before) / len(before) if before else None
+    after = losses[shock_step + 1:]
+    recovery = None
+    if pre is not None:
+        for i in range(len(after)):
+            window = after[max(0, i - smoothing + 1):i + 1]
+            if len(window) == min(smoothing, len(after)) and all(_finite(v) for v in window) \
+                    and sum(window) / len(window) <= pre:
+                recovery = i + 1
+                break
+    horizon = after[:recovery] if recovery else after
+    finite_after = [v for v in horizon if _finite(v)]
+    peak = max(finite_after) if finite_after else None
+    if any(not _finite(v) for v in horizon):
+        peak = math.inf
+    recovered = recovery is not None and status != "diverged"
+    return {"shock_step": shock_step, "shock_pre_loss": pre,
+            "shock_peak_excess": (peak - pre) if peak is not None and pre is not None else None,
+            "shock_recovery_steps": recovery if recovered else len(after),
+            "shock_recovered": recovered, "shock_spikes": sum(spikes[shock_step + 1:])}
+
+
+def run_shock(config: cfg.ExperimentConfig) -> dict:
+    """An LR shock: ``shock_factor`` x the LR from ``shock_step`` on ("jump"), or no warmup ("no_warmup")."""
+    stress = config.stress
+    schedule = from_stress("shock", config)
+    if schedule.shock_step >= config.run.steps:
+        raise cfg.ConfigError(f"stress.shock_step={stress.shock_step!r} is invalid: expected a step below "
+                              f"steps={config.run.steps}")
+    with cpu_threads(stress.threads):
+        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe())
+        per_arm = []
+        for seed in config.seeds:
+            for arm in ARMS:
+                arm_record = case.train(config.arm_config(arm, seed), schedule, arm)
+                series = arm_record["series"]
+                figures = shock_figures(series["loss"], series["loss_spike"], schedule.shock_step,
+                                        stress.recovery_smoothing, arm_record["status"])
+                arm_record["final"].update(figures)
+                case.record["arms"].append(arm_record)
+                per_arm.append({"arm": arm, "seed": seed, "status": arm_record["status"], **figures})
+        case.record["shock"] = {"kind": stress.shock_kind, "step": schedule.shock_step,
+                                "factor": stress.shock_factor, "per_arm": per_arm}
+        return case.finish(SHOCK_FIGURES)
+
+
+# ----------------------------------------------------------------------------- paired claims
+
+# The paper's claims: the gated arm is at least as good as the baseline on these figures.
+CLAIMS = {"lr_sensitivity": "lower", "critical_lr": "higher", "loss_spike_score": "lower",
+          "m_act_mean": "lower", "f_attn_mean": "lower"}
+
+
+def claim_rows(record: dict, figures: dict[str, str], margins: dict[str, float] | None = None) -> list[dict]:
+    """Per figure of ``record["paired"]``: the paired summary plus ``holds``, the verdict of
+    "gated is at least as good as baseline" as a non-inferiority test on the 95% interval of
+    gated - baseline: True when the whole interval is on the better side of the margin
+    (lower: ci_high <= margin; higher: ci_low >= -margin), False when the whole interval is on the
+    worse side, None when undecided or with fewer than two seeds (no interval)."""
+    margins = margins or {}
+    rows = []
+    for figure, better in figures.items():
+        summary = record.get("paired", {}).get(figure)
+        if summary is None:
+            rows.append({"figure": figure, "better": better, "n": 0, "holds": None, "missing": True})
+            continue
+        margin = margins.get(figure, 0.0)
+        low, high = summary.get("ci_low"), summary.get("ci_high")
+        holds = None
+        if low is not None and high is not None:
+            if better == "lower":
+                holds = True if high <= margin else (False if low > margin else None)
+            else:
+                holds = True if low >= -margin else (False if high < -margin else None)
+        rows.append({"figure": figure, "better": better, "margin": margin, "holds": holds, "missing": False,
+                     **{k: summary.get(k) for k in ("baseline", "gated", "difference", "ci_low", "ci_high",
+                                                    "p_value", "n")}})
+    return rows
+
+
+def claims_table(rows: list[dict], title: str = "") -> str:
+    """A plain-text table of ``claim_rows``."""
+    def fmt(value):
+        if value is None:
+            return "-"
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    header = ("figure", "better", "baseline", "gated", "gated-baseline", "95% CI", "p", "n", "at least as good")
+    lines = [header]
+    for row in rows:
+        if row.get("missing"):
+            lines.append((row["figure"], row["better"], "-", "-", "-", "-", "-", "0", "not measured"))
+            continue
+        ci = f"[{fmt(row['ci_low'])}, {fmt(row['ci_high'])}]" if row["ci_low"] is not None else "-"
+        verdict = {True: "yes", False: "NO", None: "undecided" if row["n"] and row["n"] >= 2 else "n<2"}[row["holds"]]
+        lines.append((row["figure"], row["better"], fmt(row["baseline"]), fmt(row["gated"]), fmt(row["difference"]),
+                      ci, fmt(row["p_value"]), str(row["n"]), verdict))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(([title] if title else []) + text)
+
+
+# ----------------------------------------------------------------------------- by name, recorded
+
+CASES = {"lr_sweep": run_sweep, "lr_ramp": run_lr_ramp, "batch_ramp": run_batch_ramp,
+         "precision_ladder": run_precision_ladder, "shock": run_shock}
+
+
+def run_case(kind: str, config: cfg.ExperimentConfig) -> dict:
+    """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record."""
+    if kind not in CASES:
+        raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
+    return CASES[kind](config)
+
+
+def run_recorded(kind: str, config: cfg.ExperimentConfig, tracking_uri: str | None = None,
+                 out_dir: str | Path = "reports/runs", experiment: str | None = None, track: bool = True,
+                 plots: bool = True) -> dict:
+    """``run_case``, then write the JSON record (first), then log it to MLflow as one parent run
+    (with the record, and with ``plots`` the plots and report, as artifacts).
+
+    The record gains ``record_path``, ``tracking`` (the MLflow ids or the error) and
+    ``timing.tracking_seconds``; the JSON is rewritten with them."""
+    from stability.tracking import log_to_mlflow, write_record
+
+    record = run_case(kind, config)
+    path = write_record(record, out_dir)
+    record["record_path"] = str(path)
+    if track:
+        t0 = time.perf_counter()
+        record["tracking"] = log_to_mlflow(record, tracking_uri, experiment, plots=plots)
+        record["timing"]["tracking_seconds"] = time.perf_counter() - t0
+        write_record(record, out_dir)
+    return record
+
+
+def add_stress_parser(sub) -> None:
+    """Register `stability stress KIND... --preset P` on the `stability` subparsers."""
+    parser = sub.add_parser("stress", help="run stress cases (lr_sweep, lr_ramp, batch_ramp, precision_ladder, "
+                                           "shock) and record them")
+    parser.add_argument("kinds", nargs="*", help=f"cases to run (default all: {', '.join(CASES_ORDER)})")
+    parser.add_argument("--preset", default="smoke", help=f"one of {tuple(cfg.PRESETS)} (default smoke)")
+    parser.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    parser.add_argument("--config", help="JSON or TOML file of overrides")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI")
+    parser.add_argument("--experiment", help="MLflow experiment name (default stability-<preset>)")
+    parser.add_argument("--out", default="reports/runs", help="directory of the JSON records")
+    parser.add_argument("--no-track", action="store_true", help="write the JSON records only")
+    parser.add_argument("--baseline-out", metavar="PATH",
+                        help="also write a regression baseline made from these records to PATH")
+    parser.set_defaults(func=cmd_stress)
+
+
+def cmd_stress(args) -> int:
+    from stability.cli import resolve_from_args, summary_table
+
+    config = resolve_from_args(args)
+    kinds = args.kinds or list(CASES_ORDER)
+    for kind in kinds:
+        if kind not in CASES:
+            raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
+    records = []
+    for kind in kinds:
+        print(f"stability stress {kind}: preset {config.preset}, seeds {config.seeds}", flush=True)
+        record = run_recorded(kind, config, args.tracking_uri, args.out, args.experiment, track=not args.no_track)
+        records.append(record)
+        print(f"record: {record['record_path']}  ({record['timing']['wall_seconds']:.1f} s)")
+        print(summary_table(record))
+        print()
+    if args.baseline_out:
+        from stability.regression import make_baseline, write_baseline
+
+        print(f"baseline written: {write_baseline(make_baseline(records), args.baseline_out)}")
+    return 1 if any(r["status"] == "error" for r in records) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stability.stress")
+    add_stress_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["stress", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        return args.func(args)
+    except cfg.ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Batch ramp: the batch size doubles every ``stress.batch_double_every`` steps up to
+``stress.batch_max_size``, the LR scaled by ``stress.batch_lr_rule`` (none, sqrt, linear); spikes,
+divergence and the loss against tokens seen.
+
+Kinds (see suites/conftest.py): invariants at any scale, regression against the committed
+baseline, paired claims (asserted only where established, otherwise reported)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from stability.config import RunConfig, from_dict
+from stability.schedules import lr_scale, warmup_cosine
+from stability.tracking import read_record
+
+pytestmark = pytest.mark.stress
+KIND = "batch_ramp"
+
+ESTABLISHED: dict[str, tuple[str, ...]] = {}
+
+
+@pytest.fixture(scope="module")
+def record(stress_record):
+    return stress_record(KIND)
+
+
+class TestInvariants:
+    def test_record_written_then_tracked(self, record):
+        on_disk = read_record(record["record_path"])
+        assert on_disk["schedule"].startswith(KIND) and on_disk["arms"] and on_disk["paired"]
+        assert record["tracking"]["status"] == "tracked", record["tracking"]
+
+    def test_batch_doubles_and_lr_follows_rule(self, record):
+        stress = record["config"]["stress"]
+        run = from_dict(RunConfig, record["config"]["run"])
+        base = run.data.batch_size
+        for arm in record["arms"]:
+            series = arm["series"]
+            for step, batch, lr in zip(series["step"], series["batch_size"], series["lr"]):
+                expected = min(stress["batch_max_size"], base * 2 ** (step // stress["batch_double_every"]))
+                assert batch == expected
+                assert lr == pytest.approx(warmup_cosine(step, run) * lr_scale(stress["batch_lr_rule"],
+                                                                               batch / base))
+            tokens = [b * run.model.context for b in series["batch_size"]]
+            assert series["tokens"][-1] == sum(tokens) == arm["final"]["tokens_seen"]
+
+    def test_finite_and_learns(self, record):
+        """The ramp stays trainable: no non-finite event, no divergence, the loss falls."""
+        for arm in record["arms"]:
+            assert arm["status"] == "completed", arm["stop_reason"]
+            assert arm["final"]["nonfinite_events"] == 0
+            assert math.isfinite(arm["final"]["heldout_loss"])
+            assert arm["final"]["final_train_loss"] < 0.9 * arm["series"]["loss"][0]
+
+    def test_loss_against_tokens_recorded(self, record):
+        for entry in record[KIND]["per_arm"]:
+            curve = entry["loss_vs_tokens"]
+            assert curve and all(a[0] < b[0] for a, b in itertools.pairwise(curve))
+            assert curve[-1][0] == entry["tokens_seen"]
+
+
+class TestRegression:
+    def test_against_baseline(self, record, regression_check):
+        result = regression_check(record)
+        assert result.exit_code == 0, result.table()
+
+
+class TestPairedClaims:
+    def test_report_spikes_and_loss(self, record, report_claims, scale):
+        report_claims(record, {"loss_spike_score": "lower", "grad_spike_score": "lower",
+                               "final_train_loss": "lower", "m_act_mean": "lower", "f_attn_mean": "lower"},
+                      asserted=ESTABLISHED.get(scale, ()), title="batch ramp")

@@ -1,0 +1,87 @@
+"""Harness self-checks: deliberate faults prove each detector.
+
+* a NaN / Inf injected into the output of block L at step k is reported at step k, localised to
+  module "blocks.L" (layer L), and the arm is recorded as diverged at step k;
+* an LR spike (LR x factor for the one step k) is flagged as a loss spike within a few steps of k,
+  and nothing is flagged before it;
+* a deliberately exploding config (huge LR, no warmup, no clipping) is recorded as diverged with
+  its step, and the run (and the suite) goes on.
+
+Each case trains a pair (both arms must show the detection) through ``stability.experiment.run_pair``,
+writes the JSON record, then logs it to MLflow."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+
+from stability.experiment import run_pair
+from stability.schedules import warmup_cosine
+from stability.stress import cpu_threads
+from stability.tracking import log_to_mlflow, read_record, write_record
+
+pytestmark = pytest.mark.stress
+
+
+def record_pair(config, tracking_uri) -> dict:
+    """Train the pair, write the JSON record, then log it to MLflow (no plots: a few steps each)."""
+    out_dir = os.environ.get("STABILITY_RECORD_DIR", "reports/runs")
+    with cpu_threads(config.stress.threads):
+        record = run_pair(config)
+    path = write_record(record, out_dir)
+    assert read_record(path)["arms"], "the JSON record was not written"
+    started = time.perf_counter()
+    record["tracking"] = log_to_mlflow(record, tracking_uri, plots=False)
+    record["timing"] = {"tracking_seconds": time.perf_counter() - started}
+    write_record(record, out_dir)
+    assert record["tracking"]["status"] == "tracked", record["tracking"]
+    return record
+
+
+@pytest.mark.parametrize("kind, step, layer", [("nan", 3, 0), ("nan", 5, 1), ("inf", 4, 1)])
+def test_nonfinite_fault_reported_at_step_and_layer(stress_config, tracking_uri, kind, step, layer):
+    config = stress_config({"name": f"fault-{kind}", "fault.kind": kind, "fault.step": step,
+                            "fault.layer": layer, "steps": step + 4})
+    record = record_pair(config, tracking_uri)
+    assert record["status"] == "completed"
+    for arm in record["arms"]:
+        assert arm["status"] == "diverged" and arm["diverged_at_step"] == step, (arm["arm"], arm["stop_reason"])
+        assert all(math.isfinite(v) for v in arm["series"]["loss"][:step])
+        assert arm["series"]["nonfinite"][step] != ""
+        event = arm["events"][0]
+        assert (event["step"], event["module"], event["layer"]) == (step, f"blocks.{layer}", layer), event
+        assert arm["final"]["nonfinite_events"] == 1
+
+
+def test_lr_spike_flagged_as_loss_spike(stress_config, tracking_uri):
+    step, factor = 25, 1000.0
+    config = stress_config({"name": "fault-lr_spike", "fault.kind": "lr_spike", "fault.step": step,
+                            "fault.lr_factor": factor, "steps": step + 6})
+    record = record_pair(config, tracking_uri)
+    window = config.run.probes.spike_window
+    assert step >= config.run.probes.spike_min_history, "the detector needs history before the spike"
+    for arm in record["arms"]:
+        series = arm["series"]
+        assert series["lr"][step] == pytest.approx(factor * warmup_cosine(step, config.arm_config(arm["arm"], 0)))
+        flagged = [s for s, spike in zip(series["step"], series["loss_spike"]) if spike]
+        assert not [s for s in flagged if s < step], f"{arm['arm']}: spike flagged before the fault: {flagged}"
+        assert [s for s in flagged if step <= s <= step + 3], \
+            f"{arm['arm']}: no loss spike within 3 steps of the LR spike at {step} (flagged {flagged}, " \
+            f"window {window}); losses {series['loss'][step - 2:step + 4]}"
+
+
+def test_exploding_config_recorded_as_diverged(stress_config, tracking_uri):
+    config = stress_config({"name": "fault-explode", "optim.lr": 10.0, "optim.warmup_steps": 0,
+                            "optim.grad_clip": 0.0})
+    record = record_pair(config, tracking_uri)
+    assert record["status"] == "completed"  # both arms ran; nothing raised
+    for arm in record["arms"]:
+        assert arm["status"] == "diverged", (arm["arm"], arm["status"], arm["final"].get("final_train_loss"))
+        step = arm["diverged_at_step"]
+        assert isinstance(step, int) and 0 <= step < config.run.steps
+        assert arm["final"]["steps_completed"] == step + 1 < config.run.steps
+        assert arm["stop_reason"], arm
+        assert arm["final"]["diverged"] is True

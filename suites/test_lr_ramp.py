@@ -1,0 +1,71 @@
+"""LR range test: one run per arm and seed whose LR rises exponentially (no warmup) from
+``stress.ramp_start_lr`` to ``stress.ramp_end_lr`` until the arm diverges; the LR and step at the
+onset of divergence and the spikes on the way.
+
+Kinds (see suites/conftest.py): invariants at any scale, regression against the committed
+baseline, paired claims (asserted only where established, otherwise reported)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from stability.stress import RAMP_FIGURES
+from stability.tracking import read_record
+
+pytestmark = pytest.mark.stress
+KIND = "lr_ramp"
+
+ESTABLISHED: dict[str, tuple[str, ...]] = {}
+
+
+@pytest.fixture(scope="module")
+def record(stress_record):
+    return stress_record(KIND)
+
+
+class TestInvariants:
+    def test_record_written_then_tracked(self, record):
+        on_disk = read_record(record["record_path"])
+        assert on_disk["schedule"] == KIND and on_disk["arms"] and on_disk["paired"]
+        assert record["tracking"]["status"] == "tracked", record["tracking"]
+
+    def test_lr_rises_exponentially(self, record):
+        stress = record["config"]["stress"]
+        steps = record["config"]["run"]["steps"]
+        ratio = (stress["ramp_end_lr"] / stress["ramp_start_lr"]) ** (1 / max(1, steps - 1))
+        for arm in record["arms"]:
+            lrs = arm["series"]["lr"]
+            assert lrs[0] == pytest.approx(stress["ramp_start_lr"])
+            assert all(b / a == pytest.approx(ratio, rel=1e-9) for a, b in itertools.pairwise(lrs))
+
+    def test_ramp_finds_divergence(self, record):
+        """Within the ramp every arm diverges (a ramp that never diverges measured nothing), after
+        the loss first fell: the best loss on the way is below the initial loss."""
+        for arm in record["arms"]:
+            final = arm["final"]
+            assert arm["status"] == "diverged" and not final["ramp_censored"], (arm["arm"], arm["stop_reason"])
+            assert final["ramp_divergence_step"] <= arm["diverged_at_step"]
+            assert arm["series"]["lr"][final["ramp_divergence_step"]] == final["ramp_divergence_lr"]
+            assert final["ramp_best_lr"] < final["ramp_divergence_lr"]
+            assert final["ramp_best_loss"] < arm["series"]["loss"][0]
+
+    def test_finite_until_divergence(self, record):
+        for arm in record["arms"]:
+            onset = arm["final"]["ramp_divergence_step"]
+            assert all(math.isfinite(v) for v in arm["series"]["loss"][:onset])
+
+
+class TestRegression:
+    def test_against_baseline(self, record, regression_check):
+        result = regression_check(record)
+        assert result.exit_code == 0, result.table()
+
+
+class TestPairedClaims:
+    def test_report_divergence_lr_and_spikes(self, record, report_claims, scale):
+        report_claims(record, {k: RAMP_FIGURES[k] for k in ("ramp_divergence_lr", "ramp_spikes",
+                                                             "ramp_grad_spikes", "ramp_best_lr")},
+                      asserted=ESTABLISHED.get(scale, ()), title="LR range test")

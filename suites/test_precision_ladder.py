@@ -1,0 +1,107 @@
+"""Precision ladder: the same run (reference LR) in fp32, bf16, fp16 with dynamic loss scaling and
+fp8 (e4m3 forward / e5m2 gradients, per-tensor scaling; emulated on the CPU); the loss gap to fp32,
+non-finite events, loss-scale drops and overflow / underflow fractions per rung.
+
+Kinds (see suites/conftest.py): invariants at any scale, regression against the committed
+baseline, paired claims (asserted only where established, otherwise reported)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stability.tracking import read_record
+
+pytestmark = pytest.mark.stress
+KIND = "precision_ladder"
+
+# Stated tolerance, nats per token, on the held-out loss at the reference LR: the systematic gap of a
+# rung, |mean over seeds of (loss(p) - loss(fp32))|, must stay within MAX_MEAN_LOSS_GAP, and no
+# single seed may move by more than MAX_SEED_LOSS_GAP. Measured: smoke (60 steps, 1 seed) |gap| <= 0.035;
+# ci (300 steps, no clipping, 3 seeds) single seeds move by up to 0.64 nats in either direction (the
+# trajectory is chaotic there: fp32 seeds alone spread by 0.35) while the means stay within 0.08.
+MAX_MEAN_LOSS_GAP = 0.15
+MAX_SEED_LOSS_GAP = 1.0
+
+ESTABLISHED: dict[str, tuple[str, ...]] = {}
+
+
+@pytest.fixture(scope="module")
+def record(stress_record):
+    return stress_record(KIND)
+
+
+def rungs(record):
+    return [p for p in record["config"]["stress"]["precisions"] if p != "fp32"]
+
+
+class TestInvariants:
+    def test_record_written_then_tracked(self, record):
+        on_disk = read_record(record["record_path"])
+        assert on_disk["schedule"] == KIND and on_disk["arms"] and on_disk["paired"]
+        assert record["tracking"]["status"] == "tracked", record["tracking"]
+
+    def test_every_rung_trained(self, record):
+        runs = record[KIND]["runs"]
+        seeds = record["config"]["seeds"]
+        assert sorted((r["precision"], r["arm"], r["seed"]) for r in runs) == sorted(
+            (p, arm, s) for p in record["config"]["stress"]["precisions"] for arm in ("baseline", "gated")
+            for s in seeds)
+
+    def test_fp32_finite_and_learns(self, record):
+        for arm in record["arms"]:
+            assert arm["status"] == "completed", arm["stop_reason"]
+            assert arm["final"]["nonfinite_events"] == 0
+            assert arm["final"]["final_train_loss"] < 0.9 * arm["series"]["loss"][0]
+
+    @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8"])
+    def test_low_precision_within_gap_of_fp32(self, record, precision):
+        """At the reference LR the rung trains without divergence or non-finite events, and its
+        held-out loss stays within the stated gap of fp32 (module constants), per arm."""
+        if precision not in rungs(record):
+            pytest.skip(f"{precision} is not on this preset's ladder")
+        for name in ("baseline", "gated"):
+            arms = [a for a in record["arms"] if a["arm"] == name]
+            gaps = []
+            for arm in arms:
+                final = arm["final"]
+                assert not final[f"diverged_{precision}"], (name, arm["seed"], precision)
+                assert final[f"nonfinite_events_{precision}"] == 0, (name, arm["seed"], precision)
+                gap = final[f"loss_gap_{precision}"]
+                assert gap is not None and abs(gap) <= MAX_SEED_LOSS_GAP, \
+                    f"{name} seed {arm['seed']}: {precision} loss gap {gap} beyond {MAX_SEED_LOSS_GAP}"
+                gaps.append(gap)
+            mean = sum(gaps) / len(gaps)
+            assert abs(mean) <= MAX_MEAN_LOSS_GAP, \
+                f"{name}: {precision} mean loss gap over seeds {mean:.4f} (per seed {gaps}) beyond {MAX_MEAN_LOSS_GAP}"
+
+    def test_precision_statistics_recorded(self, record):
+        """The policy's counters reach the record: overflow / underflow fractions for every low
+        rung, loss-scale drops for fp16; fp32 has none of them."""
+        for run in record[KIND]["runs"]:
+            final = run["final"]
+            if run["precision"] == "fp32":
+                assert final.get("overflow_fraction") is None
+                continue
+            for key in ("overflow_fraction", "underflow_fraction"):
+                assert final[key] is not None and 0.0 <= final[key] <= 1.0, (run["precision"], key, final[key])
+            if run["precision"] == "fp16":
+                assert final["loss_scale_drops"] is not None and final["loss_scale_drops"] >= 0
+
+
+class TestRegression:
+    def test_against_baseline(self, record, regression_check):
+        result = regression_check(record)
+        assert result.exit_code == 0, result.table()
+
+
+class TestPairedClaims:
+    def test_report_loss_gaps(self, record, report_claims, scale):
+        figures = {f"loss_gap_{p}": "lower" for p in rungs(record)}
+        report_claims(record, figures, asserted=ESTABLISHED.get(scale, ()), title="precision ladder: loss gap")
+
+    def test_report_activations_fp32(self, record, report_claims):
+        rows = report_claims(record, {"m_act_mean": "lower", "f_attn_mean": "lower", "max_attn_logit": "lower"},
+                             title="precision ladder: fp32 probes")
+        assert all(math.isfinite(r["baseline"]) for r in rows)

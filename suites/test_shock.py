@@ -1,0 +1,87 @@
+"""LR shock: the learning rate jumps by ``stress.shock_factor`` at ``stress.shock_step`` for the rest
+of training ("jump"), or starts at the peak with no warmup ("no_warmup"); the loss excess it causes,
+the spikes and the steps to get back to the pre-shock loss.
+
+Kinds (see suites/conftest.py): invariants at any scale, regression against the committed
+baseline (plus the determinism the baseline relies on), paired claims (asserted only where
+established, otherwise reported)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stability.config import ExperimentConfig, RunConfig, from_dict
+from stability.schedules import Shock, warmup_cosine
+from stability.stress import SHOCK_FIGURES, run_case
+from stability.tracking import clean, read_record
+
+pytestmark = pytest.mark.stress
+KIND = "shock"
+
+ESTABLISHED: dict[str, tuple[str, ...]] = {}
+
+
+@pytest.fixture(scope="module")
+def record(stress_record):
+    return stress_record(KIND)
+
+
+class TestInvariants:
+    def test_record_written_then_tracked(self, record):
+        on_disk = read_record(record["record_path"])
+        assert on_disk["schedule"].startswith(KIND) and on_disk["arms"] and on_disk["paired"]
+        assert record["tracking"]["status"] == "tracked", record["tracking"]
+
+    def test_shock_applied_as_configured(self, record):
+        stress = record["config"]["stress"]
+        run = from_dict(RunConfig, record["config"]["run"])
+        shock = Shock(stress["shock_kind"], stress["shock_step"], stress["shock_factor"])
+        for arm in record["arms"]:
+            for step, lr in zip(arm["series"]["step"], arm["series"]["lr"]):
+                assert lr == pytest.approx(shock.lr_at(step, run))
+            if stress["shock_kind"] == "jump" and len(arm["series"]["lr"]) > shock.at_step:
+                s = shock.at_step
+                assert arm["series"]["lr"][s] == pytest.approx(stress["shock_factor"] * warmup_cosine(s, run))
+
+    def test_finite_before_shock_and_figures_defined(self, record):
+        for arm in record["arms"]:
+            final = arm["final"]
+            s = final["shock_step"]
+            assert all(math.isfinite(v) for v in arm["series"]["loss"][:s + 1])
+            assert final["shock_pre_loss"] is not None and math.isfinite(final["shock_pre_loss"])
+            assert final["shock_peak_excess"] is not None
+            assert 1 <= final["shock_recovery_steps"] <= record["config"]["run"]["steps"] - s
+            if final["shock_recovered"]:
+                assert arm["status"] != "diverged"
+
+
+class TestRegression:
+    def test_against_baseline(self, record, regression_check):
+        result = regression_check(record)
+        assert result.exit_code == 0, result.table()
+
+    def test_deterministic_rerun(self, record, stress_baseline):
+        """Same config and seed give the same figures on this device (what the baseline relies on):
+        the case re-run in-process reproduces every arm's final figures and the paired table.
+        Run where a baseline is committed (smoke on the CPU); elsewhere it would only cost time."""
+        if stress_baseline is None:
+            pytest.skip("no committed baseline for this preset and device: determinism not needed here")
+        config = from_dict(ExperimentConfig, record["config"])
+        again = run_case(KIND, config)
+        for first, second in zip(record["arms"], again["arms"]):
+            assert clean(first["final"]) == clean(second["final"]), (first["arm"], first["seed"])
+            assert clean(first["series"]["loss"]) == clean(second["series"]["loss"])
+        assert clean(record["paired"]) == clean(again["paired"])
+
+
+class TestPairedClaims:
+    def test_report_shock_response(self, record, report_claims, scale):
+        report_claims(record, {k: SHOCK_FIGURES[k] for k in ("shock_peak_excess", "shock_recovery_steps",
+                                                              "shock_spikes")},
+                      asserted=ESTABLISHED.get(scale, ()), title="LR shock")
+
+    def test_report_spikes_and_activations(self, record, report_claims):
+        report_claims(record, {"loss_spike_score": "lower", "m_act_mean": "lower", "f_attn_mean": "lower"},
+                      title="LR shock: spikes and activations")

@@ -1,0 +1,113 @@
+"""Unit tests of the stress schedules and the figure functions of stability.stress (no training)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stability.config import ConfigError, resolve
+from stability.schedules import BatchRamp, ExponentialRamp, Schedule, Shock, Standard, from_stress, lr_scale
+from stability.stress import claim_rows, ramp_figures, reference_index, run_case, shock_figures, sweep_figures
+
+RUN = resolve("smoke").run  # 60 steps, batch 8, lr 3e-3, warmup 10
+
+
+@pytest.mark.parametrize("schedule", [Standard(), ExponentialRamp(), BatchRamp(), Shock()])
+def test_schedules_follow_the_protocol(schedule):
+    assert isinstance(schedule, Schedule) and schedule.name and schedule.describe()
+    assert all(schedule.lr_at(s, RUN) > 0 and schedule.batch_size_at(s, RUN) >= 1 for s in range(RUN.steps))
+
+
+def test_exponential_ramp_endpoints():
+    ramp = ExponentialRamp(1e-3, 10.0)
+    assert ramp.lr_at(0, RUN) == pytest.approx(1e-3)
+    assert ramp.lr_at(RUN.steps - 1, RUN) == pytest.approx(10.0)
+    with pytest.raises(ConfigError, match="10.0"):
+        ExponentialRamp(10.0, 1.0)
+
+
+def test_batch_ramp_doubles_to_the_cap_and_scales_lr():
+    ramp = BatchRamp(double_every=10, max_batch_size=32, lr_rule="sqrt")
+    assert [ramp.batch_size_at(s, RUN) for s in (0, 9, 10, 20, 30, 59)] == [8, 8, 16, 32, 32, 32]
+    assert ramp.lr_at(25, RUN) == pytest.approx(Standard().lr_at(25, RUN) * 2.0)
+    assert lr_scale("linear", 4) == 4 and lr_scale("none", 4) == 1 and lr_scale("sqrt", 4) == 2
+
+
+def test_shock_jump_and_no_warmup():
+    jump = Shock("jump", at_step=30, factor=10.0)
+    assert jump.lr_at(29, RUN) == pytest.approx(Standard().lr_at(29, RUN))
+    assert jump.lr_at(30, RUN) == pytest.approx(10 * Standard().lr_at(30, RUN))
+    cold = Shock("no_warmup")
+    assert cold.shock_step == 0 and cold.lr_at(0, RUN) == pytest.approx(RUN.optim.lr)
+
+
+def test_from_stress_builds_the_preset_schedules():
+    config = resolve("smoke")
+    assert from_stress("lr_ramp", config).end_lr == config.stress.ramp_end_lr
+    assert from_stress("shock", config).at_step == config.stress.shock_step
+    with pytest.raises(ConfigError, match="'nope'"):
+        from_stress("nope", config)
+
+
+def test_sweep_figures_follow_wortsman():
+    # loss_init 5; losses 4, 3, 3.5, diverged -> counted 4, 3, 3.5, 5; min 3 -> mean(1, 0, 0.5, 2)
+    figures = sweep_figures([1e-3, 1e-2, 1e-1, 1.0], [4.0, 3.0, 3.5, 80.0], [False, False, False, True], 5.0)
+    assert figures["lr_sensitivity"] == pytest.approx(0.875)
+    assert figures["critical_lr"] == 1.0 and not figures["critical_lr_censored"]
+    assert figures["best_lr"] == 1e-2
+    none = sweep_figures([1e-3, 1e-2], [4.0, 6.0], [False, False], 5.0)  # 6 > loss_init counts as 5
+    assert none["lr_sensitivity"] == pytest.approx(0.5)
+    assert none["critical_lr"] == pytest.approx(0.1) and none["critical_lr_censored"]
+
+
+def test_reference_index_is_nearest_on_log_scale():
+    assert reference_index((3e-4, 3e-3, 3e-2), 3e-3) == 1
+    assert reference_index((1e-3, 1e-2), 2.9e-3) == 0
+
+
+def test_ramp_figures_find_the_onset():
+    losses = [5.0, 4.0, 3.0, 2.5, 6.0, 7.0, 9.0]
+    record = {"status": "diverged", "diverged_at_step": 6,
+              "series": {"loss": losses, "lr": [10.0 ** (i - 3) for i in range(7)],
+                         "loss_spike": [False, False, False, False, True, False, False],
+                         "grad_spike": [False] * 7}}
+    figures = ramp_figures(record, diverge_factor=1.0, smoothing=1, end_lr=1e4)
+    assert figures["ramp_divergence_step"] == 4 and figures["ramp_divergence_lr"] == pytest.approx(10.0)
+    assert figures["ramp_spikes"] == 0 and figures["ramp_best_lr"] == pytest.approx(1.0)
+    assert not figures["ramp_censored"]
+
+
+def test_shock_figures_peak_and_recovery():
+    losses = [4.0, 3.0, 2.0, 2.0, 3.0, 2.5, 1.9, 1.8]
+    figures = shock_figures(losses, [False] * 8, shock_step=3, smoothing=2, status="completed")
+    assert figures["shock_pre_loss"] == pytest.approx(2.0)
+    assert figures["shock_peak_excess"] == pytest.approx(1.0)
+    assert figures["shock_recovery_steps"] == 4 and figures["shock_recovered"]  # mean(1.9, 1.8) <= 2.0
+    never = shock_figures([2.0, 2.0, 5.0, 4.0], [False] * 4, shock_step=1, smoothing=1, status="completed")
+    assert not never["shock_recovered"] and never["shock_recovery_steps"] == 2
+
+
+def test_claim_rows_non_inferiority():
+    record = {"paired": {"m_act_mean": {"baseline": 2.0, "gated": 1.0, "difference": -1.0, "ci_low": -1.5,
+                                        "ci_high": -0.5, "p_value": 0.25, "n": 3},
+                         "critical_lr": {"baseline": 1.0, "gated": 1.0, "difference": 0.0, "ci_low": None,
+                                         "ci_high": None, "p_value": None, "n": 1}}}
+    rows = {r["figure"]: r for r in claim_rows(record, {"m_act_mean": "lower", "critical_lr": "higher",
+                                                        "f_attn_mean": "lower"})}
+    assert rows["m_act_mean"]["holds"] is True
+    assert rows["critical_lr"]["holds"] is None  # one seed: no interval, no verdict
+    assert rows["f_attn_mean"]["missing"]
+
+
+def test_unknown_case_is_a_config_error():
+    with pytest.raises(ConfigError, match="'nope'"):
+        run_case("nope", resolve("smoke"))
+
+
+def test_stress_config_rejects_bad_values():
+    with pytest.raises(ConfigError, match=r"\(0.1, 0.01\)"):
+        resolve("smoke", {"stress.sweep_lrs": (0.1, 0.01)})
+    with pytest.raises(ConfigError, match="'cube'"):
+        resolve("smoke", {"stress.batch_lr_rule": "cube"})
+    assert math.isclose(resolve("smoke", {"stress.sweep_lrs": "1e-3,1e-2"}).stress.sweep_lrs[1], 1e-2)
