@@ -33,6 +33,9 @@ def parse_sets(items: list[str]) -> dict[str, str]:
 def resolve_from_args(args) -> cfg.ExperimentConfig:
     overrides = cfg.load_overrides(args.config) if args.config else {}
     overrides.update(parse_sets(args.set or []))
+    quant = getattr(args, "quant", None)
+    if quant:  # --quant int8,nf4 or --quant all
+        overrides["quant_schemes"] = ",".join(cfg.QUANT_SCHEMES) if quant.strip() == "all" else quant
     return cfg.resolve(args.preset, overrides)
 
 
@@ -59,6 +62,36 @@ def summary_table(record: dict) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines + ["", "arms: " + ", ".join(status)])
+
+
+def quant_table(record: dict) -> str:
+    """Post-training quantization: per scheme, each arm's damage (quantized minus full precision,
+    mean over seeds) in held-out loss and accuracy, the paired gated-baseline difference of the
+    loss damage, and each arm's KL(full || quantized) on the probe batch. Empty when no scheme ran."""
+    schemes = list(dict.fromkeys(scheme for a in record["arms"]
+                                 for scheme in ((a.get("quant") or {}).get("schemes") or {})))
+    if not schemes:
+        return ""
+    paired = record.get("paired", {})
+    rows = [("quant scheme", "baseline dmg loss", "gated dmg loss", "gated-baseline", "95% CI",
+             "baseline dmg acc", "gated dmg acc", "baseline KL", "gated KL")]
+    skipped = []
+    for scheme in schemes:
+        loss, acc, kl = (paired.get(f"quant_{scheme}_{figure}")
+                         for figure in ("damage_loss", "damage_accuracy", "kl"))
+        if loss is None:
+            reasons = {a["quant"]["schemes"][scheme].get("skipped") for a in record["arms"]
+                       if scheme in ((a.get("quant") or {}).get("schemes") or {})}
+            skipped.append(f"{scheme}: skipped ({'; '.join(sorted(r for r in reasons if r))})")
+            continue
+        ci = f"[{_fmt(loss['ci_low'])}, {_fmt(loss['ci_high'])}]" if loss["ci_low"] is not None else "-"
+        rows.append((scheme, _fmt(loss["baseline"]), _fmt(loss["gated"]), _fmt(loss["difference"]), ci,
+                     _fmt(acc["baseline"] if acc else None), _fmt(acc["gated"] if acc else None),
+                     _fmt(kl["baseline"] if kl else None), _fmt(kl["gated"] if kl else None)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines + skipped)
 
 
 def progress_printer(total_steps: int, every: int):
@@ -100,6 +133,9 @@ def cmd_run(args) -> int:
                   f"send it later with `stability upload {written[0]}`", file=sys.stderr)
     print()
     print(summary_table(record))
+    if quant_table(record):
+        print()
+        print(quant_table(record))
     if record["status"] == "killed":
         return 130
     return 1 if record["status"] == "error" else 0
@@ -142,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="reports/runs", help="directory of the JSON records")
     run.add_argument("--no-track", action="store_true", help="write the JSON record only")
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
+    run.add_argument("--quant", metavar="SCHEMES",
+                     help=f"post-training quantization schemes to evaluate on both arms: a comma list of "
+                          f"{', '.join(cfg.QUANT_SCHEMES)}, or 'all' (sets quant_schemes)")
     run.set_defaults(func=cmd_run)
 
     presets = sub.add_parser("presets", help="print the named presets")
@@ -152,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
     upload.add_argument("--tracking-uri")
     upload.add_argument("--experiment")
     upload.set_defaults(func=cmd_upload)
+
+    from stability.regression import add_check_parsers
+    from stability.report import add_report_parser
+
+    add_check_parsers(sub)   # `stability check`, `stability baseline update`
+    add_report_parser(sub)   # `stability report`
+    from stability.stress import add_stress_parser
+
+    add_stress_parser(sub)   # `stability stress [KIND...]`
     return parser
 
 

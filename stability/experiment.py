@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import subprocess
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -49,9 +49,14 @@ def git_info() -> dict:
 def env_info(device: str) -> dict:
     """Versions and device name, for the record and the MLflow tags."""
     def version(module):
+        # the installed distribution's version, read from its metadata: importing bitsandbytes,
+        # mlflow and triton only to read __version__ costs seconds per process
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
+
         try:
-            return __import__(module).__version__
-        except Exception:  # not installed, or broken: say so rather than fail
+            return dist_version(module)
+        except PackageNotFoundError:  # not installed: say so rather than fail
             return None
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") \
         and torch.cuda.is_available() else platform.processor() or platform.machine()
@@ -76,6 +81,11 @@ def paired_summary(arms: list[dict], figures=FIGURES) -> dict:
     for arm in arms:
         by_seed.setdefault(arm["seed"], {})[arm["arm"]] = arm["final"]
     complete = [s for s in sorted(by_seed) if all(a in by_seed[s] for a in ARMS)]
+    figures = dict(figures)  # plus the post-quantization damages the arms carry (stability.quantize)
+    quant = ("_damage_loss", "_damage_accuracy", "_kl")
+    for final in (arm["final"] for arm in arms):
+        figures.update({k: "higher" if k.endswith("_damage_accuracy") else "lower" for k in final
+                        if k.startswith("quant_") and k.endswith(quant)})
     out = {}
     for figure, better in figures.items():
         baseline = [by_seed[s]["baseline"].get(figure) for s in complete]
@@ -93,9 +103,10 @@ def quantization_hook(run: cfg.RunConfig, schemes: tuple[str, ...]):
         return None
 
     def evaluate_quantized(model, corpus, record):
-        from stability.quantize import evaluate_schemes
+        from stability.quantize import evaluate_schemes, quant_figures
 
         record["quant"] = evaluate_schemes(model, corpus, run, schemes)
+        record["final"].update(quant_figures(record["quant"]))  # quant_<scheme>_damage_* in the paired table
     return evaluate_quantized
 
 

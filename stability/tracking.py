@@ -10,16 +10,24 @@ reported once by the caller), and ``stability upload`` can send the file later.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import socket
+import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_RECORD_DIR = Path("reports") / "runs"
 STEP_METRICS = ("loss", "lr", "grad_norm", "loss_scale", "batch_size")
+FAILURE_COOLDOWN_S = 60.0          # after a store failure, skip that store for this long (no repeated waits)
+CONNECT_TIMEOUT_S = 3.0            # TCP pre-check of an http(s) tracking server
+LOCK_RETRIES = 12                  # attempts on "database is locked"
 
 
 def clean(value):
@@ -83,17 +91,6 @@ def flatten(mapping: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _tags(record: dict) -> dict[str, str]:
-    git, env = record.get("git") or {}, record.get("env") or {}
-    tags = {"stability.preset": record["preset"], "stability.schedule": record["schedule"],
-            "stability.record_id": record.get("id", ""), "mlflow.note.content": record.get("description", "")}
-    tags.update({f"git.{k}": str(v) for k, v in git.items()})
-    tags.update({f"env.{k}": str(v) for k, v in env.items()})
-    if git.get("commit"):
-        tags["mlflow.source.git.commit"] = git["commit"]
-    return tags
-
-
 def _finite_metrics(figures: dict, prefix: str = "") -> dict[str, float]:
     return {f"{prefix}{k}": float(v) for k, v in figures.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)} | {
@@ -104,62 +101,329 @@ def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
     """log_batch in chunks within MLflow's limits (1000 metrics, 100 params, 100 tags per call)."""
     metrics, params, tags = list(metrics), list(params), list(tags)
     for start in range(0, len(metrics), 1000):
-        client.log_batch(run_id, metrics=metrics[start:start + 1000])
+        _retry(client.log_batch, run_id, metrics=metrics[start:start + 1000])
     for start in range(0, len(params), 100):
-        client.log_batch(run_id, params=params[start:start + 100])
+        _retry(client.log_batch, run_id, params=params[start:start + 100])
     for start in range(0, len(tags), 100):
-        client.log_batch(run_id, tags=tags[start:start + 100])
+        _retry(client.log_batch, run_id, tags=tags[start:start + 100])
+
+
+
+# ----------------------------------------------------------------------------- store access
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///...`` URI (None for other stores or in-memory)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    path = uri.split(":///", 1)[1] if ":///" in uri else ""
+    path = path.split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str, timeout: float = 300.0):
+    """Serialise writers of one SQLite store across processes (pytest-xdist workers): an fcntl lock on
+    ``<db>.lock`` next to the DB file, held while the schema is created/migrated and the run is written.
+    Other stores need no lock (the server serialises)."""
+    db = sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    import fcntl
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(db) + ".lock", "a+") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"waited {timeout:.0f} s for the lock {db}.lock") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _is_locked_error(error: BaseException) -> bool:
+    text = str(error).lower()
+    return "database is locked" in text or "database table is locked" in text
+
+
+def _retry(fn, *args, **kwargs):
+    """Call ``fn``, retrying with backoff while SQLite says "database is locked" (a reader elsewhere)."""
+    for attempt in range(LOCK_RETRIES):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            if not _is_locked_error(error) or attempt == LOCK_RETRIES - 1:
+                raise
+            time.sleep(min(2.0, 0.05 * 2 ** attempt))
+
+
+def check_reachable(uri: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """For an http(s) store, a TCP connect first: a closed port fails in milliseconds, a silent host in
+    ``timeout`` seconds, instead of MLflow's minutes of retries."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            pass
+    except OSError as error:
+        raise ConnectionError(f"tracking server {parsed.hostname}:{port} is unreachable ({error})") from None
+
+
+def _artifact_location(uri: str, name: str) -> str | None:
+    """Artifacts of a SQLite store live next to the DB file (not in the current directory's ./mlruns)."""
+    db = sqlite_path(uri)
+    if db is None:
+        return None
+    return (db.resolve().parent / "mlartifacts" / name).as_uri()
+
+
+_FAILED: dict[str, tuple[float, str]] = {}   # uri -> (time of failure, message): fail fast, report once
+_REPORTED: set[str] = set()
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+def report_failure(tracking: dict, record_file: Path | str | None = None, stream=None) -> bool:
+    """Print a store failure once per store and process (one line, no traceback); True if printed."""
+    if tracking.get("status") == "tracked":
+        return False
+    uri = tracking.get("uri", "")
+    if uri in _REPORTED:
+        return False
+    _REPORTED.add(uri)
+    later = f"; send it later with `stability upload {record_file}`" if record_file else \
+        "; send the records later with `stability upload reports/runs/*.json`"
+    print(f"mlflow: NOT TRACKED at {uri} ({tracking.get('error')}); the JSON record holds everything{later}",
+          file=stream or sys.stderr, flush=True)
+    return True
+
+
+# ----------------------------------------------------------------------------- what is sent
+
+def describe(record: dict) -> str:
+    """One line saying what was stressed, for the MLflow run description."""
+    config = record.get("config") or {}
+    run = config.get("run") or {}
+    model, optim, precision = run.get("model") or {}, run.get("optim") or {}, run.get("precision") or {}
+    gated = config.get("gated_gate") or {}
+    fault = run.get("fault") or {}
+    parts = [f"{record.get('preset')}/{record.get('name')}: schedule {record.get('schedule')}"
+             + (f" ({record['description']})" if record.get("description") else ""),
+             f"softmax vs gated {gated.get('position')}-{gated.get('granularity')}",
+             (f"{model.get('n_layers')}L d{model.get('d_model')}, {precision.get('dtype')}, "
+              f"peak lr {optim.get('lr')}, {run.get('steps')} steps, seeds {config.get('seeds')}")]
+    if fault.get("kind") not in (None, "none"):
+        parts.append(f"fault {fault.get('kind')} at step {fault.get('step')}")
+    return "; ".join(str(p) for p in parts).replace("\n", " ")
+
+
+def _tags(record: dict) -> dict[str, str]:
+    git, env = record.get("git") or {}, record.get("env") or {}
+    tags = {"stability.preset": str(record.get("preset")), "stability.schedule": str(record.get("schedule")),
+            "stability.name": str(record.get("name")), "stability.record_id": str(record.get("id", "")),
+            "stability.status": str(record.get("status")), "stability.level": "pair",
+            "mlflow.note.content": describe(record)}
+    tags.update({f"git.{k}": str(v) for k, v in git.items()})
+    tags.update({f"env.{k}": str(v) for k, v in env.items()})
+    if git.get("commit"):
+        tags["mlflow.source.git.commit"] = git["commit"]
+    if git.get("branch"):
+        tags["mlflow.source.git.branch"] = git["branch"]
+    return tags
+
+
+def _numbers(mapping, prefix: str) -> dict[str, float]:
+    """Flatten the finite numbers of a nested dict/list into metric names (for quant figures)."""
+    out = {}
+    if isinstance(mapping, dict):
+        for key, value in mapping.items():
+            out.update(_numbers(value, f"{prefix}.{key}"))
+    elif isinstance(mapping, bool) or isinstance(mapping, (int, float)) and math.isfinite(mapping):
+        out[prefix] = float(mapping)
+    return out
+
+
+def _arm_metrics(arm: dict, now: int):
+    from mlflow.entities import Metric
+
+    series = arm.get("series") or {}
+    steps = series.get("step") or []
+    metrics = [Metric(key, float(value), now, int(step))
+               for key in STEP_METRICS for step, value in zip(steps, series.get(key) or [])
+               if isinstance(value, (int, float)) and value is not None and math.isfinite(value)]
+    for snapshot in arm.get("probes") or []:
+        step = int(snapshot.get("step", 0))
+        for index, layer in enumerate(snapshot.get("layers") or []):
+            for key in ("f_attn", "m_act", "m_act_ratio", "sink_rate", "max_attn_logit", "gate_score"):
+                value = layer.get(key)
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    metrics.append(Metric(f"probe.{key}.layer{index}", float(value), now, step))
+    metrics += [Metric(k, v, now, 0) for k, v in _finite_metrics(arm.get("final") or {}, "final.").items()]
+    quant = arm.get("quant") or {}  # quant.<scheme>.<figure> (and quant.full_precision.<figure>)
+    metrics += [Metric(k, v, now, 0) for k, v in _numbers(
+        {"full_precision": quant.get("full_precision"), **(quant.get("schemes") or {})}, "quant").items()]
+    return metrics
 
 
 def arm_status(arm: dict) -> str:
-    return {"killed": "KILLED", "error": "FAILED"}.get(arm["status"], "FINISHED")
+    return {"killed": "KILLED", "error": "FAILED", "running": "KILLED"}.get(arm.get("status"), "FINISHED")
+
+
+def record_status(record: dict) -> str:
+    return {"killed": "KILLED", "running": "KILLED", "error": "FAILED"}.get(record.get("status"), "FINISHED")
+
+
+def _write_artifacts(record: dict, directory: Path, plots: bool) -> list[tuple[Path, str]]:
+    """The record JSON, and (when ``plots``) the plots and the report, as (local path, artifact dir) pairs."""
+    out = [(write_record_copy(record, directory / "record"), "record")]
+    if plots:
+        from stability.report import write_report
+
+        paths = write_report([record], directory / "report" / "report.html")
+        out += [(paths["html"], "report"), (paths["markdown"], "report")]
+        out += [(p, "plots") for p in paths["plots"]]
+    return out
+
+
+def write_record_copy(record: dict, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = record_path(dict(record), directory)
+    path.write_text(json.dumps(clean(record), indent=1, allow_nan=False))
+    return path
 
 
 def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str | None = None,
-                  artifacts: list[Path] = ()) -> dict:
-    """Send a pair record to MLflow; returns {"status": "tracked", ids...} or {"status": "not tracked", "error"}."""
+                  artifacts: list[Path] = (), plots: bool = True) -> dict:
+    """Send a pair record to MLflow; returns {"status": "tracked", ids...} or {"status": "not tracked", "error"}.
+
+    One experiment per suite or campaign (``experiment``, else $STABILITY_EXPERIMENT, else
+    ``stability-<record name>``); a parent run per stress case, a child run per arm and seed. Artifacts of
+    the parent: the JSON record (``record/``), the plots (``plots/``), the report (``report/``) and any
+    extra ``artifacts``. A SQLite store is written under a file lock (parallel workers); an http store is
+    probed first so a dead server fails in seconds. Never raises on a store failure."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     uri = resolve_tracking_uri(tracking_uri)
+    failed = _FAILED.get(uri)
+    if failed and time.monotonic() - failed[0] < FAILURE_COOLDOWN_S:
+        return {"status": "not tracked", "uri": uri, "error": f"{failed[1]} (failed earlier; not retried for "
+                                                               f"{FAILURE_COOLDOWN_S:.0f} s)"}
+    parent_id = client = None
     try:
-        from mlflow.entities import Metric, Param, RunTag
+        check_reachable(uri)
+        from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=uri)
-        name = experiment or f"stability-{record['name']}"
-        found = client.get_experiment_by_name(name)
-        experiment_id = found.experiment_id if found else client.create_experiment(name)
-        tags = _tags(record)
-        parent = client.create_run(experiment_id, run_name=f"{record['name']}-{record['schedule']}", tags=tags)
-        parent_id = parent.info.run_id
-        now = int(time.time() * 1000)
-        params = [Param(k, v) for k, v in flatten(record["config"]).items()]
-        paired = {f"paired.{figure}.{key}": value for figure, summary in record.get("paired", {}).items()
-                  for key, value in summary.items() if key in ("baseline", "gated", "difference", "ci_low",
-                                                               "ci_high", "p_value")}
-        _log_batched(client, parent_id, params=params,
-                     metrics=[Metric(k, v, now, 0) for k, v in _finite_metrics(paired).items()])
-        children = {}
-        for arm in record["arms"]:
-            child = client.create_run(experiment_id, run_name=f"{arm['arm']}-seed{arm['seed']}",
-                                      tags={**tags, "mlflow.parentRunId": parent_id, "stability.arm": arm["arm"],
-                                            "stability.variant": arm["variant"], "stability.status": arm["status"],
-                                            "stability.seed": str(arm["seed"])})
-            series = arm["series"]
-            metrics = [Metric(key, float(value), now, int(step))
-                       for key in STEP_METRICS for step, value in zip(series["step"], series[key])
-                       if value is not None and math.isfinite(value)]
-            metrics += [Metric(k, v, now, 0) for k, v in _finite_metrics(arm["final"], "final.").items()]
-            _log_batched(client, child.info.run_id, metrics=metrics,
-                         params=[Param("arm", arm["arm"]), Param("variant", arm["variant"]),
-                                 Param("seed", str(arm["seed"]))])
-            client.set_terminated(child.info.run_id, status=arm_status(arm))
-            children[f"{arm['arm']}-seed{arm['seed']}"] = child.info.run_id
-        for path in artifacts:
-            client.log_artifact(parent_id, str(path))
-        status = "KILLED" if record.get("status") == "killed" else "FINISHED"
-        client.set_terminated(parent_id, status=status)
+        with tempfile.TemporaryDirectory(prefix="stability-artifacts-") as tmp:
+            files = _write_artifacts(record, Path(tmp), plots)
+            # extra artifacts; the record file itself is already under record/ (a copy of the same JSON)
+            files += [(Path(p), "") for p in artifacts if Path(p).name != files[0][0].name]
+            with store_lock(uri):
+                client = MlflowClient(tracking_uri=uri)
+                name = experiment or os.environ.get("STABILITY_EXPERIMENT") or f"stability-{record['name']}"
+                found = _retry(client.get_experiment_by_name, name)
+                experiment_id = found.experiment_id if found else _create_experiment(client, uri, name)
+                tags = _tags(record)
+                parent = _retry(client.create_run, experiment_id, run_name=f"{record['name']}-{record['schedule']}",
+                                tags=tags)
+                parent_id = parent.info.run_id
+                now = int(time.time() * 1000)
+                from mlflow.entities import Metric
+
+                params = [Param(k, v) for k, v in flatten(record["config"]).items()]
+                paired = {f"paired.{figure}.{key}": value for figure, summary in record.get("paired", {}).items()
+                          for key, value in summary.items() if key in ("baseline", "gated", "difference", "ci_low",
+                                                                       "ci_high", "p_value")}
+                _log_batched(client, parent_id, params=params,
+                             metrics=[Metric(k, v, now, 0) for k, v in _finite_metrics(paired).items()])
+                children = {}
+                for arm in record["arms"]:
+                    child = _retry(client.create_run, experiment_id, run_name=f"{arm['arm']}-seed{arm['seed']}",
+                                   tags={**tags, "mlflow.parentRunId": parent_id, "stability.level": "arm",
+                                         "stability.arm": arm["arm"], "stability.variant": str(arm.get("variant")),
+                                         "stability.status": str(arm.get("status")),
+                                         "stability.seed": str(arm["seed"]),
+                                         "mlflow.note.content": f"{arm['arm']} arm ({arm.get('variant')}), seed "
+                                                                f"{arm['seed']}: {arm.get('status')}"
+                                                                + (f" - {arm['stop_reason']}"
+                                                                   if arm.get("stop_reason") else "")})
+                    _log_batched(client, child.info.run_id, metrics=_arm_metrics(arm, now),
+                                 params=[Param("arm", arm["arm"]), Param("variant", str(arm.get("variant"))),
+                                         Param("seed", str(arm["seed"]))])
+                    _retry(client.set_terminated, child.info.run_id, status=arm_status(arm))
+                    children[f"{arm['arm']}-seed{arm['seed']}"] = child.info.run_id
+                for path, artifact_dir in files:
+                    _retry(client.log_artifact, parent_id, str(path), artifact_dir or None)
+                _retry(client.set_terminated, parent_id, status=record_status(record))
+        _FAILED.pop(uri, None)
         return {"status": "tracked", "uri": uri, "experiment": name, "experiment_id": experiment_id,
                 "parent_run_id": parent_id, "child_run_ids": children}
-    except Exception as error:  # any store failure: keep going, the JSON record already holds everything
-        return {"status": "not tracked", "uri": uri, "error": f"{type(error).__name__}: {error}"}
+    except KeyboardInterrupt:
+        if parent_id is not None and client is not None:
+            with contextlib.suppress(Exception):
+                client.set_terminated(parent_id, status="KILLED")
+        raise
+    except Exception as error:  # noqa: BLE001  (any store failure: keep going, the JSON record holds everything)
+        message = _one_line(error)
+        _FAILED[uri] = (time.monotonic(), message)
+        if parent_id is not None and client is not None:
+            with contextlib.suppress(Exception):
+                client.set_terminated(parent_id, status="FAILED")
+        return {"status": "not tracked", "uri": uri, "error": message, "parent_run_id": parent_id}
+
+
+def _create_experiment(client, uri: str, name: str) -> str:
+    try:
+        return _retry(client.create_experiment, name, artifact_location=_artifact_location(uri, name))
+    except Exception:  # created meanwhile by another writer (server stores: no shared lock)
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+# ----------------------------------------------------------------------------- reading back
+
+def fetch_records(branch: str, tracking_uri: str | None = None, preset: str | None = None,
+                  max_results: int = 500) -> list[dict]:
+    """The JSON records of the latest parent run per case (name + schedule) tagged git.branch=BRANCH."""
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_tracking_uri(tracking_uri)
+    check_reachable(uri)
+    client = MlflowClient(tracking_uri=uri)
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    if not experiments:
+        return []
+    query = f"tags.`git.branch` = '{branch}' AND tags.`stability.level` = 'pair' AND attributes.status = 'FINISHED'"
+    if preset:
+        query += f" AND tags.`stability.preset` = '{preset}'"
+    runs = client.search_runs(experiments, query, max_results=max_results, order_by=["attributes.start_time DESC"])
+    latest: dict[tuple, object] = {}
+    for run in runs:
+        key = (run.data.tags.get("stability.name"), run.data.tags.get("stability.schedule"))
+        latest.setdefault(key, run)
+    records = []
+    with tempfile.TemporaryDirectory(prefix="stability-fetch-") as tmp:
+        for run in latest.values():
+            files = [f.path for f in client.list_artifacts(run.info.run_id, "record") if f.path.endswith(".json")]
+            if not files:
+                continue
+            local = client.download_artifacts(run.info.run_id, files[0], tmp)
+            record = read_record(local)
+            record["_path"] = f"mlflow run {run.info.run_id} ({files[0]})"
+            records.append(record)
+    return records
