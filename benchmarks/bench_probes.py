@@ -2,8 +2,8 @@
 
     python benchmarks/bench_probes.py [--preset smoke] [--steps 40] [--rounds 5]
 
-Both loops run the same model, batches and optimizer; rounds alternate (bare, probed,
-bare, probed, ...) so machine noise hits both alike. The probed step adds what the
+Both loops run the same model, batches and optimizer; rounds alternate in ABBA order
+(probed, bare, bare, probed, ...) so machine noise and warm caches favour neither. The probed step adds what the
 trainer adds every step: global and per-layer gradient norms kept on device, one host
 sync for loss and norms, the loss and grad-norm spike detectors, clipping from the
 computed norm. The heavy probes (every K steps) are timed separately per snapshot.
@@ -67,8 +67,9 @@ def main() -> None:
         return figures[0]
 
     times = {"bare": [], "probed": []}
-    for _ in range(args.rounds + 1):  # the first round warms up and is dropped
-        for name, step in (("bare", bare_step), ("probed", probed_step)):
+    order = (("bare", bare_step), ("probed", probed_step))
+    for round_ in range(args.rounds + 1):  # the first round warms up and is dropped
+        for name, step in (order if round_ % 2 else order[::-1]):  # ABBA: neither always goes first
             start = time.perf_counter()
             for x, y in batches:
                 step(x, y)

@@ -21,7 +21,7 @@ Backends compute the same function: "torch" (fused ``scaled_dot_product_attentio
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

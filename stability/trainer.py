@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -194,7 +194,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
             record["status"] = "completed"
     except KeyboardInterrupt:
         record.update(status="killed", stop_reason="interrupted (Ctrl-C)")
-    except Exception as error:  # recorded, never lost; the caller reports it
+    except Exception as error:  # noqa: BLE001 -- recorded, never lost; the caller reports it
         record.update(status="error", stop_reason=f"{type(error).__name__}: {error}",
                       traceback=traceback.format_exc())
     finally:

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from stability.config import (ConfigError, ExperimentConfig, GateConfig, ModelConfig, from_dict, load_overrides,
-                              override, resolve, to_dict)
+from stability.config import (
+    ConfigError,
+    ExperimentConfig,
+    GateConfig,
+    ModelConfig,
+    from_dict,
+    load_overrides,
+    override,
+    resolve,
+    to_dict,
+)
 
 
 @pytest.mark.parametrize("preset", ["smoke", "ci", "full"])

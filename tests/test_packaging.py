@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_wheel_maps_kernels_into_the_stability_namespace(tmp_path):
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+                            "-w", str(tmp_path), str(ROOT)], check=False, capture_output=True, text=True,
+                           timeout=300)
     if built.returncode != 0:
         pytest.skip(f"could not build a wheel here: {built.stderr[-300:]}")
     names = zipfile.ZipFile(next(tmp_path.glob("stability-*.whl"))).namelist()

@@ -7,10 +7,19 @@ from dataclasses import replace
 
 import pytest
 
-from stability.config import (DataConfig, ExperimentConfig, FaultConfig, GateConfig, ModelConfig, OptimConfig,
-                              ProbeConfig, RunConfig, resolve)
-from stability.experiment import ARMS, paired_summary, run_pair
+from stability.config import (
+    DataConfig,
+    ExperimentConfig,
+    FaultConfig,
+    GateConfig,
+    ModelConfig,
+    OptimConfig,
+    ProbeConfig,
+    RunConfig,
+    resolve,
+)
 from stability.data import get_batch, load_corpus
+from stability.experiment import ARMS, paired_summary, run_pair
 from stability.trainer import train
 
 TINY = RunConfig(
