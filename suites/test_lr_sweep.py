@@ -13,7 +13,7 @@ import pytest
 from stability.config import resolve
 from stability.experiment import run_pair
 from stability.stress import SWEEP_FIGURES, claim_rows, claims_table, cpu_threads
-from stability.tracking import log_to_mlflow, read_record, write_record
+from stability.tracking import log_to_mlflow, write_record
 
 pytestmark = pytest.mark.stress
 KIND = "lr_sweep"
@@ -42,11 +42,6 @@ def record(stress_record):
 
 
 class TestInvariants:
-    def test_record_written_then_tracked(self, record):
-        on_disk = read_record(record["record_path"])
-        assert on_disk["schedule"] == KIND and on_disk["arms"] and on_disk["paired"]
-        assert record["tracking"]["status"] == "tracked", record["tracking"]
-
     def test_grid_fully_trained(self, record):
         grid = record["config"]["stress"]["sweep_lrs"]
         seeds = record["config"]["seeds"]
@@ -90,10 +85,9 @@ class TestPairedClaims:
         report_claims(record, {"m_act_mean": "lower", "f_attn_mean": "lower", "loss_spike_score": "lower",
                                "heldout_loss": "lower"}, title="LR sweep, reference LR")
 
-    @pytest.mark.slow
     def test_claim_m_act_lower_at_high_lr_4layer(self, device, tracking_uri, record_property):
         """Qiu et al.: the gate removes massive activations. Established on the CPU only in the regime
-        of reports/effects.md (M_ACT_REGIME, 3 seeds, ~4 min on one thread): asserted there, at any
+        of reports/effects.md (M_ACT_REGIME, 3 seeds, about 2 min on one thread; part of the default run): asserted there, at any
         --scale: the 95% interval of gated - baseline m_act_mean lies below 0, and in every seed the
         gated arm's M-Act is below the baseline's."""
         config = resolve("smoke", {**M_ACT_REGIME, "run.device": device or "cpu"})
