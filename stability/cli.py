@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from stability import config as cfg
+from stability.table import fmt, text_table
 
 
 def parse_sets(items: list[str]) -> dict[str, str]:
@@ -39,29 +40,16 @@ def resolve_from_args(args) -> cfg.ExperimentConfig:
     return cfg.resolve(args.preset, overrides)
 
 
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def summary_table(record: dict) -> str:
     """Per figure: baseline mean, gated mean, difference and 95% interval over seeds."""
     rows = [("figure", "baseline", "gated", "gated-baseline", "95% CI", "p", "n")]
     for figure, s in record.get("paired", {}).items():
-        ci = f"[{_fmt(s['ci_low'])}, {_fmt(s['ci_high'])}]" if s["ci_low"] is not None else "-"
-        rows.append((figure, _fmt(s["baseline"]), _fmt(s["gated"]), _fmt(s["difference"]), ci,
-                     _fmt(s["p_value"]), str(s["n"])))
+        ci = f"[{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s["ci_low"] is not None else "-"
+        rows.append((figure, fmt(s["baseline"]), fmt(s["gated"]), fmt(s["difference"]), ci,
+                     fmt(s["p_value"]), str(s["n"])))
     status = [f"{a['arm']}/seed{a['seed']}: {a['status']}" + (
         f" at step {a['diverged_at_step']}" if a["diverged_at_step"] is not None else "") for a in record["arms"]]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines + ["", "arms: " + ", ".join(status)])
+    return "\n".join([text_table(rows), "", "arms: " + ", ".join(status)])
 
 
 def quant_table(record: dict) -> str:
@@ -84,14 +72,11 @@ def quant_table(record: dict) -> str:
                        if scheme in ((a.get("quant") or {}).get("schemes") or {})}
             skipped.append(f"{scheme}: skipped ({'; '.join(sorted(r for r in reasons if r))})")
             continue
-        ci = f"[{_fmt(loss['ci_low'])}, {_fmt(loss['ci_high'])}]" if loss["ci_low"] is not None else "-"
-        rows.append((scheme, _fmt(loss["baseline"]), _fmt(loss["gated"]), _fmt(loss["difference"]), ci,
-                     _fmt(acc["baseline"] if acc else None), _fmt(acc["gated"] if acc else None),
-                     _fmt(kl["baseline"] if kl else None), _fmt(kl["gated"] if kl else None)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines + skipped)
+        ci = f"[{fmt(loss['ci_low'])}, {fmt(loss['ci_high'])}]" if loss["ci_low"] is not None else "-"
+        rows.append((scheme, fmt(loss["baseline"]), fmt(loss["gated"]), fmt(loss["difference"]), ci,
+                     fmt(acc["baseline"] if acc else None), fmt(acc["gated"] if acc else None),
+                     fmt(kl["baseline"] if kl else None), fmt(kl["gated"] if kl else None)))
+    return "\n".join([text_table(rows)] + skipped)
 
 
 def progress_printer(total_steps: int, every: int):

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from stability.stats import sample_std
+from stability.table import fmt, text_table
 
 BASELINE_SCHEMA_VERSION = 1
 USABLE_ARM_STATUS = ("completed", "diverged")
@@ -162,14 +163,6 @@ def _stats(values: list) -> dict:
     mean = sum(finite) / n if n else None
     std = sample_std(finite)
     return {"mean": mean, "std": std, "n": n, "values": list(values)}
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def _validate_record(record, where: str) -> None:
@@ -421,9 +414,9 @@ class CheckResult:
         return {0: "PASS", 1: "REGRESSED", 2: "UNUSABLE INPUT"}[self.exit_code]
 
     def _cells(self, row: Row) -> list[str]:
-        band = f"±{_fmt(row.band)}" if row.band is not None else "-"
-        return [row.case, row.arm, row.figure, f"{row.better} better", _fmt(row.baseline), _fmt(row.current),
-                _fmt(row.delta), band, VERDICT_MARK[row.verdict] + (f" ({row.note})" if row.note else "")]
+        band = f"±{fmt(row.band)}" if row.band is not None else "-"
+        return [row.case, row.arm, row.figure, f"{row.better} better", fmt(row.baseline), fmt(row.current),
+                fmt(row.delta), band, VERDICT_MARK[row.verdict] + (f" ({row.note})" if row.note else "")]
 
     HEADER: ClassVar[list[str]] = ["case", "arm", "figure", "direction", "baseline", "current", "delta", "band",
                                    "verdict"]
@@ -437,11 +430,8 @@ class CheckResult:
     def table(self, only_changed: bool = False) -> str:
         rows = [r for r in self.rows if not only_changed or r.verdict != "ok"]
         cells = [self.HEADER] + [self._cells(r) for r in rows]
-        widths = [max(len(c[i]) for c in cells) for i in range(len(self.HEADER))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-        lines.insert(1, "  ".join("-" * w for w in widths))
         out = [self.summary_line()] + [f"error: {e}" for e in self.errors] + [f"note: {n}" for n in self.notes]
-        return "\n".join(out + ([""] + lines if rows else []))
+        return "\n".join(out + (["", text_table(cells)] if rows else []))
 
     def markdown(self) -> str:
         icon = {0: ":white_check_mark:", 1: ":x:", 2: ":warning:"}[self.exit_code]

@@ -20,6 +20,8 @@ import re
 import sys
 from pathlib import Path
 
+from stability.table import fmt
+
 ARM_COLORS = {"baseline": "#1f77b4", "gated": "#d62728"}
 SEED_STYLES = ("-", "--", ":", "-.")
 
@@ -236,23 +238,14 @@ PLOT_TITLES = {"curves": "Loss and gradient norm, both arms", "lr_sweep": "Learn
 
 # ----------------------------------------------------------------------------- tables
 
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4g}" if math.isfinite(value) else str(value)
-    return str(value)
-
 
 def summary_rows(record: dict) -> list[list[str]]:
     """Figure, baseline, gated, gated - baseline, 95% CI, p, n (from record["paired"])."""
     rows = [["figure", "better", "baseline", "gated", "gated-baseline", "95% CI", "p", "n"]]
     for figure, s in (record.get("paired") or {}).items():
-        ci = f"[{_fmt(s.get('ci_low'))}, {_fmt(s.get('ci_high'))}]" if s.get("ci_low") is not None else "-"
-        rows.append([figure, str(s.get("better", "")), _fmt(s.get("baseline")), _fmt(s.get("gated")),
-                     _fmt(s.get("difference")), ci, _fmt(s.get("p_value")), _fmt(s.get("n"))])
+        ci = f"[{fmt(s.get('ci_low'))}, {fmt(s.get('ci_high'))}]" if s.get("ci_low") is not None else "-"
+        rows.append([figure, str(s.get("better", "")), fmt(s.get("baseline")), fmt(s.get("gated")),
+                     fmt(s.get("difference")), ci, fmt(s.get("p_value")), fmt(s.get("n"))])
     for scheme, reason in quant_skipped(record).items():
         rows.append([f"quant {scheme}", "-", "skipped", "skipped", "-", reason, "-", "-"])
     return rows
@@ -263,8 +256,8 @@ def arm_rows(record: dict) -> list[list[str]]:
     for arm in record.get("arms") or []:
         timing = arm.get("timing") or {}
         rows.append([arm["arm"], str(arm.get("variant")), str(arm.get("seed")), str(arm.get("status")),
-                     _fmt(arm.get("diverged_at_step")), _fmt((arm.get("final") or {}).get("steps_completed")),
-                     _fmt(timing.get("wall_seconds")), _fmt(timing.get("tokens_per_second")),
+                     fmt(arm.get("diverged_at_step")), fmt((arm.get("final") or {}).get("steps_completed")),
+                     fmt(timing.get("wall_seconds")), fmt(timing.get("tokens_per_second")),
                      str(arm.get("stop_reason") or "")])
     return rows
 
@@ -272,9 +265,9 @@ def arm_rows(record: dict) -> list[list[str]]:
 def env_rows(record: dict) -> list[list[str]]:
     rows = [["key", "value"]]
     for key, value in (record.get("git") or {}).items():
-        rows.append([f"git.{key}", _fmt(value)])
+        rows.append([f"git.{key}", fmt(value)])
     for key, value in (record.get("env") or {}).items():
-        rows.append([key, _fmt(value)])
+        rows.append([key, fmt(value)])
     return rows
 
 

@@ -58,6 +58,7 @@ from stability import config as cfg
 from stability.data import load_corpus
 from stability.experiment import ARMS, FIGURES, new_record, paired_summary, quantization_hook
 from stability.schedules import Standard, from_stress
+from stability.table import fmt, text_table
 from stability.trainer import train
 
 CASES_ORDER = ("lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock")
@@ -452,11 +453,6 @@ def claim_rows(record: dict, figures: dict[str, str], margins: dict[str, float] 
 
 def claims_table(rows: list[dict], title: str = "") -> str:
     """A plain-text table of ``claim_rows``."""
-    def fmt(value):
-        if value is None:
-            return "-"
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-
     header = ("figure", "better", "baseline", "gated", "gated-baseline", "95% CI", "p", "n", "at least as good")
     lines = [header]
     for row in rows:
@@ -467,10 +463,7 @@ def claims_table(rows: list[dict], title: str = "") -> str:
         verdict = {True: "yes", False: "NO", None: "undecided" if row["n"] and row["n"] >= 2 else "n<2"}[row["holds"]]
         lines.append((row["figure"], row["better"], fmt(row["baseline"]), fmt(row["gated"]), fmt(row["difference"]),
                       ci, fmt(row["p_value"]), str(row["n"]), verdict))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
-    text.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(([title] if title else []) + text)
+    return "\n".join(([title] if title else []) + [text_table(lines)])
 
 
 # ----------------------------------------------------------------------------- by name, recorded
