@@ -1,7 +1,8 @@
 """Shared pytest plumbing: markers, command-line options, fixtures, hypothesis profiles.
 
 Options:  --scale smoke|ci|full   (default $STABILITY_SCALE or smoke)
-          --device cpu|cuda       (default cpu; under pytest-xdist each worker takes GPU index = worker number)
+          --device cpu|cuda       (default: the preset's device; under pytest-xdist each worker takes
+                                   GPU index = worker number)
           --seeds 0,1,2           (override the preset's seeds)
           --tracking-uri URI      (default $MLFLOW_TRACKING_URI or sqlite:///reports/mlflow-tests.db)
 """
