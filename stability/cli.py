@@ -150,18 +150,25 @@ def cmd_upload(args) -> int:
     return failed
 
 
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """The options every training command shares: preset, overrides, records and tracking."""
+    parser.add_argument("--preset", default="smoke", help=f"one of {tuple(cfg.PRESETS)} (default smoke)")
+    parser.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                        help="override a config field (repeatable)")
+    parser.add_argument("--config", help="JSON or TOML file of overrides")
+    parser.add_argument("--tracking-uri",
+                        help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--experiment", help="MLflow experiment name (default stability-<preset>)")
+    parser.add_argument("--out", default="reports/runs", help="directory of the JSON records")
+    parser.add_argument("--no-track", action="store_true", help="write the JSON records only")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stability", description="Numerical-stability harness for gated attention.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="train a baseline/gated pair and record it")
-    run.add_argument("--preset", default="smoke", help=f"one of {tuple(cfg.PRESETS)} (default smoke)")
-    run.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field (repeatable)")
-    run.add_argument("--config", help="JSON or TOML file of overrides")
-    run.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    run.add_argument("--experiment", help="MLflow experiment name (default stability-<preset>)")
-    run.add_argument("--out", default="reports/runs", help="directory of the JSON records")
-    run.add_argument("--no-track", action="store_true", help="write the JSON record only")
+    add_config_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
     run.add_argument("--quant", metavar="SCHEMES",
                      help=f"post-training quantization schemes to evaluate on both arms: a comma list of "

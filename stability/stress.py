@@ -44,10 +44,8 @@ Figure definitions (the ones not already in DESIGN.md):
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -504,14 +502,10 @@ def add_stress_parser(sub) -> None:
     """Register `stability stress KIND... --preset P` on the `stability` subparsers."""
     parser = sub.add_parser("stress", help="run stress cases (lr_sweep, lr_ramp, batch_ramp, precision_ladder, "
                                            "shock) and record them")
+    from stability.cli import add_config_options
+
     parser.add_argument("kinds", nargs="*", help=f"cases to run (default all: {', '.join(CASES_ORDER)})")
-    parser.add_argument("--preset", default="smoke", help=f"one of {tuple(cfg.PRESETS)} (default smoke)")
-    parser.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
-    parser.add_argument("--config", help="JSON or TOML file of overrides")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI")
-    parser.add_argument("--experiment", help="MLflow experiment name (default stability-<preset>)")
-    parser.add_argument("--out", default="reports/runs", help="directory of the JSON records")
-    parser.add_argument("--no-track", action="store_true", help="write the JSON records only")
+    add_config_options(parser)
     parser.add_argument("--baseline-out", metavar="PATH",
                         help="also write a regression baseline made from these records to PATH")
     parser.set_defaults(func=cmd_stress)
@@ -538,18 +532,3 @@ def cmd_stress(args) -> int:
 
         print(f"baseline written: {write_baseline(make_baseline(records), args.baseline_out)}")
     return 1 if any(r["status"] == "error" for r in records) else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stability.stress")
-    add_stress_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["stress", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return args.func(args)
-    except cfg.ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
