@@ -135,7 +135,7 @@ class _Case:
         self.config = config
         self.record = new_record(config, schedule_name, description)
         self.record["stress"] = kind
-        self.corpus = load_corpus(config.run.data, config.run.model.vocab_size)
+        self.corpus = load_corpus(config.run.data, config.run.model.vocab_size, config.run.model.context)
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def train(self, run: cfg.RunConfig, schedule, arm: str) -> dict:
@@ -143,6 +143,22 @@ class _Case:
                            on_trained=quantization_hook(run, self.config.quant_schemes))
         self.runs.append(arm_record["timing"])
         return arm_record
+
+    def train_each_arm(self, schedule, figures_of) -> list[dict]:
+        """Train every seed and arm under ``schedule``. ``figures_of(run, arm_record)`` returns
+        (figures added to the arm's ``final``, extra entries for its summary). Returns one summary
+        per arm: arm, seed, status, diverged_at_step, the figures and the extras."""
+        per_arm = []
+        for seed in self.config.seeds:
+            for arm in ARMS:
+                run = self.config.arm_config(arm, seed)
+                arm_record = self.train(run, schedule, arm)
+                figures, extras = figures_of(run, arm_record)
+                arm_record["final"].update(figures)
+                self.record["arms"].append(arm_record)
+                per_arm.append({"arm": arm, "seed": seed, "status": arm_record["status"],
+                                "diverged_at_step": arm_record["diverged_at_step"], **figures, **extras})
+        return per_arm
 
     def finish(self, figures: dict[str, str]) -> dict:
         record = self.record
@@ -258,17 +274,8 @@ def run_lr_ramp(config: cfg.ExperimentConfig) -> dict:
     stress = config.stress
     with cpu_threads(stress.threads):
         case = _Case("lr_ramp", config, "lr_ramp", schedule.describe())
-        per_arm = []
-        for seed in config.seeds:
-            for arm in ARMS:
-                run = config.arm_config(arm, seed)
-                arm_record = case.train(run, schedule, arm)
-                figures = ramp_figures(arm_record, run.probes.diverge_factor, stress.recovery_smoothing,
-                                       stress.ramp_end_lr)
-                arm_record["final"].update(figures)
-                case.record["arms"].append(arm_record)
-                per_arm.append({"arm": arm, "seed": seed, "status": arm_record["status"],
-                                "diverged_at_step": arm_record["diverged_at_step"], **figures})
+        per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
+            arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
         case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
                                   "per_arm": per_arm}
         return case.finish(RAMP_FIGURES)
@@ -299,18 +306,14 @@ def run_batch_ramp(config: cfg.ExperimentConfig) -> dict:
     schedule = from_stress("batch_ramp", config)
     with cpu_threads(stress.threads):
         case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe())
-        per_arm = []
-        for seed in config.seeds:
-            for arm in ARMS:
-                arm_record = case.train(config.arm_config(arm, seed), schedule, arm)
-                series = arm_record["series"]
-                tokens = series["tokens"][-1] if series["tokens"] else 0
-                arm_record["final"]["tokens_seen"] = tokens
-                arm_record["final"]["final_batch_size"] = series["batch_size"][-1] if series["batch_size"] else None
-                per_arm.append({"arm": arm, "seed": seed, "status": arm_record["status"],
-                                "diverged_at_step": arm_record["diverged_at_step"], "tokens_seen": tokens,
-                                "loss_vs_tokens": loss_vs_tokens(arm_record)})
-                case.record["arms"].append(arm_record)
+
+        def figures_of(_run, arm_record):
+            series = arm_record["series"]
+            figures = {"tokens_seen": series["tokens"][-1] if series["tokens"] else 0,
+                       "final_batch_size": series["batch_size"][-1] if series["batch_size"] else None}
+            return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record)}
+
+        per_arm = case.train_each_arm(schedule, figures_of)
         case.record["batch_ramp"] = {"lr_rule": stress.batch_lr_rule, "double_every": stress.batch_double_every,
                                      "max_batch_size": stress.batch_max_size, "per_arm": per_arm}
         return case.finish(BATCH_FIGURES)
@@ -400,16 +403,9 @@ def run_shock(config: cfg.ExperimentConfig) -> dict:
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
         case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe())
-        per_arm = []
-        for seed in config.seeds:
-            for arm in ARMS:
-                arm_record = case.train(config.arm_config(arm, seed), schedule, arm)
-                series = arm_record["series"]
-                figures = shock_figures(series["loss"], series["loss_spike"], schedule.shock_step,
-                                        stress.recovery_smoothing, arm_record["status"])
-                arm_record["final"].update(figures)
-                case.record["arms"].append(arm_record)
-                per_arm.append({"arm": arm, "seed": seed, "status": arm_record["status"], **figures})
+        per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
+            arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
+            stress.recovery_smoothing, arm_record["status"]), {}))
         case.record["shock"] = {"kind": stress.shock_kind, "step": schedule.shock_step,
                                 "factor": stress.shock_factor, "per_arm": per_arm}
         return case.finish(SHOCK_FIGURES)
