@@ -5,11 +5,15 @@ Options:  --scale smoke|ci|full   (default $STABILITY_SCALE or smoke)
                                    GPU index = worker number)
           --seeds 0,1,2           (override the preset's seeds)
           --tracking-uri URI      (default $MLFLOW_TRACKING_URI or sqlite:///reports/mlflow-tests.db)
+
+Records: one run directory per test session, reports/runs/<UTC time>-pytest-<id>/ (created with its
+first record; $STABILITY_RUN_DIR names another). pytest-xdist workers write into their controller's.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +36,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 MARKERS = {
     "stress": "paired stress runs through the public API (pytest suites/ -m stress)",
+    "claim": "a paper claim asserted on held-out seeds (suites/test_claims.py)",
     "kernel": "Triton kernel correctness (interpreter on the CPU, real kernels on a GPU)",
     "quant": "post-training quantization evaluation",
     "gpu": "needs a CUDA GPU; skipped cleanly without one",
@@ -52,9 +57,25 @@ def pytest_addoption(parser):
                     help="also run tests marked slow (long CPU runs, regime searches)")
 
 
+RUN_DIR_KEY = "stability_run_dir"
+
+
 def pytest_configure(config):
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None and RUN_DIR_KEY in worker_input:
+        config._stability_run_dir = worker_input[RUN_DIR_KEY]
+    else:
+        from stability.rundir import ENV_VAR, new_run_dir
+
+        config._stability_run_dir = os.environ.get(ENV_VAR) or str(new_run_dir(label="pytest"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist: every worker writes into the controller's run directory."""
+    node.workerinput[RUN_DIR_KEY] = node.config._stability_run_dir
 
 
 def pytest_collection_modifyitems(config, items):
@@ -119,6 +140,12 @@ def tracking_uri(pytestconfig, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def run_dir(pytestconfig) -> Path:
+    """This test session's run directory (created when the first record is written)."""
+    return Path(pytestconfig._stability_run_dir)
+
+
+@pytest.fixture(scope="session")
 def stress_config(scale, device, seeds):
     """Factory: the scale preset with overrides (``model__d_model=96`` or {"model.d_model": 96}),
     on this process's device and seeds."""
@@ -136,22 +163,20 @@ def stress_config(scale, device, seeds):
 
 
 @pytest.fixture(scope="session")
-def stress_record(stress_config, tracking_uri):
+def stress_record(stress_config, tracking_uri, run_dir):
     """Factory: ``stress_record("lr_sweep")`` runs that stress case (``stability.stress.CASES``) on
-    the scale preset once per session: JSON record first ($STABILITY_RECORD_DIR, default reports/runs/),
-    then one MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
+    the scale preset once per session: JSON record first (this session's run directory), then one
+    MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
     overrides return the same record (``.records`` holds all)."""
-    from stability.stress import run_recorded
+    from stability.pipeline import run_recorded
 
     cache: dict = {}
-    out_dir = os.environ.get("STABILITY_RECORD_DIR", "reports/runs")
     plots = os.environ.get("STABILITY_PLOTS", "1") != "0"
 
     def get(kind: str, overrides: dict | None = None) -> dict:
         config = stress_config(overrides)
         if (kind, config) not in cache:
-            cache[(kind, config)] = run_recorded(kind, config, tracking_uri=tracking_uri, out_dir=out_dir,
-                                                 plots=plots)
+            cache[(kind, config)] = run_recorded(kind, config, run_dir, tracking_uri=tracking_uri, plots=plots)
         return cache[(kind, config)]
 
     get.records = cache

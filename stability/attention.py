@@ -146,19 +146,20 @@ class Attention(nn.Module):
         q = self._heads(self.q_proj(x), cfg.n_heads)
         k = self._heads(self.k_proj(x), cfg.n_kv_heads)
         v = self._heads(self.v_proj(x), cfg.n_kv_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         gate_logits = None
         if gate.enabled and gate.position != "G5":
             heads = cfg.n_kv_heads if gate.position in ("G2", "G3") else cfg.n_heads
             gate_logits = self._gate_logits(x, heads)
             self._observe_gate(gate_logits)
+            # G3/G4 act after QK-norm: before it, a headwise gate would be normalised away exactly
             if gate.position == "G2":
                 v = apply_gate(v, gate_logits, gate)
             elif gate.position == "G3":
                 k = apply_gate(k, gate_logits, gate)
             elif gate.position == "G4":
                 q = apply_gate(q, gate_logits, gate)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         fuse_gate = gate.position == "G1" and gate.activation == "sigmoid" and gate.mode == "multiplicative"

@@ -37,6 +37,8 @@ LR_SCHEDULES = ("cosine", "constant")
 LR_SCALING_RULES = ("none", "linear", "sqrt")
 SHOCK_KINDS = ("jump", "no_warmup")
 OPTIMIZERS = ("adamw", "adamw8bit")
+# the stress cases of stability.stress, in the order `stability stress` runs them
+STRESS_CASES = ("standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock")
 # post-training quantization schemes (stability.quantize evaluates them; kept here to avoid an import cycle)
 QUANT_SCHEMES = ("int8", "int8-nooutlier", "nf4", "fp4", "w8a8-tensor", "w8a8-token", "fp8")
 
@@ -255,7 +257,8 @@ class StressConfig:
         multiplies the LR by ``shock_factor`` from ``shock_step`` to the end; "no_warmup" starts at the
         peak LR with no warmup (shock at step 0). recovery_smoothing: steps of the rolling mean used to
         decide that the loss is back to its pre-shock level. precisions: the rungs of the precision
-        ladder, fp32 first (the gaps are measured against it). threads: CPU intra-op threads while a
+        ladder, fp32 first (the gaps are measured against it). ladder_steps: steps of each rung (0: the
+        run's ``steps``; fewer keep a CPU ladder affordable). threads: CPU intra-op threads while a
         stress case runs (fixed so CPU figures are reproducible; 0 leaves torch's setting alone).
     """
 
@@ -270,6 +273,7 @@ class StressConfig:
     shock_factor: float = 10.0
     recovery_smoothing: int = 5
     precisions: tuple[str, ...] = PRECISIONS
+    ladder_steps: int = 0
     threads: int = 0
 
     def __post_init__(self) -> None:
@@ -300,6 +304,8 @@ class StressConfig:
                and all(p in PRECISIONS for p in self.precisions)
                and len(set(self.precisions)) == len(self.precisions), "stress.precisions", self.precisions,
                f"distinct entries of {PRECISIONS}, starting with 'fp32'")
+        _check(isinstance(self.ladder_steps, int) and self.ladder_steps >= 0, "stress.ladder_steps",
+               self.ladder_steps, "a non-negative integer (0 = the run's steps)")
         _check(isinstance(self.threads, int) and self.threads >= 0, "stress.threads", self.threads,
                "a non-negative integer (0 = leave torch's setting)")
 
@@ -370,12 +376,12 @@ def _smoke() -> ExperimentConfig:
             probes=ProbeConfig(every=25, spike_window=30, diverge_patience=15, eval_batches=4),
             steps=60,
         ),
-        seeds=(0,),
+        seeds=(0, 1, 2),  # the fewest a regression baseline takes (its noise comes from the seed spread)
         # decade grid around the reference LR 3e-3 up to one that diverges; a ramp that crosses
         # LR 1 a third of the way before the end; two batch doublings; a x10 jump at mid-run
         stress=StressConfig(sweep_lrs=(3e-4, 3e-3, 3e-2, 3e-1, 3.0), ramp_start_lr=1e-3, ramp_end_lr=1e4,
                             batch_double_every=20, batch_max_size=32, shock_step=30, shock_factor=10.0,
-                            threads=1),
+                            ladder_steps=30, threads=1),
     )
 
 
@@ -394,7 +400,7 @@ def _ci() -> ExperimentConfig:
             probes=ProbeConfig(every=100, spike_window=50, eval_batches=8),
             steps=300,
         ),
-        seeds=(0, 1, 2),
+        seeds=(0, 1, 2),  # three seeds: intervals over seeds, and what a regression baseline needs
         # half-decade grid from the reference LR to one that diverges; LR 1 crossed at ~40% of the
         # ramp; two batch doublings; a x10 jump at mid-run
         stress=StressConfig(sweep_lrs=(1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0), ramp_start_lr=1e-3, ramp_end_lr=1e4,
@@ -463,40 +469,48 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
         if hint is float:
             return float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}={value!r} is invalid: expected a {hint.__name__}") from None
+        raise ConfigError(f"{name}={value!r} is invalid: expected {'an' if hint is int else 'a'} "
+                          f"{'integer' if hint is int else 'number'}") from None
     return value if not isinstance(value, str) else str(value)
 
 
-def override(config: Any, dotted: str, value: Any) -> Any:
+def override(config: Any, dotted: str, value: Any, _prefix: str = "") -> Any:
     """Return ``config`` with the field at ``dotted`` (e.g. "run.model.d_model") set to ``value``.
 
-    A path may skip the leading "run." ("model.d_model" works on an ExperimentConfig)."""
+    A path may skip the leading "run." ("model.d_model" works on an ExperimentConfig). Errors name the
+    full dotted field."""
     head, _, rest = dotted.partition(".")
     names = {f.name for f in fields(config)}
     if head not in names and "run" in names:
-        return override(config, "run." + dotted, value)
+        return override(config, "run." + dotted, value, _prefix)
+    full = f"{_prefix}{dotted}"
     if head not in names:
-        raise ConfigError(f"{dotted!r} is not a config field: expected one of {sorted(names)}")
+        raise ConfigError(f"{full!r} is not a config field: expected one of "
+                          f"{sorted(_prefix + n for n in names)}")
+    if (_prefix + head) == "run.model.gate" or (_prefix + head).endswith("model.gate"):
+        raise ConfigError(f"{full!r} is not settable: each arm's gate comes from its arm definition; set "
+                          f"gated_gate.{rest or 'position'} (or baseline_gate.*) instead")
     current = getattr(config, head)
     if rest:
         if not is_dataclass(current):
-            raise ConfigError(f"{dotted!r}: field {head!r} has no sub-fields")
-        return replace(config, **{head: override(current, rest, value)})
+            raise ConfigError(f"{full!r}: field {_prefix + head!r} has no sub-fields")
+        return replace(config, **{head: override(current, rest, value, f"{_prefix}{head}.")})
     hint = get_type_hints(type(config))[head]
     if is_dataclass(current):
         if not isinstance(value, dict):
-            raise ConfigError(f"{dotted}={value!r} is invalid: expected a mapping of its fields")
+            raise ConfigError(f"{full}={value!r} is invalid: expected a mapping of its fields")
         for key, item in value.items():
-            current = override(current, key, item)
+            current = override(current, key, item, f"{_prefix}{head}.")
         return replace(config, **{head: current})
-    return replace(config, **{head: _coerce(value, hint, dotted)})
+    return replace(config, **{head: _coerce(value, hint, full)})
 
 
-def _flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
+    """{"run": {"model": {"d_model": 64}}} -> {"run.model.d_model": 64} (nested dicts to dotted keys)."""
     out: dict[str, Any] = {}
     for key, value in mapping.items():
         if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -510,7 +524,11 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
     text = path.read_text()
     if path.suffix == ".toml":
         import tomllib
-        data = tomllib.loads(text)
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
     else:
         try:
             data = json.loads(text)
@@ -518,7 +536,7 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"config file {str(path)!r} is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of fields")
-    return _flatten(data)
+    return flatten(data)
 
 
 def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None) -> ExperimentConfig:

@@ -1,4 +1,4 @@
-"""The stability figures, each a small function on tensors or numbers (definitions: DESIGN.md).
+"""The stability figures, each a small function on tensors or numbers (definitions: docs/figures.md).
 
 Cheap figures run every step: ``SpikeDetector`` (loss and gradient-norm spikes),
 ``grad_norms`` (global and per-layer L2 before clipping, as one device tensor so the
@@ -43,11 +43,6 @@ class SpikeDetector:
             spike = value >= mean + self.k * max(std, 1e-12)
         self.history.append(value)
         return spike
-
-
-def spike_score(flags: list[bool]) -> float:
-    """Percentage of steps flagged as spikes."""
-    return 100.0 * sum(flags) / len(flags) if flags else 0.0
 
 
 # ----------------------------------------------------------------------------- gradients
@@ -143,16 +138,21 @@ def massive_activation(residual: torch.Tensor) -> tuple[float, float]:
     return peak, peak / median if median > 0 else float("inf")
 
 
-def first_token_share(probs: torch.Tensor) -> torch.Tensor:
-    """Per-head attention on position 0, averaged over batch and query positions.
+def first_token_share(probs: torch.Tensor, first_query: int = 1) -> torch.Tensor:
+    """Per-head attention on position 0, averaged over batch and query positions >= ``first_query``.
 
-    probs: (B, H, S, S) rows summing to 1 -> (H,). Its mean over heads is F-Attn."""
-    return probs.detach().float()[..., 0].mean(dim=(0, 2))
+    probs: (B, H, S, S) rows summing to 1 -> (H,). With ``first_query=1`` (the default) its mean over
+    heads is F-Attn: query 0 is left out because under the causal mask it can only attend to itself
+    (its share is 1 whatever the model learned). With ``first_query=0`` it is Gu et al.'s alpha_0."""
+    if probs.shape[-2] <= first_query:
+        raise ValueError(f"probs has {probs.shape[-2]} query positions: F-Attn needs more than {first_query}")
+    return probs.detach().float()[..., first_query:, 0].mean(dim=(0, 2))
 
 
-def sink_rate(per_head_first_share: torch.Tensor, threshold: float = SINK_THRESHOLD) -> float:
-    """Fraction of heads whose alpha_0 (mean over queries of A[i, 0]) exceeds the threshold."""
-    return (per_head_first_share > threshold).float().mean().item()
+def sink_rate(alpha_0: torch.Tensor, threshold: float = SINK_THRESHOLD) -> float:
+    """Fraction of heads whose alpha_0 (mean over all queries i >= 0 of A[i, 0], Gu et al. 2025)
+    exceeds the threshold."""
+    return (alpha_0 > threshold).float().mean().item()
 
 
 def max_attention_logit(logits: torch.Tensor) -> float:
@@ -186,9 +186,8 @@ def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
 
     def observe(layer, name, tensor):
         if name == "attn_probs":
-            per_head = first_token_share(tensor)
-            layers[layer]["f_attn"] = per_head.mean().item()
-            layers[layer]["sink_rate"] = sink_rate(per_head)
+            layers[layer]["f_attn"] = first_token_share(tensor, first_query=1).mean().item()
+            layers[layer]["sink_rate"] = sink_rate(first_token_share(tensor, first_query=0))
         elif name == "attn_logits":
             layers[layer]["max_attn_logit"] = max_attention_logit(tensor)
         elif name == "gate_score":

@@ -5,7 +5,7 @@ LR-sweep curves when the record holds several peak learning rates, F-Attn and M-
 layer, per-scheme quantization damage when present; the summary table of both arms; the
 regression verdicts when a baseline is given; the environment; the MLflow run ids.
 
-    stability report [records...] --out reports/report.html [--baseline reports/baselines/smoke-cpu.json]
+    stability report [RUN_DIR | records...] --out reports/report.html [--baseline reports/baselines/smoke-cpu.json]
 
 Plots are drawn with matplotlib's Agg canvas on ``Figure`` objects (no pyplot global state).
 """
@@ -17,9 +17,9 @@ import html
 import io
 import math
 import re
-import sys
 from pathlib import Path
 
+from stability import figures as fig
 from stability.table import fmt
 
 ARM_COLORS = {"baseline": "#1f77b4", "gated": "#d62728"}
@@ -240,14 +240,18 @@ PLOT_TITLES = {"curves": "Loss and gradient norm, both arms", "lr_sweep": "Learn
 
 
 def summary_rows(record: dict) -> list[list[str]]:
-    """Figure, baseline, gated, gated - baseline, 95% CI, p, n (from record["paired"])."""
-    rows = [["figure", "better", "baseline", "gated", "gated-baseline", "95% CI", "p", "n"]]
-    for figure, s in (record.get("paired") or {}).items():
-        ci = f"[{fmt(s.get('ci_low'))}, {fmt(s.get('ci_high'))}]" if s.get("ci_low") is not None else "-"
-        rows.append([figure, str(s.get("better", "")), fmt(s.get("baseline")), fmt(s.get("gated")),
-                     fmt(s.get("difference")), ci, fmt(s.get("p_value")), fmt(s.get("n"))])
+    """Per treatment arm and figure: arm - baseline over seeds (means, difference, 95% CI, p, n), with the
+    figure's direction and unit from the figure table."""
+    rows = [["arm", "figure", "better", "unit", "baseline", "arm value", "arm-baseline", "95% CI", "p", "n"]]
+    for arm, table in (record.get("paired") or {}).items():
+        for figure, s in table.items():
+            entry = fig.figure(figure)
+            ci = f"[{fmt(s.get('ci_low'))}, {fmt(s.get('ci_high'))}]" if s.get("ci_low") is not None else "-"
+            rows.append([arm, figure, str(s.get("better") or "-"), entry.unit if entry else "", fmt(s.get("baseline")),
+                         fmt(s.get("treatment")), fmt(s.get("difference")), ci, fmt(s.get("p_value")),
+                         fmt(s.get("n"))])
     for scheme, reason in quant_skipped(record).items():
-        rows.append([f"quant {scheme}", "-", "skipped", "skipped", "-", reason, "-", "-"])
+        rows.append(["all", f"quant {scheme}", "-", "", "skipped", "skipped", "-", reason, "-", "-"])
     return rows
 
 
@@ -300,7 +304,7 @@ def _md_table(rows: list[list[str]]) -> str:
 
 
 def _verdict_rows(result, rows=None) -> list[list[str]]:
-    return [result.HEADER] + [result._cells(row) for row in (result.rows if rows is None else rows)]
+    return [result.HEADER] + [result.cells(row) for row in (result.rows if rows is None else rows)]
 
 
 def _slug(text: str) -> str:
@@ -357,7 +361,8 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
                    f"src='data:image/png;base64,{data}'>")]
             if image_paths:
                 m += [f"### {label}", "", f"![{label}]({image_paths[index][name]})", ""]
-        sections = (("Summary: both arms (means over seeds)", summary_rows(record), "summary"),
+        sections = (("Paired figures: each arm against the baseline (means over seeds)", summary_rows(record),
+                     "summary"),
                     ("Arms", arm_rows(record), "arms"), ("Environment", env_rows(record), "env"),
                     ("MLflow", tracking_rows(record), "tracking"))
         for heading, rows, cls in sections:
@@ -395,42 +400,3 @@ def write_report(records: list[dict], out: str | Path = "reports/report.html", r
     md = out.with_suffix(".md")
     md.write_text(text_md)
     return {"html": out, "markdown": md, "plots": written}
-
-
-# ----------------------------------------------------------------------------- command line
-
-def cmd_report(args) -> int:
-    from stability.regression import (
-        DEFAULT_RECORD_GLOB,
-        RegressionInputError,
-        check,
-        load_baseline,
-        load_records,
-        load_tolerances,
-    )
-
-    try:
-        records = load_records(args.records or [DEFAULT_RECORD_GLOB])
-        result = None
-        if args.baseline:
-            tolerances = load_tolerances(args.tolerances) if args.tolerances else None
-            result = check(records, load_baseline(args.baseline), tolerances)
-    except RegressionInputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    for record in records:
-        record.pop("_path", None)
-    paths = write_report(records, args.out, result)
-    print(f"report: {paths['html']} (Markdown {paths['markdown']}, {len(paths['plots'])} plot(s))")
-    if result is not None:
-        print(result.summary_line())
-    return 0
-
-
-def add_report_parser(sub) -> None:
-    rep = sub.add_parser("report", help="write a self-contained HTML report (+ Markdown twin) of records")
-    rep.add_argument("records", nargs="*", help="record files or directories (default reports/runs/)")
-    rep.add_argument("--out", default="reports/report.html", help="HTML file (Markdown twin next to it, .md)")
-    rep.add_argument("--baseline", help="also show the regression verdicts against this baseline")
-    rep.add_argument("--tolerances", help="tolerance overrides for the verdicts (JSON or TOML)")
-    rep.set_defaults(func=cmd_report)

@@ -6,24 +6,23 @@
     run_batch_ramp(config)          batch doubling every N steps, LR scaled by a rule
     run_precision_ladder(config)    the same run in fp32, bf16, fp16 (+loss scaling), fp8
     run_shock(config)               LR jump by a factor mid-run (or no warmup)
+    run_standard(config)            the plain pair at the preset's settings (what `stability run` trains)
 
     run_case(kind, config)          any of the above by name (``CASES``)
-    run_recorded(kind, config, ...) run_case, then the JSON record (written first), then MLflow
 
 Nothing here keeps state between calls: the config (including its ``stress`` settings) is the
 whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
 CPU intra-op threads are set from ``stress.threads`` for the duration of a case and restored.
 
-Every record keeps the pair-record layout that tracking, regression and report read:
-``schema_version``, ``arms`` (one entry per arm and seed, with ``arm``, ``seed``, ``status``,
-``final`` ...) and ``paired`` (per figure: baseline, gated, difference, 95% interval, p). The
-case-specific results sit under a key named after the case (``record["lr_sweep"]`` ...), and the
-key figures of each case are added to the arms' ``final`` and to ``paired``
-(directions in ``STRESS_FIGURES``). For the multi-run cases (sweep, ladder) the ``arms`` entry of
+Every record is a ``stability.record`` case record: ``arms`` (one entry per arm and seed, with
+``arm``, ``seed``, ``status``, ``final`` ...) and ``paired`` (per treatment arm and figure: baseline,
+treatment, difference, 95% interval, p). The case-specific results sit under a key named after the
+case (``record["lr_sweep"]`` ...), and the key figures of each case are added to the arms' ``final``
+and so to ``paired`` (directions, units and meanings in ``stability.figures``). For the multi-run cases (sweep, ladder) the ``arms`` entry of
 an arm and seed is its *reference* run (the grid LR nearest ``optim.lr``; fp32), and the other
 runs are summarised under the case key.
 
-Figure definitions (the ones not already in DESIGN.md):
+Figure definitions (the stress-case ones; the others are in docs/figures.md):
 
 * ``critical_lr``: smallest swept peak LR at which the arm diverged. When no LR diverged the value
   is *censored*: one grid step above the largest LR (``critical_lr_censored`` is True), so paired
@@ -31,9 +30,11 @@ Figure definitions (the ones not already in DESIGN.md):
 * ``lr_sensitivity``: ``mean_eta [min(L(eta), L_init) - min_eta L(eta)]`` with ``L`` the held-out
   loss after training at peak LR ``eta``, a diverged (or failed) run counting as ``L_init`` (the
   loss at step 0, the same for every LR of an arm and seed).
-* ``ramp_divergence_lr``: in the LR range test, the LR at the onset of divergence (the first step of
-  the final run of steps whose loss is non-finite or above ``diverge_factor`` x the initial loss);
-  the end LR, censored, when the arm never diverged. ``ramp_best_lr``: LR at the lowest smoothed loss.
+* ``ramp_divergence_lr``: in the LR range test, the LR of the *update* that caused the onset of
+  divergence. The onset is the first step of the final run of steps whose loss is non-finite or above
+  ``diverge_factor`` x the initial loss; the loss at step t is measured after the updates of steps
+  0..t-1, so the update to blame is step t-1's (its LR is ``lr[t-1]``). The end LR, censored, when the
+  arm never diverged. ``ramp_best_lr``: the LR of the update before the lowest smoothed loss.
 * ``shock_peak_excess``: highest loss after the shock minus the pre-shock loss (the mean of the
   ``recovery_smoothing`` losses up to the shock step; the loss at step 0 for "no_warmup").
   ``shock_recovery_steps``: steps after the shock until the rolling mean (``recovery_smoothing``
@@ -48,41 +49,17 @@ import contextlib
 import math
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from stability import config as cfg
 from stability.data import load_corpus
-from stability.experiment import ARMS, FIGURES, new_record, paired_summary, quantization_hook
+from stability.experiment import ARMS, quantization_hook, run_pair
+from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.schedules import Standard, from_stress
-from stability.table import fmt, text_table
 from stability.trainer import train
 
-CASES_ORDER = ("lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock")
-
-# Figures each case adds to the arms' "final" (and to "paired"); "lower"/"higher" is the better direction.
-SWEEP_FIGURES = {"lr_sensitivity": "lower", "critical_lr": "higher", "diverged": "lower"}
-RAMP_FIGURES = {"ramp_divergence_lr": "higher", "ramp_divergence_step": "higher", "ramp_spikes": "lower",
-                "ramp_grad_spikes": "lower", "ramp_best_lr": "higher", "diverged": "lower"}
-BATCH_FIGURES = {"diverged": "lower", "tokens_seen": "higher"}
-SHOCK_FIGURES = {"shock_peak_excess": "lower", "shock_recovery_steps": "lower", "shock_spikes": "lower",
-                 "shock_recovered": "higher", "diverged": "lower"}
-
-
-def ladder_figures(precisions: tuple[str, ...]) -> dict[str, str]:
-    out = {"diverged": "lower"}
-    for p in precisions:
-        if p == "fp32":
-            continue
-        out.update({f"loss_gap_{p}": "lower", f"nonfinite_events_{p}": "lower", f"diverged_{p}": "lower",
-                    f"overflow_fraction_{p}": "lower", f"underflow_fraction_{p}": "lower",
-                    f"loss_scale_drops_{p}": "lower", f"loss_spike_score_{p}": "lower"})
-    return out
-
-
-STRESS_FIGURES = {**SWEEP_FIGURES, **RAMP_FIGURES, **BATCH_FIGURES, **SHOCK_FIGURES,
-                  **ladder_figures(cfg.PRECISIONS)}
+CASES_ORDER = cfg.STRESS_CASES
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -133,8 +110,7 @@ class _Case:
         self.started = time.perf_counter()
         self.kind = kind
         self.config = config
-        self.record = new_record(config, schedule_name, description)
-        self.record["stress"] = kind
+        self.record = new_case_record(config, schedule_name, description, stress=kind)
         self.corpus = load_corpus(config.run.data, config.run.model.vocab_size, config.run.model.context)
         self.runs: list[dict] = []  # timing dicts of every run trained
 
@@ -160,19 +136,11 @@ class _Case:
                                 "diverged_at_step": arm_record["diverged_at_step"], **figures, **extras})
         return per_arm
 
-    def finish(self, figures: dict[str, str]) -> dict:
+    def finish(self) -> dict:
         record = self.record
-        record["paired"] = paired_summary(record["arms"], {**FIGURES, **figures})
-        statuses = [run.get("status") for run in record["arms"]] + [
-            run["status"] for run in (record.get(self.kind) or {}).get("runs", [])]
-        record["status"] = "error" if "error" in statuses else ("killed" if "killed" in statuses else "completed")
-        sums = {key: sum(t.get(key, 0.0) for t in self.runs)
-                for key in ("wall_seconds", "train_seconds", "probe_seconds", "eval_seconds", "tokens")}
-        wall = time.perf_counter() - self.started
-        # wall_seconds: the whole case; run_wall_seconds: inside train(); setup: record, corpus, analysis
-        record["timing"] = {"wall_seconds": wall, "run_wall_seconds": sums.pop("wall_seconds"), **sums,
-                            "runs": len(self.runs)}
-        record["timing"]["setup_seconds"] = wall - record["timing"]["run_wall_seconds"]
+        record["paired"] = paired_summary(record["arms"])
+        record["status"] = finish_status(record, [run["status"] for run in (record.get(self.kind) or {}).get("runs", [])])
+        record["timing"] = case_timing(self.runs, time.perf_counter() - self.started)
         return record
 
 
@@ -239,10 +207,16 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
                 reference["final"]["peak_lr"] = grid[ref]
                 case.record["arms"].append(reference)
         case.record["lr_sweep"] = {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs}
-        return case.finish(SWEEP_FIGURES)
+        return case.finish()
 
 
 # ----------------------------------------------------------------------------- the LR range test
+
+def update_before(step: int) -> int:
+    """The step whose update produced the weights the loss of ``step`` was measured on (step 0: itself,
+    the initial weights, has no update before it; its own LR is the nearest)."""
+    return max(0, step - 1)
+
 
 def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr: float) -> dict:
     """Divergence LR and step, spikes on the way, and the best LR of one LR-range-test run."""
@@ -257,13 +231,13 @@ def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr
         while onset > 0 and not (_finite(losses[onset - 1]) and init is not None
                                  and losses[onset - 1] <= diverge_factor * init):
             onset -= 1
-        lr, step = lrs[onset], onset
+        lr, step = lrs[update_before(onset)], onset
     else:
         onset, lr, step = len(losses), end_lr, len(losses)
     best = _rolling_min_index(losses[:onset] or losses, smoothing)
     return {"ramp_divergence_lr": lr, "ramp_divergence_step": step, "ramp_censored": not diverged,
             "ramp_spikes": sum(series["loss_spike"][:onset]), "ramp_grad_spikes": sum(series["grad_spike"][:onset]),
-            "ramp_best_lr": lrs[best] if best is not None else None,
+            "ramp_best_lr": lrs[update_before(best)] if best is not None else None,
             "ramp_best_loss": (sum(losses[max(0, best - smoothing + 1):best + 1]) / len(
                 losses[max(0, best - smoothing + 1):best + 1])) if best is not None else None}
 
@@ -278,7 +252,7 @@ def run_lr_ramp(config: cfg.ExperimentConfig) -> dict:
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
         case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
                                   "per_arm": per_arm}
-        return case.finish(RAMP_FIGURES)
+        return case.finish()
 
 
 # ----------------------------------------------------------------------------- the batch ramp
@@ -316,7 +290,7 @@ def run_batch_ramp(config: cfg.ExperimentConfig) -> dict:
         per_arm = case.train_each_arm(schedule, figures_of)
         case.record["batch_ramp"] = {"lr_rule": stress.batch_lr_rule, "double_every": stress.batch_double_every,
                                      "max_batch_size": stress.batch_max_size, "per_arm": per_arm}
-        return case.finish(BATCH_FIGURES)
+        return case.finish()
 
 
 # ----------------------------------------------------------------------------- the precision ladder
@@ -337,7 +311,8 @@ def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
                 base = config.arm_config(arm, seed)
                 by_precision = {}
                 for p in precisions:
-                    run = replace(base, precision=replace(base.precision, dtype=p))
+                    run = replace(base, precision=replace(base.precision, dtype=p),
+                                  steps=config.stress.ladder_steps or base.steps)
                     arm_record = case.train(run, Standard(), arm)
                     by_precision[p] = arm_record
                     runs.append(run_summary(arm_record, precision=p))
@@ -360,7 +335,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
                     })
                 case.record["arms"].append(reference)
         case.record["precision_ladder"] = {"precisions": list(precisions), "runs": runs}
-        return case.finish(ladder_figures(precisions))
+        return case.finish()
 
 
 # ----------------------------------------------------------------------------- the shock
@@ -408,61 +383,20 @@ def run_shock(config: cfg.ExperimentConfig) -> dict:
             stress.recovery_smoothing, arm_record["status"]), {}))
         case.record["shock"] = {"kind": stress.shock_kind, "step": schedule.shock_step,
                                 "factor": stress.shock_factor, "per_arm": per_arm}
-        return case.finish(SHOCK_FIGURES)
+        return case.finish()
 
 
-# ----------------------------------------------------------------------------- paired claims
+# ----------------------------------------------------------------------------- the plain pair
 
-# The paper's claims: the gated arm is at least as good as the baseline on these figures.
-CLAIMS = {"lr_sensitivity": "lower", "critical_lr": "higher", "loss_spike_score": "lower",
-          "m_act_mean": "lower", "f_attn_mean": "lower"}
-
-
-def claim_rows(record: dict, figures: dict[str, str], margins: dict[str, float] | None = None) -> list[dict]:
-    """Per figure of ``record["paired"]``: the paired summary plus ``holds``, the verdict of
-    "gated is at least as good as baseline" as a non-inferiority test on the 95% interval of
-    gated - baseline: True when the whole interval is on the better side of the margin
-    (lower: ci_high <= margin; higher: ci_low >= -margin), False when the whole interval is on the
-    worse side, None when undecided or with fewer than two seeds (no interval)."""
-    margins = margins or {}
-    rows = []
-    for figure, better in figures.items():
-        summary = record.get("paired", {}).get(figure)
-        if summary is None:
-            rows.append({"figure": figure, "better": better, "n": 0, "holds": None, "missing": True})
-            continue
-        margin = margins.get(figure, 0.0)
-        low, high = summary.get("ci_low"), summary.get("ci_high")
-        holds = None
-        if low is not None and high is not None:
-            if better == "lower":
-                holds = True if high <= margin else (False if low > margin else None)
-            else:
-                holds = True if low >= -margin else (False if high < -margin else None)
-        rows.append({"figure": figure, "better": better, "margin": margin, "holds": holds, "missing": False,
-                     **{k: summary.get(k) for k in ("baseline", "gated", "difference", "ci_low", "ci_high",
-                                                    "p_value", "n")}})
-    return rows
+def run_standard(config: cfg.ExperimentConfig) -> dict:
+    """The plain baseline/gated pair at the preset's settings (``stability run`` trains the same)."""
+    with cpu_threads(config.stress.threads):
+        return run_pair(config)
 
 
-def claims_table(rows: list[dict], title: str = "") -> str:
-    """A plain-text table of ``claim_rows``."""
-    header = ("figure", "better", "baseline", "gated", "gated-baseline", "95% CI", "p", "n", "at least as good")
-    lines = [header]
-    for row in rows:
-        if row.get("missing"):
-            lines.append((row["figure"], row["better"], "-", "-", "-", "-", "-", "0", "not measured"))
-            continue
-        ci = f"[{fmt(row['ci_low'])}, {fmt(row['ci_high'])}]" if row["ci_low"] is not None else "-"
-        verdict = {True: "yes", False: "NO", None: "undecided" if row["n"] and row["n"] >= 2 else "n<2"}[row["holds"]]
-        lines.append((row["figure"], row["better"], fmt(row["baseline"]), fmt(row["gated"]), fmt(row["difference"]),
-                      ci, fmt(row["p_value"]), str(row["n"]), verdict))
-    return "\n".join(([title] if title else []) + [text_table(lines)])
+# ----------------------------------------------------------------------------- by name
 
-
-# ----------------------------------------------------------------------------- by name, recorded
-
-CASES = {"lr_sweep": run_sweep, "lr_ramp": run_lr_ramp, "batch_ramp": run_batch_ramp,
+CASES = {"standard": run_standard, "lr_sweep": run_sweep, "lr_ramp": run_lr_ramp, "batch_ramp": run_batch_ramp,
          "precision_ladder": run_precision_ladder, "shock": run_shock}
 
 
@@ -471,60 +405,3 @@ def run_case(kind: str, config: cfg.ExperimentConfig) -> dict:
     if kind not in CASES:
         raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
     return CASES[kind](config)
-
-
-def run_recorded(kind: str, config: cfg.ExperimentConfig, tracking_uri: str | None = None,
-                 out_dir: str | Path = "reports/runs", experiment: str | None = None, track: bool = True,
-                 plots: bool = True) -> dict:
-    """``run_case``, then write the JSON record (first), then log it to MLflow as one parent run
-    (with the record, and with ``plots`` the plots and report, as artifacts).
-
-    The record gains ``record_path``, ``tracking`` (the MLflow ids or the error) and
-    ``timing.tracking_seconds``; the JSON is rewritten with them."""
-    from stability.tracking import log_to_mlflow, write_record
-
-    record = run_case(kind, config)
-    path = write_record(record, out_dir)
-    record["record_path"] = str(path)
-    if track:
-        t0 = time.perf_counter()
-        record["tracking"] = log_to_mlflow(record, tracking_uri, experiment, plots=plots)
-        record["timing"]["tracking_seconds"] = time.perf_counter() - t0
-        write_record(record, out_dir)
-    return record
-
-
-def add_stress_parser(sub) -> None:
-    """Register `stability stress KIND... --preset P` on the `stability` subparsers."""
-    parser = sub.add_parser("stress", help="run stress cases (lr_sweep, lr_ramp, batch_ramp, precision_ladder, "
-                                           "shock) and record them")
-    from stability.cli import add_config_options
-
-    parser.add_argument("kinds", nargs="*", help=f"cases to run (default all: {', '.join(CASES_ORDER)})")
-    add_config_options(parser)
-    parser.add_argument("--baseline-out", metavar="PATH",
-                        help="also write a regression baseline made from these records to PATH")
-    parser.set_defaults(func=cmd_stress)
-
-
-def cmd_stress(args) -> int:
-    from stability.cli import resolve_from_args, summary_table
-
-    config = resolve_from_args(args)
-    kinds = args.kinds or list(CASES_ORDER)
-    for kind in kinds:
-        if kind not in CASES:
-            raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
-    records = []
-    for kind in kinds:
-        print(f"stability stress {kind}: preset {config.preset}, seeds {config.seeds}", flush=True)
-        record = run_recorded(kind, config, args.tracking_uri, args.out, args.experiment, track=not args.no_track)
-        records.append(record)
-        print(f"record: {record['record_path']}  ({record['timing']['wall_seconds']:.1f} s)")
-        print(summary_table(record))
-        print()
-    if args.baseline_out:
-        from stability.regression import make_baseline, write_baseline
-
-        print(f"baseline written: {write_baseline(make_baseline(records), args.baseline_out)}")
-    return 1 if any(r["status"] == "error" for r in records) else 0

@@ -1,77 +1,33 @@
-"""The local JSON record (written first, the source of truth) and its copy in MLflow.
+"""The copy of a record in MLflow (the JSON record, written first by the caller, is the source of truth).
 
-``write_record`` writes a pair record atomically under ``reports/runs/``; non-finite
-numbers become ``null`` so the file is strict JSON. ``log_to_mlflow`` then sends it:
-one parent run per pair, one child run per arm and seed, params flattened from the
-config, per-step metrics in batches, tags with the git commit and versions. A store that
-cannot be reached never loses anything: the JSON stays, the failure is returned (and
-reported once by the caller), and ``stability upload`` can send the file later.
+``log_to_mlflow`` sends a case record: one parent run per stress case, one child run per arm and
+seed, params flattened from the config, per-step metrics in batches, tags with the git commit and
+versions, and whatever artifact files the caller made (the record itself, plots, the report; this
+module renders nothing). A store that cannot be reached never loses anything: the JSON stays, the
+failure is returned (and reported once by the caller), and ``stability upload`` can send the file
+later.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import socket
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
+from stability.config import flatten
+from stability.record import case_key, write_json
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-DEFAULT_RECORD_DIR = Path("reports") / "runs"
 STEP_METRICS = ("loss", "lr", "grad_norm", "loss_scale", "batch_size")
 FAILURE_COOLDOWN_S = 60.0          # after a store failure, skip that store for this long (no repeated waits)
 CONNECT_TIMEOUT_S = 3.0            # TCP pre-check of an http(s) tracking server
 LOCK_RETRIES = 12                  # attempts on "database is locked"
-
-
-def clean(value):
-    """Recursively replace NaN / Inf floats with None so the record is strict JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    return value
-
-
-def record_path(record: dict, directory: Path | str = DEFAULT_RECORD_DIR) -> Path:
-    """Stable path of a record: <dir>/<created>-<name>-<schedule>-<id>.json (the id is set once)."""
-    record.setdefault("id", uuid.uuid4().hex[:8])
-    stamp = record["created_at"].replace(":", "").replace("-", "").replace("+0000", "Z")[:15]
-    return Path(directory) / f"{stamp}-{record['name']}-{record['schedule']}-{record['id']}.json"
-
-
-def write_record(record: dict, directory: Path | str = DEFAULT_RECORD_DIR) -> Path:
-    """Write the record as strict JSON, atomically (a killed writer leaves the previous version)."""
-    path = record_path(record, directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(clean(record), indent=1, allow_nan=False))
-    os.replace(tmp, path)
-    return path
-
-
-def read_record(path: Path | str) -> dict:
-    """Load a record, with a clear error for unreadable files and unknown schema versions."""
-    from stability.experiment import SCHEMA_VERSION
-
-    path = Path(path)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"record {str(path)!r} cannot be read as JSON: {error}") from None
-    version = record.get("schema_version") if isinstance(record, dict) else None
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"record {str(path)!r} has schema_version={version!r}: this version of stability reads "
-                         f"schema_version={SCHEMA_VERSION}")
-    return record
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
@@ -79,16 +35,9 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
-def flatten(mapping: dict, prefix: str = "") -> dict[str, str]:
-    """{"run": {"model": {"d_model": 64}}} -> {"run.model.d_model": "64"}."""
-    out = {}
-    for key, value in mapping.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = str(value)[:500]
-    return out
+def params_of(config: dict) -> dict[str, str]:
+    """{"run": {"model": {"d_model": 64}}} -> {"run.model.d_model": "64"} (MLflow params are strings)."""
+    return {key: str(value)[:500] for key, value in flatten(config).items()}
 
 
 def _finite_metrics(figures: dict, prefix: str = "") -> dict[str, float]:
@@ -232,7 +181,8 @@ def describe(record: dict) -> str:
 def _tags(record: dict) -> dict[str, str]:
     git, env = record.get("git") or {}, record.get("env") or {}
     tags = {"stability.preset": str(record.get("preset")), "stability.schedule": str(record.get("schedule")),
-            "stability.name": str(record.get("name")), "stability.record_id": str(record.get("id", "")),
+            "stability.name": str(record.get("name")), "stability.case": case_key(record),
+            "stability.purpose": str(record.get("purpose")), "stability.record_id": str(record.get("id", "")),
             "stability.status": str(record.get("status")), "stability.level": "pair",
             "mlflow.note.content": describe(record)}
     tags.update({f"git.{k}": str(v) for k, v in git.items()})
@@ -285,34 +235,16 @@ def record_status(record: dict) -> str:
     return {"killed": "KILLED", "running": "KILLED", "error": "FAILED"}.get(record.get("status"), "FINISHED")
 
 
-def _write_artifacts(record: dict, directory: Path, plots: bool) -> list[tuple[Path, str]]:
-    """The record JSON, and (when ``plots``) the plots and the report, as (local path, artifact dir) pairs."""
-    out = [(write_record_copy(record, directory / "record"), "record")]
-    if plots:
-        from stability.report import write_report
-
-        paths = write_report([record], directory / "report" / "report.html")
-        out += [(paths["html"], "report"), (paths["markdown"], "report")]
-        out += [(p, "plots") for p in paths["plots"]]
-    return out
-
-
-def write_record_copy(record: dict, directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = record_path(dict(record), directory)
-    path.write_text(json.dumps(clean(record), indent=1, allow_nan=False))
-    return path
-
-
 def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str | None = None,
-                  artifacts: list[Path] = (), plots: bool = True) -> dict:
+                  artifacts=()) -> dict:
     """Send a pair record to MLflow; returns {"status": "tracked", ids...} or {"status": "not tracked", "error"}.
 
-    One experiment per suite or campaign (``experiment``, else $STABILITY_EXPERIMENT, else
-    ``stability-<record name>``); a parent run per stress case, a child run per arm and seed. Artifacts of
-    the parent: the JSON record (``record/``), the plots (``plots/``), the report (``report/``) and any
-    extra ``artifacts``. A SQLite store is written under a file lock (parallel workers); an http store is
-    probed first so a dead server fails in seconds. Never raises on a store failure."""
+    One experiment per preset (``experiment``, else $STABILITY_EXPERIMENT, else ``stability-<preset>``); a
+    parent run per stress case (named and tagged by its case), a child run per arm and seed. Artifacts of
+    the parent: the JSON record (``record/``) and the caller's ``artifacts``, (path, artifact directory)
+    pairs such as the plots and the report. A SQLite store is written under a file lock (parallel
+    workers); an http store is probed first so a dead server fails in seconds. Never raises on a store
+    failure."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     uri = resolve_tracking_uri(tracking_uri)
@@ -327,25 +259,26 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
         from mlflow.tracking import MlflowClient
 
         with tempfile.TemporaryDirectory(prefix="stability-artifacts-") as tmp:
-            files = _write_artifacts(record, Path(tmp), plots)
-            # extra artifacts; the record file itself is already under record/ (a copy of the same JSON)
-            files += [(Path(p), "") for p in artifacts if Path(p).name != files[0][0].name]
+            copy = write_json(Path(tmp) / "record" / f"{record['name']}-{record['schedule']}-{record.get('id')}.json",
+                              {k: v for k, v in record.items() if not k.startswith("_")})
+            files = [(copy, "record"), *((Path(p), d) for p, d in artifacts)]
             with store_lock(uri):
                 client = MlflowClient(tracking_uri=uri)
-                name = experiment or os.environ.get("STABILITY_EXPERIMENT") or f"stability-{record['name']}"
+                name = experiment or os.environ.get("STABILITY_EXPERIMENT") or f"stability-{record['preset']}"
                 found = _retry(client.get_experiment_by_name, name)
                 experiment_id = found.experiment_id if found else _create_experiment(client, uri, name)
                 tags = _tags(record)
-                parent = _retry(client.create_run, experiment_id, run_name=f"{record['name']}-{record['schedule']}",
+                parent = _retry(client.create_run, experiment_id, run_name=case_key(record).replace("/", " "),
                                 tags=tags)
                 parent_id = parent.info.run_id
                 now = int(time.time() * 1000)
                 from mlflow.entities import Metric
 
-                params = [Param(k, v) for k, v in flatten(record["config"]).items()]
-                paired = {f"paired.{figure}.{key}": value for figure, summary in record.get("paired", {}).items()
-                          for key, value in summary.items() if key in ("baseline", "gated", "difference", "ci_low",
-                                                                       "ci_high", "p_value")}
+                params = [Param(k, v) for k, v in params_of(record["config"]).items()]
+                paired = {f"paired.{arm}.{figure}.{key}": value
+                          for arm, table in (record.get("paired") or {}).items()
+                          for figure, summary in table.items() for key, value in summary.items()
+                          if key in ("baseline", "treatment", "difference", "ci_low", "ci_high", "p_value")}
                 _log_batched(client, parent_id, params=params,
                              metrics=[Metric(k, v, now, 0) for k, v in _finite_metrics(paired).items()])
                 children = {}
@@ -401,6 +334,8 @@ def fetch_records(branch: str, tracking_uri: str | None = None, preset: str | No
     """The JSON records of the latest parent run per case (name + schedule) tagged git.branch=BRANCH."""
     from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
+
+    from stability.record import read_record
 
     uri = resolve_tracking_uri(tracking_uri)
     check_reachable(uri)

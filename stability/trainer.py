@@ -25,6 +25,7 @@ from stability.config import RunConfig
 from stability.data import Corpus, eval_batches, get_batch, load_corpus, probe_batch
 from stability.model import GatedLM, next_token_loss
 from stability.precision import PrecisionPolicy
+from stability.record import final_figures, new_arm_record
 from stability.schedules import Standard
 
 StepCallback = Callable[[int, dict], None]
@@ -75,11 +76,6 @@ def evaluate(model: GatedLM, batches: list, policy: PrecisionPolicy) -> dict[str
     return {"heldout_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "accuracy": correct / count}
 
 
-def _finite_mean(values: list[float]) -> float:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else float("nan")
-
-
 def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str = "",
           on_step: StepCallback | None = None, on_trained: Callable | None = None) -> dict:
     """Train one arm and return its run record (see module docstring).
@@ -107,16 +103,10 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     current_step = [-1]
     fault_handle = _install_fault(model, run, current_step)
 
-    series: dict[str, list] = {key: [] for key in (
-        "step", "lr", "batch_size", "tokens", "loss", "grad_norm", "layer_grad_norm", "loss_scale",
-        "loss_spike", "grad_spike", "nonfinite", "skipped")}
-    record = {
-        "arm": arm, "variant": run.model.gate.label, "seed": run.seed, "schedule": schedule.name,
-        "status": "running", "diverged_at_step": None, "stop_reason": None,
-        "num_parameters": model.num_parameters(), "gate_parameters": sum(p.numel() for p in model.gate_parameters()),
-        "layer_names": list(groups), "series": series, "events": [], "probes": [], "precision_stats": [],
-        "final": {}, "timing": {},
-    }
+    record = new_arm_record(arm, run.model.gate.label, run.seed, schedule.name)
+    record.update(num_parameters=model.num_parameters(),
+                  gate_parameters=sum(p.numel() for p in model.gate_parameters()), layer_names=list(groups))
+    series = record["series"]
     initial_loss, above_initial, tokens_seen = None, 0, 0
     train_seconds = probe_seconds = 0.0
     started = time.perf_counter()
@@ -213,7 +203,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
         eval_seconds = time.perf_counter() - t0
     else:
         eval_seconds = 0.0
-    record["final"].update(_summary(record))
+    record["final"].update(final_figures(record, run.steps))
     wall = time.perf_counter() - started
     record["timing"] = {"wall_seconds": wall, "train_seconds": train_seconds, "probe_seconds": probe_seconds,
                         "eval_seconds": eval_seconds, "tokens": tokens_seen,
@@ -234,33 +224,3 @@ def _nonfinite_event(model, policy, step, what, x, cfg_p) -> dict:
         if module is not None:
             event.update(what="activation" if what == "loss" else what, module=module, layer=probes.layer_of(module))
     return event
-
-
-def _summary(record: dict) -> dict:
-    """Scalar figures of a finished (or stopped) arm for the summary table and the paired comparison."""
-    series = record["series"]
-    losses = series["loss"]
-    final = {
-        "steps_completed": len(losses),
-        "final_train_loss": _finite_mean(losses[-10:]),
-        "min_train_loss": min((v for v in losses if math.isfinite(v)), default=float("nan")),
-        "loss_spike_score": probes.spike_score(series["loss_spike"]),
-        "grad_spike_score": probes.spike_score(series["grad_spike"]),
-        "loss_spikes": sum(series["loss_spike"]),
-        "grad_spikes": sum(series["grad_spike"]),
-        "nonfinite_events": len(record["events"]),
-        "skipped_steps": sum(series["skipped"]),
-        "max_grad_norm": max((v for v in series["grad_norm"] if math.isfinite(v)), default=float("nan")),
-        "diverged": record["status"] == "diverged",
-    }
-    if record["probes"]:
-        last = record["probes"][-1]
-        for key in ("m_act_mean", "m_act_max", "f_attn_mean", "sink_rate_mean", "max_attn_logit",
-                    "gate_score_mean", "logit_max", "log_z_mean"):
-            final[key] = last[key]
-    if record["precision_stats"]:
-        stats = record["precision_stats"]
-        final["overflow_fraction"] = _finite_mean([s.get("overflow_fraction") for s in stats])
-        final["underflow_fraction"] = _finite_mean([s.get("underflow_fraction") for s in stats])
-        final["loss_scale_drops"] = sum(s.get("scale_drops", 0) for s in stats)
-    return final

@@ -74,8 +74,8 @@ INVALID = [
     ("model.n_heads", st.sampled_from([3, 5, 7, 6])),          # smoke d_model=64: not a divisor, or odd head dim
     ("model.context", _bad_numbers(True)),
     ("model.backend", st.text(min_size=1, max_size=8).filter(lambda s: s not in ("torch", "explicit", "triton"))),
-    ("model.gate.position", st.sampled_from(["G0", "G6", "gate", "softmax"])),
-    ("model.gate.activation", st.sampled_from(["relu", "tanh", "Sigmoid"])),
+    ("gated_gate.position", st.sampled_from(["G0", "G6", "gate", "softmax"])),
+    ("gated_gate.activation", st.sampled_from(["relu", "tanh", "Sigmoid"])),
     ("data.batch_size", _bad_numbers(True)),
     ("data.holdout_fraction", st.floats(0.5, 10.0) | st.floats(-10.0, 0.0)),
     ("optim.lr", _bad_numbers(False)),

@@ -8,44 +8,42 @@
   its step, and the run (and the suite) goes on.
 
 Each case trains a pair (both arms must show the detection) through ``stability.experiment.run_pair``,
-writes the JSON record, then logs it to MLflow."""
+writes the JSON record (purpose "fault": never part of a regression check or a baseline), then logs
+it to MLflow."""
 
 from __future__ import annotations
 
 import math
-import os
-import time
 
 import pytest
 
 from stability.experiment import run_pair
+from stability.pipeline import keep
+from stability.record import read_record
 from stability.schedules import warmup_cosine
 from stability.stress import cpu_threads
-from stability.tracking import log_to_mlflow, read_record, write_record
 
 pytestmark = pytest.mark.stress
 
 
-def record_pair(config, tracking_uri) -> dict:
-    """Train the pair, write the JSON record, then log it to MLflow (no plots: a few steps each)."""
-    out_dir = os.environ.get("STABILITY_RECORD_DIR", "reports/runs")
-    with cpu_threads(config.stress.threads):
-        record = run_pair(config)
-    path = write_record(record, out_dir)
-    assert read_record(path)["arms"], "the JSON record was not written"
-    started = time.perf_counter()
-    record["tracking"] = log_to_mlflow(record, tracking_uri, plots=False)
-    record["timing"] = {"tracking_seconds": time.perf_counter() - started}
-    write_record(record, out_dir)
-    assert record["tracking"]["status"] == "tracked", record["tracking"]
-    return record
+@pytest.fixture
+def record_pair(tracking_uri, run_dir):
+    """Train the pair, write the JSON record (purpose "fault"), then log it to MLflow (no plots)."""
+    def run(config) -> dict:
+        with cpu_threads(config.stress.threads):
+            record = run_pair(config, purpose="fault")
+        keep(record, run_dir, tracking_uri, plots=False)
+        assert read_record(record["record_path"])["purpose"] == "fault"
+        assert record["tracking"]["status"] == "tracked", record["tracking"]
+        return record
+    return run
 
 
 @pytest.mark.parametrize("kind, step, layer", [("nan", 3, 0), ("nan", 5, 1), ("inf", 4, 1)])
-def test_nonfinite_fault_reported_at_step_and_layer(stress_config, tracking_uri, kind, step, layer):
+def test_nonfinite_fault_reported_at_step_and_layer(stress_config, record_pair, kind, step, layer):
     config = stress_config({"name": f"fault-{kind}", "fault.kind": kind, "fault.step": step,
                             "fault.layer": layer, "steps": step + 4})
-    record = record_pair(config, tracking_uri)
+    record = record_pair(config)
     assert record["status"] == "completed"
     for arm in record["arms"]:
         assert arm["status"] == "diverged" and arm["diverged_at_step"] == step, (arm["arm"], arm["stop_reason"])
@@ -56,11 +54,11 @@ def test_nonfinite_fault_reported_at_step_and_layer(stress_config, tracking_uri,
         assert arm["final"]["nonfinite_events"] == 1
 
 
-def test_lr_spike_flagged_as_loss_spike(stress_config, tracking_uri):
+def test_lr_spike_flagged_as_loss_spike(stress_config, record_pair):
     step, factor = 25, 1000.0
     config = stress_config({"name": "fault-lr_spike", "fault.kind": "lr_spike", "fault.step": step,
                             "fault.lr_factor": factor, "steps": step + 6})
-    record = record_pair(config, tracking_uri)
+    record = record_pair(config)
     window = config.run.probes.spike_window
     assert step >= config.run.probes.spike_min_history, "the detector needs history before the spike"
     for arm in record["arms"]:
@@ -73,10 +71,10 @@ def test_lr_spike_flagged_as_loss_spike(stress_config, tracking_uri):
             f"window {window}); losses {series['loss'][step - 2:step + 4]}"
 
 
-def test_exploding_config_recorded_as_diverged(stress_config, tracking_uri):
+def test_exploding_config_recorded_as_diverged(stress_config, record_pair):
     config = stress_config({"name": "fault-explode", "optim.lr": 10.0, "optim.warmup_steps": 0,
                             "optim.grad_clip": 0.0})
-    record = record_pair(config, tracking_uri)
+    record = record_pair(config)
     assert record["status"] == "completed"  # both arms ran; nothing raised
     for arm in record["arms"]:
         assert arm["status"] == "diverged", (arm["arm"], arm["status"], arm["final"].get("final_train_loss"))

@@ -34,9 +34,11 @@ import pytest
 import torch
 
 from stability import quantize
-from stability.cli import build_parser, main, quant_table, resolve_from_args
+from stability.cli import build_parser, main
+from stability.cli.options import resolve_from_args
 from stability.config import QUANT_SCHEMES, ConfigError
 from stability.experiment import run_pair
+from stability.table import quant_table
 from stability.tracking import log_to_mlflow
 from stability.trainer import make_optimizer, train
 
@@ -76,7 +78,7 @@ def pair(stress_config):
     patch = pytest.MonkeyPatch()
     patch.setattr(quantize, "evaluate_schemes", spy)
     try:
-        config = stress_config(quant_schemes=",".join(QUANT_SCHEMES))
+        config = stress_config(quant_schemes=",".join(QUANT_SCHEMES), seeds="0")
         record = run_pair(config)
     finally:
         patch.undo()
@@ -160,8 +162,8 @@ def test_paired_comparison_is_reported(pair, tracking_uri):
     table, sent to MLflow; its sign is not asserted (see the module docstring)."""
     record, _ = pair
     for scheme in QUANT_SCHEMES:
-        paired = record["paired"][f"quant_{scheme}_damage_loss"]
-        assert paired["better"] == "lower" and paired["baseline"] is not None and paired["gated"] is not None
+        paired = record["paired"]["gated"][f"quant_{scheme}_damage_loss"]
+        assert paired["better"] == "lower" and paired["baseline"] is not None and paired["treatment"] is not None
     table = quant_table(record)
     print("\n" + table)
     assert all(scheme in table for scheme in QUANT_SCHEMES)

@@ -13,7 +13,7 @@ import math
 import random
 
 from stability import config as cfg
-from stability.experiment import SCHEMA_VERSION, paired_summary
+from stability.record import SCHEMA_VERSION, paired_summary
 
 LAYERS = 2
 
@@ -45,6 +45,7 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
              "loss_spike_score": 0.0, "grad_spike_score": 0.0 if gated else 1.5, "loss_spikes": 0,
              "grad_spikes": 0 if gated else 1, "nonfinite_events": 1 if diverge_at is not None else 0,
              "skipped_steps": 0, "max_grad_norm": max(grad), "diverged": diverge_at is not None,
+             "divergence_step": diverge_at if diverge_at is not None else steps,
              **{k: v for k, v in probe.items() if k in ("m_act_mean", "m_act_max", "f_attn_mean", "sink_rate_mean",
                                                          "max_attn_logit", "gate_score_mean", "logit_max",
                                                          "log_z_mean")},
@@ -78,8 +79,9 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
     return record
 
 
-def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1), preset: str = "smoke",
-                lrs=None, status: str = "completed", quant: bool = False, **overrides) -> dict:
+def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2), preset: str = "smoke",
+                lrs=None, status: str = "completed", quant: bool = False, purpose: str = "regression",
+                **overrides) -> dict:
     """A complete pair record; ``lrs`` makes an LR-sweep record (one arm per seed and LR)."""
     config = cfg.resolve(preset, {"seeds": ",".join(map(str, seeds)), **overrides})
     arms, per_arm = [], []
@@ -100,7 +102,8 @@ def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1), p
         arms[-1]["stop_reason"] = "interrupted (Ctrl-C)"
     record = {
         "schema_version": SCHEMA_VERSION, "created_at": "2026-01-01T00:00:00+00:00", "name": name,
-        "preset": preset, "schedule": schedule, "description": "warmup then cosine decay", "status": status,
+        "preset": preset, "schedule": schedule, "stress": "pair", "purpose": purpose,
+        "description": "warmup then cosine decay", "status": status,
         "git": {"commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main", "dirty": False},
         "env": {"python": "3.11", "torch": "2.13.0+cpu", "triton": "3.6.0", "bitsandbytes": "0.50.2",
                 "mlflow": "3.17", "device": "cpu", "device_name": "x86_64", "threads": 2},

@@ -9,7 +9,14 @@ import pytest
 
 from stability.cli import main
 
-FAST = ["--set", "steps=8", "--set", "probes.every=4", "--set", "probes.eval_batches=1", "--quiet"]
+FAST = ["--set", "steps=8", "--set", "probes.every=4", "--set", "probes.eval_batches=1", "--set", "seeds=0", "--quiet"]
+
+
+def _records(workdir):
+    """The records of the (one) run directory the command made."""
+    sessions = list((workdir / "reports" / "runs").iterdir())
+    assert len(sessions) == 1 and (sessions[0] / "manifest.json").is_file(), sessions
+    return [p for p in sessions[0].glob("*.json") if p.name != "manifest.json"]
 
 
 @pytest.fixture()
@@ -23,8 +30,8 @@ def test_run_writes_the_record_and_one_parent_with_two_child_runs(workdir, capsy
     uri = f"sqlite:///{workdir}/mlflow.db"
     assert main(["run", "--preset", "smoke", "--tracking-uri", uri, "--experiment", "cli-test", *FAST]) == 0
     out = capsys.readouterr().out
-    assert "heldout_loss" in out and "gated-baseline" in out
-    records = list((workdir / "reports" / "runs").glob("*.json"))
+    assert "heldout_loss" in out and "arm-baseline" in out
+    records = _records(workdir)
     assert len(records) == 1
     record = json.loads(records[0].read_text())
     assert record["tracking"]["status"] == "tracked"
@@ -56,7 +63,7 @@ def test_an_unreachable_tracking_store_loses_nothing(workdir, capsys):
     assert code == 0
     err = capsys.readouterr().err
     assert "NOT TRACKED" in err and "stability upload" in err
-    record = json.loads(next((workdir / "reports" / "runs").glob("*.json")).read_text())
+    record = json.loads(_records(workdir)[0].read_text())
     assert record["tracking"]["status"] == "not tracked"
     assert len(record["arms"]) == 2 and record["arms"][0]["series"]["loss"]
 
@@ -71,9 +78,13 @@ def test_an_unreachable_tracking_store_loses_nothing(workdir, capsys):
     (["--set", "data.batch_size=0"], "data.batch_size=0"),
     (["--set", "model.context=0"], "model.context=0"),
     (["--set", "data.corpus=/no/such/corpus.txt"], "/no/such/corpus.txt"),
-    (["--set", "model.d_modl=3"], "'d_modl'"),
+    (["--set", "model.d_modl=3"], "'run.model.d_modl' is not a config field"),
     (["--preset", "huge"], "preset='huge'"),
     (["--set", "steps"], "FIELD=VALUE"),
+    (["--set", "optim.lr=abc"], "run.optim.lr='abc' is invalid: expected a number"),
+    (["--set", "steps=1.5"], "run.steps='1.5' is invalid: expected an integer"),
+    (["--set", "model.gate.position=G1"], "'run.model.gate.position' is not settable"),
+    (["--set", "device=cuda"], "device='cuda' is invalid here"),
 ])
 def test_bad_input_is_a_clear_error_before_training(workdir, capsys, args, message):
     assert main(["run", *args, "--no-track", "--quiet"]) == 2
@@ -98,5 +109,19 @@ def test_overrides_from_a_toml_file(workdir, capsys):
     (workdir / "over.toml").write_text("steps = 4\n[model]\nd_model = 32\nn_heads = 2\n[probes]\nevery = 2\n")
     assert main(["run", "--config", str(workdir / "over.toml"), "--no-track", "--quiet",
                  "--set", "probes.eval_batches=1"]) == 0
-    record = json.loads(next((workdir / "reports" / "runs").glob("*.json")).read_text())
+    record = json.loads(_records(workdir)[0].read_text())
     assert record["config"]["run"]["model"]["d_model"] == 32 and len(record["arms"][0]["series"]["loss"]) == 4
+
+
+def test_a_malformed_toml_file_is_a_clear_error(workdir, capsys):
+    (workdir / "bad.toml").write_text("steps = = 4\n")
+    assert main(["run", "--config", str(workdir / "bad.toml"), "--no-track", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "bad.toml" in err and "not valid TOML" in err
+
+
+def test_upload_of_a_record_without_arms_is_bad_input(workdir, capsys):
+    (workdir / "r.json").write_text(json.dumps({"schema_version": 2, "name": "x", "preset": "smoke",
+                                                "schedule": "standard", "config": {}}))
+    assert main(["upload", str(workdir / "r.json"), "--tracking-uri", f"sqlite:///{workdir}/m.db"]) == 2
+    assert "no 'arms' field" in capsys.readouterr().err

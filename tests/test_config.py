@@ -31,7 +31,7 @@ def test_dotted_overrides_reach_nested_fields_and_coerce_types():
 
 
 @pytest.mark.parametrize("dotted, value, message", [
-    ("model.d_model", "abc", "expected a int"),
+    ("model.d_model", "abc", "run.model.d_model='abc' is invalid: expected an integer"),
     ("model.qk_norm", "maybe", "expected true or false"),
     ("seeds", "0,0", "distinct seeds"),
     ("gated_gate.position", "none", "other than 'none'"),

@@ -11,6 +11,7 @@ from torch import nn
 from stability import probes
 from stability.config import ModelConfig
 from stability.model import GatedLM
+from stability.record import spike_score
 
 
 def test_first_token_share_of_a_map_with_half_on_token_zero_is_one_half():
@@ -22,12 +23,15 @@ def test_first_token_share_of_a_map_with_half_on_token_zero_is_one_half():
 
 def test_first_token_share_averages_over_heads_and_queries():
     probs = torch.zeros(1, 2, 4, 4)
-    probs[0, 0, :, 0] = torch.tensor([1.0, 0.5, 0.2, 0.1])  # head 0: mean 0.45
+    probs[0, 0, :, 0] = torch.tensor([1.0, 0.5, 0.2, 0.1])  # head 0: queries 1..3 mean 0.8 / 3
     probs[0, 0, :, 1] = 1 - probs[0, 0, :, 0]
-    probs[0, 1, :, 1] = 1.0  # head 1: nothing on token 0
-    per_head = probes.first_token_share(probs)
-    assert torch.allclose(per_head, torch.tensor([0.45, 0.0]))
-    assert per_head.mean().item() == pytest.approx(0.225)
+    probs[0, 1, 1:, 1] = 1.0  # head 1: nothing on token 0 except query 0, which can only see itself
+    probs[0, 1, 0, 0] = 1.0
+    per_head = probes.first_token_share(probs)   # F-Attn leaves query 0 out
+    assert torch.allclose(per_head, torch.tensor([0.8 / 3, 0.0]))
+    assert per_head.mean().item() == pytest.approx(0.4 / 3)
+    alpha_0 = probes.first_token_share(probs, first_query=0)   # Gu et al.'s alpha_0 keeps it
+    assert torch.allclose(alpha_0, torch.tensor([0.45, 0.25]))
 
 
 def test_sink_rate_counts_heads_above_the_threshold():
@@ -78,8 +82,8 @@ def test_spike_detector_waits_for_min_history():
 
 
 def test_spike_score_is_a_percentage():
-    assert probes.spike_score([True, False, False, False]) == 25.0
-    assert probes.spike_score([]) == 0.0
+    assert spike_score([True, False, False, False]) == 25.0
+    assert spike_score([]) == 0.0
 
 
 def test_grad_norms_give_global_then_per_group_l2():

@@ -14,10 +14,10 @@ from torch import nn
 from stability import quantize as q
 from stability.config import QUANT_SCHEMES, ConfigError, GateConfig, ModelConfig, PrecisionConfig, resolve
 from stability.data import load_corpus
-from stability.experiment import paired_summary
 from stability.model import GatedLM
 from stability.precision import Fp8Linear, PrecisionPolicy
 from stability.probes import heavy_probes
+from stability.record import paired_summary
 
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1,
         "model.context": 16, "data.batch_size": 2, "data.builtin_bytes": 20_000, "probes.eval_batches": 1,
@@ -86,10 +86,10 @@ def test_quant_figures_and_paired_summary_directions():
     figures = q.quant_figures(quant)
     assert figures == {"quant_int8_damage_loss": 0.1, "quant_int8_damage_accuracy": -0.01,
                        "quant_int8_kl": 0.02}
-    arms = [{"arm": "baseline", "seed": 0, "final": {"heldout_loss": 3.0, **figures}},
-            {"arm": "gated", "seed": 0, "final": {"heldout_loss": 2.9, "quant_int8_damage_loss": 0.05,
+    arms = [{"arm": "baseline", "seed": 0, "status": "completed", "final": {"heldout_loss": 3.0, **figures}},
+            {"arm": "gated", "seed": 0, "status": "completed", "final": {"heldout_loss": 2.9, "quant_int8_damage_loss": 0.05,
                                                    "quant_int8_damage_accuracy": 0.0, "quant_int8_kl": 0.01}}]
-    paired = paired_summary(arms)
+    paired = paired_summary(arms)["gated"]
     assert paired["quant_int8_damage_loss"]["better"] == "lower"
     assert paired["quant_int8_damage_accuracy"]["better"] == "higher"
     assert paired["quant_int8_kl"]["better"] == "lower"

@@ -22,7 +22,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run
 
 @pytest.fixture(scope="module")
 def records():
-    plain = pair_record(seeds=(0, 1), quant=True)
+    plain = pair_record(seeds=(0, 1, 2), quant=True)
     plain["tracking"] = {"status": "tracked", "uri": "sqlite:///m.db", "experiment": "stability-smoke",
                          "experiment_id": "1", "parent_run_id": "parent0123456789",
                          "child_run_ids": {"baseline-seed0": "child-b0", "gated-seed0": "child-g0"}}
@@ -69,7 +69,7 @@ def test_markdown_twin_links_existing_pngs_and_holds_the_same_tables(written):
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert len(links) == len(paths["plots"]) == 6
     assert all((paths["markdown"].parent / link).read_bytes().startswith(PNG_MAGIC) for link in links)
-    assert "| figure | better | baseline | gated |" in md and "parent0123456789" in md and "REGRESSED" in md
+    assert "| arm | figure | better | unit | baseline | arm value | arm-baseline |" in md and "parent0123456789" in md and "REGRESSED" in md
 
 
 def test_cli_report_writes_html_and_markdown_and_rejects_bad_records(tmp_path, records, capsys):

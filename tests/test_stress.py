@@ -6,9 +6,10 @@ import math
 
 import pytest
 
+from stability.claims import claim_rows, held_out
 from stability.config import ConfigError, resolve
 from stability.schedules import BatchRamp, ExponentialRamp, Schedule, Shock, Standard, from_stress, lr_scale
-from stability.stress import claim_rows, ramp_figures, reference_index, run_case, shock_figures, sweep_figures
+from stability.stress import ramp_figures, reference_index, run_case, shock_figures, sweep_figures
 
 RUN = resolve("smoke").run  # 60 steps, batch 8, lr 3e-3, warmup 10
 
@@ -73,8 +74,10 @@ def test_ramp_figures_find_the_onset():
                          "loss_spike": [False, False, False, False, True, False, False],
                          "grad_spike": [False] * 7}}
     figures = ramp_figures(record, diverge_factor=1.0, smoothing=1, end_lr=1e4)
-    assert figures["ramp_divergence_step"] == 4 and figures["ramp_divergence_lr"] == pytest.approx(10.0)
-    assert figures["ramp_spikes"] == 0 and figures["ramp_best_lr"] == pytest.approx(1.0)
+    # the loss of step 4 (6.0 > 5.0) is the first above the initial loss: it was measured after the update
+    # of step 3, whose LR (1.0) is the one to blame; the lowest loss (step 3) came after step 2's update
+    assert figures["ramp_divergence_step"] == 4 and figures["ramp_divergence_lr"] == pytest.approx(1.0)
+    assert figures["ramp_spikes"] == 0 and figures["ramp_best_lr"] == pytest.approx(0.1)
     assert not figures["ramp_censored"]
 
 
@@ -89,15 +92,25 @@ def test_shock_figures_peak_and_recovery():
 
 
 def test_claim_rows_non_inferiority():
-    record = {"paired": {"m_act_mean": {"baseline": 2.0, "gated": 1.0, "difference": -1.0, "ci_low": -1.5,
-                                        "ci_high": -0.5, "p_value": 0.25, "n": 3},
-                         "critical_lr": {"baseline": 1.0, "gated": 1.0, "difference": 0.0, "ci_low": None,
-                                         "ci_high": None, "p_value": None, "n": 1}}}
-    rows = {r["figure"]: r for r in claim_rows(record, {"m_act_mean": "lower", "critical_lr": "higher",
-                                                        "f_attn_mean": "lower"})}
+    record = {"paired": {"gated": {
+        "m_act_mean": {"baseline": 2.0, "treatment": 1.0, "difference": -1.0, "ci_low": -1.5, "ci_high": -0.5,
+                       "p_value": 0.25, "n": 3},
+        "heldout_loss": {"baseline": 2.0, "treatment": 2.5, "difference": 0.5, "ci_low": 0.2, "ci_high": 0.8,
+                         "p_value": 0.25, "n": 3},
+        "critical_lr": {"baseline": 1.0, "treatment": 1.0, "difference": 0.0, "ci_low": None, "ci_high": None,
+                        "p_value": None, "n": 1}}}}
+    rows = {r["figure"]: r for r in claim_rows(record, ["m_act_mean", "heldout_loss", "critical_lr", "f_attn_mean"])}
     assert rows["m_act_mean"]["holds"] is True
-    assert rows["critical_lr"]["holds"] is None  # one seed: no interval, no verdict
+    assert rows["heldout_loss"]["holds"] is False   # the whole interval on the worse side
+    assert rows["critical_lr"]["holds"] is None     # one seed: no interval, no verdict
     assert rows["f_attn_mean"]["missing"]
+
+
+def test_a_claim_refuses_the_seeds_it_was_discovered_on():
+    record = {"arms": [{"seed": s} for s in (100, 101, 102)]}
+    assert held_out(record, discovery_seeds=range(6)) == [100, 101, 102]
+    with pytest.raises(ValueError, match=r"seeds \[2\] were used to discover"):
+        held_out({"arms": [{"seed": 2}, {"seed": 100}]}, discovery_seeds=range(6))
 
 
 def test_unknown_case_is_a_config_error():

@@ -25,6 +25,8 @@ from _stability_records import edited, pair_record
 
 from stability import tracking
 from stability.cli import main
+from stability.pipeline import report_artifacts
+from stability.record import write_record
 
 SERVER_START_TIMEOUT_S = 150
 
@@ -61,7 +63,7 @@ def store(tmp_path, template_db):
 
 @pytest.fixture(scope="module")
 def record():
-    return pair_record(seeds=(0, 1), quant=True)
+    return pair_record(seeds=(0, 1, 2), quant=True)
 
 
 def _client(uri):
@@ -132,22 +134,22 @@ def server_uri(mlflow_server):
 
 # ----------------------------------------------------------------------------- what is logged
 
-def test_parent_and_child_runs_with_params_metrics_tags_description_and_artifacts(store, record):
-    result = tracking.log_to_mlflow(record, store)
+def test_parent_and_child_runs_with_params_metrics_tags_description_and_artifacts(store, record, tmp_path):
+    result = tracking.log_to_mlflow(record, store, artifacts=report_artifacts(record, tmp_path))
     assert result["status"] == "tracked", result
     client = _client(store)
     parent = client.get_run(result["parent_run_id"])
     assert parent.info.status == "FINISHED"
     tags = parent.data.tags
     for key in ("git.commit", "git.branch", "git.dirty", "env.torch", "env.triton", "env.bitsandbytes",
-                "env.device_name", "stability.preset", "stability.schedule"):
+                "env.device_name", "stability.preset", "stability.schedule", "stability.case", "stability.purpose"):
         assert key in tags, key
     assert tags["stability.preset"] == "smoke" and tags["git.branch"] == "main"
     description = tags["mlflow.note.content"]
     assert "\n" not in description and "standard" in description and "G1" in description
     assert parent.data.params["run.model.d_model"] == "64"
     assert parent.data.params["run.optim.lr"] == "0.003"
-    assert set(result["child_run_ids"]) == {"baseline-seed0", "gated-seed0", "baseline-seed1", "gated-seed1"}
+    assert set(result["child_run_ids"]) == {f"{arm}-seed{s}" for arm in ("baseline", "gated") for s in (0, 1, 2)}
     child_id = result["child_run_ids"]["gated-seed1"]
     child = client.get_run(child_id)
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
@@ -162,18 +164,18 @@ def test_parent_and_child_runs_with_params_metrics_tags_description_and_artifact
     assert plots == {"curves.png", "layers.png", "quant.png"}
 
 
-def test_one_experiment_per_suite_or_campaign(store, monkeypatch):
-    first = tracking.log_to_mlflow(pair_record(seeds=(0,)), store, plots=False)
-    second = tracking.log_to_mlflow(pair_record(seeds=(0,), schedule="lr_ramp"), store, plots=False)
+def test_one_experiment_per_preset_or_campaign(store, monkeypatch):
+    first = tracking.log_to_mlflow(pair_record(seeds=(0,)), store)
+    second = tracking.log_to_mlflow(pair_record(seeds=(0,), schedule="lr_ramp"), store)
     assert first["experiment_id"] == second["experiment_id"] and first["experiment"] == "stability-smoke"
     monkeypatch.setenv("STABILITY_EXPERIMENT", "campaign-42")
-    third = tracking.log_to_mlflow(pair_record(seeds=(0,)), store, plots=False)
+    third = tracking.log_to_mlflow(pair_record(seeds=(0,)), store)
     assert third["experiment"] == "campaign-42" and third["experiment_id"] != first["experiment_id"]
 
 
 def test_killed_arms_and_pairs_are_marked_killed(store):
     killed = pair_record(seeds=(0,), status="killed")
-    result = tracking.log_to_mlflow(killed, store, plots=False)
+    result = tracking.log_to_mlflow(killed, store)
     client = _client(store)
     assert client.get_run(result["parent_run_id"]).info.status == "KILLED"
     assert client.get_run(result["child_run_ids"]["gated-seed0"]).info.status == "KILLED"
@@ -185,7 +187,7 @@ def test_killed_arms_and_pairs_are_marked_killed(store):
 def test_unreachable_server_fails_fast_reports_once_and_upload_sends_later(tmp_path, store, record, capsys):
     port = _free_port()   # nothing listens there
     uri = f"http://127.0.0.1:{port}"
-    path = tracking.write_record(record, tmp_path / "runs")
+    path = write_record(record, tmp_path / "runs")
     before = path.read_text()
     started = time.monotonic()
     first = tracking.log_to_mlflow(record, uri)
@@ -205,15 +207,15 @@ def test_unreachable_server_fails_fast_reports_once_and_upload_sends_later(tmp_p
 def test_a_failing_sqlite_store_does_not_raise(tmp_path, record):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    result = tracking.log_to_mlflow(record, f"sqlite:///{blocker}/sub/m.db", plots=False)
+    result = tracking.log_to_mlflow(record, f"sqlite:///{blocker}/sub/m.db")
     assert result["status"] == "not tracked" and result["error"]
 
 
 def test_upload_of_a_corrupt_record_exits_2_with_a_message(tmp_path, store, capsys):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"schema_version": 1, "arms": [')
+    bad.write_text('{"schema_version": 2, "arms": [')
     assert main(["upload", str(bad), "--tracking-uri", store]) == 2
-    assert "cannot be read as JSON" in capsys.readouterr().err
+    assert "not valid JSON" in capsys.readouterr().err
 
 
 def test_cli_run_reports_an_unreachable_store_in_one_line(tmp_path, monkeypatch, capsys):
@@ -227,8 +229,7 @@ def test_cli_run_reports_an_unreachable_store_in_one_line(tmp_path, monkeypatch,
 # ----------------------------------------------------------------------------- parallel writers
 
 def _log_one(uri: str, seed: int, queue) -> None:
-    result = tracking.log_to_mlflow(pair_record(name=f"par{seed}", seeds=(seed,)), uri, experiment="parallel",
-                                    plots=False)
+    result = tracking.log_to_mlflow(pair_record(name=f"par{seed}", seeds=(seed,)), uri, experiment="parallel")
     queue.put(result)
 
 
@@ -252,9 +253,9 @@ def test_parallel_writers_share_one_fresh_sqlite_store(tmp_path):
 
 def test_check_from_mlflow_takes_the_latest_parent_runs_of_a_branch(tmp_path, store, record, capsys):
     old = edited(record, "gated", "m_act_mean", factor=10.0)
-    assert tracking.log_to_mlflow(old, store, plots=False)["status"] == "tracked"
+    assert tracking.log_to_mlflow(old, store)["status"] == "tracked"
     time.sleep(0.01)
-    assert tracking.log_to_mlflow(record, store, plots=False)["status"] == "tracked"   # latest wins
+    assert tracking.log_to_mlflow(record, store)["status"] == "tracked"   # latest wins
     current = tmp_path / "r.json"
     current.write_text(json.dumps(record, allow_nan=False))
     assert main(["check", "--from-mlflow", "main", "--tracking-uri", store, str(current)]) == 0
@@ -277,7 +278,7 @@ def test_check_from_an_unreachable_store_exits_2(tmp_path, record, capsys):
 
 def test_same_code_logs_to_a_tracking_server(server_uri):
     record = pair_record(seeds=(0,))
-    result = tracking.log_to_mlflow(record, server_uri, plots=False)
+    result = tracking.log_to_mlflow(record, server_uri)
     assert result["status"] == "tracked", result
     client = _client(server_uri)
     parent = client.get_run(result["parent_run_id"])

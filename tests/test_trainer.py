@@ -19,7 +19,8 @@ from stability.config import (
     resolve,
 )
 from stability.data import get_batch, load_corpus
-from stability.experiment import ARMS, paired_summary, run_pair
+from stability.experiment import ARMS, run_pair
+from stability.record import paired_summary
 from stability.trainer import train
 
 TINY = RunConfig(
@@ -101,18 +102,18 @@ def test_a_pair_record_holds_both_arms_per_seed_and_paired_figures():
     assert [(a["arm"], a["seed"]) for a in record["arms"]] == [("baseline", 0), ("gated", 0),
                                                               ("baseline", 1), ("gated", 1)]
     assert record["arms"][1]["variant"] == "G1-elementwise" and record["arms"][1]["gate_parameters"] > 0
-    loss = record["paired"]["heldout_loss"]
+    loss = record["paired"]["gated"]["heldout_loss"]
     assert loss["n"] == 2 and loss["seeds"] == [0, 1]
-    assert loss["difference"] == pytest.approx(loss["gated"] - loss["baseline"])
+    assert loss["difference"] == pytest.approx(loss["treatment"] - loss["baseline"])
     assert loss["ci_low"] <= loss["difference"] <= loss["ci_high"]
-    assert record["status"] == "completed" and record["schema_version"] == 1
+    assert record["status"] == "completed" and record["schema_version"] == 2
 
 
 def test_paired_summary_drops_a_seed_missing_an_arm():
-    arms = [{"arm": "baseline", "seed": 0, "final": {"heldout_loss": 2.0}},
-            {"arm": "gated", "seed": 0, "final": {"heldout_loss": 1.5}},
-            {"arm": "baseline", "seed": 1, "final": {"heldout_loss": 9.0}}]
-    summary = paired_summary(arms)["heldout_loss"]
+    arms = [{"arm": "baseline", "seed": 0, "status": "completed", "final": {"heldout_loss": 2.0}},
+            {"arm": "gated", "seed": 0, "status": "completed", "final": {"heldout_loss": 1.5}},
+            {"arm": "baseline", "seed": 1, "status": "completed", "final": {"heldout_loss": 9.0}}]
+    summary = paired_summary(arms)["gated"]["heldout_loss"]
     assert summary["n"] == 1 and summary["difference"] == -0.5 and summary["ci_low"] is None
 
 
@@ -120,3 +121,13 @@ def test_gated_smoke_preset_uses_the_papers_g1_gate():
     config = resolve("smoke")
     assert config.arm_config("gated", 0).model.gate == GateConfig(position="G1")
     assert config.arm_config("baseline", 0).model.gate.position == "none"
+
+
+def test_paired_summary_leaves_out_evaluation_figures_of_an_arm_that_diverged():
+    arms = [{"arm": "baseline", "seed": s, "status": "completed", "final": {"heldout_loss": 2.0, "diverged": False}}
+            for s in (0, 1)]
+    arms += [{"arm": "gated", "seed": 0, "status": "completed", "final": {"heldout_loss": 1.5, "diverged": False}},
+             {"arm": "gated", "seed": 1, "status": "diverged", "final": {"heldout_loss": 1e9, "diverged": True}}]
+    paired = paired_summary(arms)["gated"]
+    assert paired["heldout_loss"]["n"] == 1 and paired["heldout_loss"]["difference"] == -0.5
+    assert paired["diverged"]["n"] == 2 and paired["diverged"]["difference"] == 0.5   # a trajectory figure

@@ -1,0 +1,128 @@
+"""``stability check`` (the merge check) and ``stability baseline update``; JSON only, no torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from stability.record import RecordError, git_info, record_device
+from stability.rundir import DEFAULT_ROOT, load_records, unique_arms
+
+
+def read_inputs(args) -> tuple[list[dict], list[str]]:
+    """The records named on the command line (default: the newest run directory), each (case, arm, seed)
+    once; and the notes on what was left out."""
+    records = load_records(args.records or [DEFAULT_ROOT], all_sessions=getattr(args, "all_sessions", False))
+    return unique_arms(records)
+
+
+def baseline_from_mlflow(branch: str, tracking_uri: str | None, preset: str | None, device: str | None) -> dict:
+    """A baseline from the JSON records of the latest parent run per case tagged git.branch=BRANCH."""
+    from stability.regression import make_baseline
+    from stability.tracking import fetch_records
+
+    try:
+        records = fetch_records(branch=branch, tracking_uri=tracking_uri, preset=preset)
+    except RecordError:
+        raise
+    except Exception as error:  # noqa: BLE001  (the store is the input here: any failure -> unusable input)
+        raise RecordError(f"cannot read baseline runs for branch {branch!r} from the tracking store: "
+                          f"{type(error).__name__}: {str(error).splitlines()[0][:300]}") from None
+    if device is not None:
+        records = [r for r in records if record_device(r) == device]
+    if not records:
+        raise RecordError(f"no parent run tagged git.branch={branch!r}{f' with preset {preset!r}' if preset else ''} "
+                          f"holds a JSON record in the tracking store")
+    return make_baseline(records)
+
+
+def write_step_summary(text: str, path: str | None = None) -> Path | None:
+    """Append Markdown to $GITHUB_STEP_SUMMARY (or ``path``) when set."""
+    target = path or os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    with open(target, "a") as handle:
+        handle.write(text + "\n")
+    return Path(target)
+
+
+def cmd_check(args) -> int:
+    """Table on stdout, Markdown to $GITHUB_STEP_SUMMARY / --markdown; exit 0 ok, 1 regressed, 2 unusable."""
+    from stability.regression import CheckResult, check, load_baseline, load_tolerances
+
+    try:
+        records, notes = read_inputs(args)
+        tolerances = load_tolerances(args.tolerances) if args.tolerances else None
+        if args.from_mlflow:
+            first = records[0]
+            baseline = baseline_from_mlflow(args.from_mlflow, args.tracking_uri, first.get("preset"),
+                                            record_device(first))
+        elif args.baseline:
+            baseline = load_baseline(args.baseline)
+        else:
+            raise RecordError("give --baseline PATH (e.g. reports/baselines/smoke-cpu.json) or --from-mlflow BRANCH")
+        result = check(records, baseline, tolerances, k=args.k)
+        result.notes[:0] = notes
+    except RecordError as error:
+        result = CheckResult(errors=[str(error)])
+    print(result.table(only_changed=not args.all_rows))
+    summary = write_step_summary(result.markdown(), args.markdown)
+    if summary is not None:
+        print(f"markdown summary appended to {summary}", file=sys.stderr)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1))
+    return result.exit_code
+
+
+def cmd_baseline_update(args) -> int:
+    from stability.regression import default_baseline_path, make_baseline, write_baseline
+
+    records, notes = read_inputs(args)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    baseline = make_baseline(records, commit=args.commit or git_info().get("commit"))
+    out = Path(args.out) if args.out else default_baseline_path(baseline["preset"], baseline["device"])
+    write_baseline(baseline, out)
+    cases = ", ".join(f"{key} (seeds {max(len(a['status']) for a in case['arms'].values())})"
+                      for key, case in baseline["cases"].items())
+    print(f"baseline written: {out} (preset {baseline['preset']}, device {baseline['device']}, commit "
+          f"{str(baseline['commit'])[:12]}; cases: {cases})")
+    return 0
+
+
+def add_record_arguments(parser) -> None:
+    parser.add_argument("records", nargs="*",
+                        help=f"record files, run directories, or a directory of run directories (default "
+                             f"{DEFAULT_ROOT}: its newest run directory)")
+    parser.add_argument("--all-sessions", action="store_true",
+                        help="read every run directory below a directory of them, not only the newest "
+                             "(a (case, arm, seed) that repeats is taken from the newest record)")
+
+
+def add_parsers(sub) -> None:
+    from stability.regression import DEFAULT_K
+
+    chk = sub.add_parser("check", help="compare records with a baseline (exit 0 ok, 1 regressed, 2 unusable)")
+    add_record_arguments(chk)
+    chk.add_argument("--baseline", help="baseline JSON, e.g. reports/baselines/<preset>-<device>.json")
+    chk.add_argument("--from-mlflow", metavar="BRANCH",
+                     help="take the baseline from the latest parent runs tagged git.branch=BRANCH")
+    chk.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow")
+    chk.add_argument("--tolerances", help="JSON or TOML overrides {figure: {floor, rel_floor, k}}")
+    chk.add_argument("--k", type=float, default=DEFAULT_K,
+                     help=f"standard errors of the baseline's seed noise a figure may move (default {DEFAULT_K:g})")
+    chk.add_argument("--markdown", help="also append the Markdown summary here (default $GITHUB_STEP_SUMMARY)")
+    chk.add_argument("--json", help="write the verdict rows as JSON here")
+    chk.add_argument("--all-rows", action="store_true", help="print every figure, not only those outside their band")
+    chk.set_defaults(func=cmd_check)
+
+    base = sub.add_parser("baseline", help="manage regression baselines")
+    base_sub = base.add_subparsers(dest="baseline_command", required=True)
+    upd = base_sub.add_parser("update", help="write a baseline from the records of a run directory")
+    add_record_arguments(upd)
+    upd.add_argument("--out", help="baseline file (default reports/baselines/<preset>-<device>.json)")
+    upd.add_argument("--commit", help="commit the baseline comes from (default: git HEAD)")
+    upd.set_defaults(func=cmd_baseline_update)

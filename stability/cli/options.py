@@ -1,0 +1,61 @@
+"""The options every training command shares, and turning them into a validated config."""
+
+from __future__ import annotations
+
+import argparse
+
+from stability import config as cfg
+from stability.rundir import DEFAULT_ROOT
+
+
+def parse_sets(items: list[str]) -> dict[str, str]:
+    """["model.d_model=96", ...] -> {"model.d_model": "96"}."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise cfg.ConfigError(f"--set {item!r} is invalid: expected FIELD=VALUE, e.g. model.d_model=96")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def check_device(device: str) -> None:
+    """ConfigError naming ``device`` when this machine cannot run it (checked before any training)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise cfg.ConfigError(f"device={device!r} is invalid here: expected 'cpu' (this machine has no CUDA GPU, "
+                              f"torch {torch.__version__})")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise cfg.ConfigError(f"device={device!r} is invalid here: expected an index below "
+                              f"{torch.cuda.device_count()} (the visible GPUs)")
+
+
+def resolve_from_args(args) -> cfg.ExperimentConfig:
+    """The preset with the file and --set overrides applied, validated, on a device this machine has."""
+    overrides = cfg.load_overrides(args.config) if args.config else {}
+    overrides.update(parse_sets(args.set or []))
+    quant = getattr(args, "quant", None)
+    if quant:  # --quant int8,nf4 or --quant all
+        overrides["quant_schemes"] = ",".join(cfg.QUANT_SCHEMES) if quant.strip() == "all" else quant
+    config = cfg.resolve(args.preset, overrides)
+    check_device(config.run.device)
+    return config
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """The options every training command shares: preset, overrides, records and tracking."""
+    parser.add_argument("--preset", default="smoke", help=f"one of {tuple(cfg.PRESETS)} (default smoke)")
+    parser.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                        help="override a config field (repeatable)")
+    parser.add_argument("--config", help="JSON or TOML file of overrides")
+    parser.add_argument("--tracking-uri",
+                        help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--experiment", help="MLflow experiment name (default stability-<preset>)")
+    parser.add_argument("--out", default=str(DEFAULT_ROOT),
+                        help=f"root of the run directories (default {DEFAULT_ROOT}); each command writes into a "
+                             f"new <time>-<command>-<id>/ below it")
+    parser.add_argument("--no-track", action="store_true", help="write the JSON records only")

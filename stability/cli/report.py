@@ -1,0 +1,31 @@
+"""``stability report``: a self-contained HTML report (and its Markdown twin) of a run directory."""
+
+from __future__ import annotations
+
+from stability.cli.check import add_record_arguments, read_inputs
+
+
+def cmd_report(args) -> int:
+    from stability.regression import check, load_baseline, load_tolerances
+    from stability.report import write_report
+
+    records, notes = read_inputs(args)
+    result = None
+    if args.baseline:
+        tolerances = load_tolerances(args.tolerances) if args.tolerances else None
+        result = check(records, load_baseline(args.baseline), tolerances)
+        result.notes[:0] = notes
+    paths = write_report(records, args.out, result)
+    print(f"report: {paths['html']} (Markdown {paths['markdown']}, {len(paths['plots'])} plot(s))")
+    if result is not None:
+        print(result.summary_line())
+    return 0
+
+
+def add_parsers(sub) -> None:
+    rep = sub.add_parser("report", help="write a self-contained HTML report (+ Markdown twin) of records")
+    add_record_arguments(rep)
+    rep.add_argument("--out", default="reports/report.html", help="HTML file (Markdown twin next to it, .md)")
+    rep.add_argument("--baseline", help="also show the regression verdicts against this baseline")
+    rep.add_argument("--tolerances", help="tolerance overrides for the verdicts (JSON or TOML)")
+    rep.set_defaults(func=cmd_report)

@@ -1,0 +1,145 @@
+"""Run directories: each command or test session writes its records into a directory of its own.
+
+    reports/runs/<UTC time>-<label>-<id>/manifest.json     what made it: label, command line, git, time
+    reports/runs/<UTC time>-<label>-<id>/<record>.json     the case records of that session
+
+``stability check`` and ``stability report`` read one session, by default the newest one under
+``reports/runs``, so records of earlier runs never pile up into one comparison. A session
+directory is created when its first record is written (a test session that trains nothing leaves
+nothing behind). Several processes of one session (pytest-xdist workers) share the directory: the
+controller picks its path and hands it to the workers in ``$STABILITY_RUN_DIR``.
+
+``select_records`` turns command-line paths into records: a record file is itself; a session
+directory gives its records; a directory of sessions gives its newest session's records (or every
+session's with ``all_sessions``). When the same (case, arm, seed, config) appears in more than one
+record, only the newest is kept, so repeated runs never count a seed twice.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from stability.record import (
+    RecordError,
+    case_key,
+    config_fingerprint,
+    git_info,
+    read_record,
+)
+
+DEFAULT_ROOT = Path("reports") / "runs"
+MANIFEST = "manifest.json"
+ENV_VAR = "STABILITY_RUN_DIR"
+
+
+def new_run_dir(root: str | Path = DEFAULT_ROOT, label: str = "run") -> Path:
+    """A fresh session path ``<root>/<UTC time>-<label>-<id>`` (created with its first record)."""
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in label)[:40] or "run"
+    return Path(root) / f"{stamp}-{safe}-{uuid.uuid4().hex[:6]}"
+
+
+def ensure_run_dir(path: str | Path, label: str = "run", argv: list[str] | None = None) -> Path:
+    """Create the session directory and its manifest if they do not exist yet; returns the path."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    manifest = path / MANIFEST
+    if not manifest.exists():
+        try:
+            with open(manifest, "x") as handle:  # the first writer of a shared session wins
+                json.dump({"kind": "stability-run-dir", "label": label,
+                           "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                           "argv": list(sys.argv if argv is None else argv), "git": git_info(),
+                           "pid": os.getpid()}, handle, indent=1)
+        except FileExistsError:
+            pass
+    return path
+
+
+def session_dir(root: str | Path = DEFAULT_ROOT, label: str = "run") -> Path:
+    """The session of this process: ``$STABILITY_RUN_DIR`` when set (shared by workers), else a new one."""
+    shared = os.environ.get(ENV_VAR)
+    return Path(shared) if shared else new_run_dir(root, label)
+
+
+def is_session(path: Path) -> bool:
+    return (path / MANIFEST).is_file()
+
+
+def sessions(root: str | Path) -> list[Path]:
+    """The session directories under ``root``, oldest first (names start with their UTC time)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if p.is_dir() and is_session(p)),
+                  key=lambda p: (p.name[:15], p.stat().st_mtime))
+
+
+def newest_session(root: str | Path) -> Path:
+    """The newest session under ``root`` that holds at least one record; RecordError when there is none."""
+    found = [s for s in sessions(root) if _record_files(s)]
+    if not found:
+        raise RecordError(f"no run directory with records under {str(root)!r}: run the stress suites "
+                          f"(`pytest suites/ -m stress`) or `stability run` first")
+    return found[-1]
+
+
+def _record_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.json") if p.name != MANIFEST and not p.name.startswith("."))
+
+
+def record_files(paths, all_sessions: bool = False) -> list[Path]:
+    """The record files named by ``paths`` (files, session directories, directories of sessions)."""
+    files: list[Path] = []
+    for item in paths:
+        path = Path(item)
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir() and is_session(path):
+            files.extend(_record_files(path))
+        elif path.is_dir() and sessions(path):
+            chosen = sessions(path) if all_sessions else [newest_session(path)]
+            for session in chosen:
+                files.extend(_record_files(session))
+        elif path.is_dir():
+            files.extend(_record_files(path))
+        else:
+            raise RecordError(f"{str(path)!r} does not exist: expected a record file, a run directory or a "
+                              f"directory of run directories (such as reports/runs)")
+    if not files:
+        raise RecordError(f"no record files found in {[str(p) for p in paths]}")
+    return files
+
+
+def unique_arms(records: list[dict]) -> tuple[list[dict], list[str]]:
+    """Drop repeated (case, arm, seed, config) entries, keeping the newest record's; returns the records
+    (with their ``arms`` filtered, records left with no arm removed) and one note per dropped entry."""
+    newest: dict[tuple, int] = {}
+    order = sorted(range(len(records)), key=lambda i: (records[i].get("created_at") or "", i))
+    for index in order:
+        record = records[index]
+        fingerprint = config_fingerprint(record["config"])
+        for arm in record["arms"]:
+            newest[(case_key(record), arm["arm"], arm["seed"], fingerprint)] = index
+    kept, notes = [], []
+    for index, record in enumerate(records):
+        fingerprint = config_fingerprint(record["config"])
+        arms = [arm for arm in record["arms"]
+                if newest[(case_key(record), arm["arm"], arm["seed"], fingerprint)] == index]
+        if len(arms) < len(record["arms"]):
+            notes.append(f"{case_key(record)}: {len(record['arms']) - len(arms)} arm(s) of "
+                         f"{record.get('_path') or record.get('id')} left out: a newer record holds the same "
+                         f"(arm, seed, config)")
+        if arms:
+            kept.append({**record, "arms": arms} if len(arms) != len(record["arms"]) else record)
+    return kept, notes
+
+
+def load_records(paths, all_sessions: bool = False) -> list[dict]:
+    """Read and validate the records named by ``paths`` (see ``record_files``)."""
+    return [read_record(p) for p in record_files(paths, all_sessions)]

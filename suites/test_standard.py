@@ -1,0 +1,46 @@
+"""The plain pair at the preset's settings (the case ``stability run`` trains): both arms complete and
+learn, and its figures hold against the committed baseline."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytestmark = pytest.mark.stress
+KIND = "standard"
+
+
+@pytest.fixture(scope="module")
+def record(stress_record, report_figures):
+    record = stress_record(KIND)
+    report_figures(record, ["heldout_loss", "m_act_mean", "f_attn_mean", "sink_rate_mean", "max_attn_logit",
+                            "loss_spike_score"], "standard pair")
+    return record
+
+
+class TestInvariants:
+    def test_record_written_then_tracked(self, record, assert_kept):
+        assert_kept(record)
+
+    def test_both_arms_complete_and_learn(self, record):
+        assert sorted({a["arm"] for a in record["arms"]}) == ["baseline", "gated"]
+        for arm in record["arms"]:
+            final = arm["final"]
+            assert arm["status"] == "completed", arm["stop_reason"]
+            assert final["nonfinite_events"] == 0 and math.isfinite(final["heldout_loss"])
+            assert final["final_train_loss"] < 0.9 * arm["series"]["loss"][0]
+
+    def test_the_gated_arm_carries_a_gate_and_reports_its_score(self, record):
+        for arm in record["arms"]:
+            gated = arm["arm"] == "gated"
+            assert (arm["gate_parameters"] > 0) == gated
+            assert (arm["final"]["gate_score_mean"] is not None) == gated
+            if gated:
+                assert 0.0 < arm["final"]["gate_score_mean"] < 1.0
+
+
+class TestRegression:
+    def test_against_baseline(self, record, regression_check):
+        result = regression_check(record)
+        assert result.exit_code == 0, result.table()

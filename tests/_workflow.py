@@ -1,0 +1,202 @@
+"""Run a GitHub Actions job's ``run:`` steps here, in order, the way the runner would.
+
+    copy = fresh_copy(destination)                       # the repository's files, as a checkout has them
+    prepare_venv(copy)                                   # stands in for the job's install step (no network)
+    job = run_job(WORKFLOW, "stress-cpu", copy)          # every step, with GITHUB_OUTPUT / _STEP_SUMMARY
+    job.passed, job.steps["check"].outputs, job.summary
+
+What is executed is the workflow file's own text: each ``run:`` script goes to ``bash --noprofile
+--norc -eo pipefail`` (the runner's default shell) with the job's ``env``, a ``GITHUB_OUTPUT`` and a
+``GITHUB_STEP_SUMMARY`` file, ``${{ steps.<id>.outputs.<name> }}`` substituted, and each step's
+``if:`` evaluated (``always()``, ``success()``, ``failure()``, ``==``, ``!=``, ``&&``, ``||``, ``!``).
+``uses:`` steps (checkout, setup-python, upload-artifact) are the runner's own actions: they are
+recorded as skipped. The one substitution: a step named ``install ...`` downloads packages, which a
+test machine cannot, so ``install`` (a callable) runs in its place; by default ``prepare_venv``.
+
+Also used by ``benchmarks/regression_zoo.py`` (which adds this folder to ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = ROOT / ".github" / "workflows" / "stability.yml"
+
+
+# ----------------------------------------------------------------------------- the copy and its venv
+
+def fresh_copy(destination: Path, source: Path = ROOT) -> Path:
+    """The files a checkout of ``source`` holds (tracked, and untracked but not ignored), in ``destination``."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=source,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        src = source / name
+        if src.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+    return destination
+
+
+def prepare_venv(copy: Path) -> None:
+    """``copy/.venv``: a virtual environment that sees this environment's installed packages and has the
+    copy itself installed in editable mode (so ``stability`` and ``pytest`` run the copy's code)."""
+    venv = copy / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], check=True, capture_output=True, text=True).stdout.strip())
+    (site / "_outer_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-build-isolation", "--no-index", "-e", str(copy)], check=True,
+                   capture_output=True)
+    for tool, module in (("pytest", "pytest"), ("mlflow", "mlflow.cli")):
+        script = venv / "bin" / tool
+        entry = "console_main" if tool == "pytest" else "cli"
+        script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import {entry}\n"
+                          f"sys.exit({entry}())\n")
+        script.chmod(0o755)
+
+
+def apply_patch(copy: Path, edits) -> None:
+    """Apply (path, old text, new text) edits to the copy; each old text must occur exactly once."""
+    for name, old, new in edits:
+        path = copy / name
+        text = path.read_text()
+        count = text.count(old)
+        if count != 1:
+            raise ValueError(f"{name}: the text to replace occurs {count} times (expected once): {old[:80]!r}")
+        path.write_text(text.replace(old, new))
+
+
+# ----------------------------------------------------------------------------- expressions
+
+EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+
+
+def _value(reference: str, outputs: dict) -> str:
+    match = re.fullmatch(r"steps\.([\w-]+)\.outputs\.([\w-]+)", reference)
+    if not match:
+        raise ValueError(f"unsupported expression {reference!r}")
+    return outputs.get(match.group(1), {}).get(match.group(2), "")
+
+
+def substitute(text: str, outputs: dict) -> str:
+    """``${{ steps.<id>.outputs.<name> }}`` -> the value (empty when unset, as on the runner)."""
+    return EXPRESSION.sub(lambda m: _value(m.group(1), outputs), text)
+
+
+def condition(text: str | None, outputs: dict, failed: bool) -> bool:
+    """Evaluate a step's ``if:`` (absent: ``success()``)."""
+    if text is None:
+        return not failed
+    text = EXPRESSION.sub(lambda m: m.group(1), str(text)).strip()
+    tokens = re.findall(r"always\(\)|success\(\)|failure\(\)|steps\.[\w.-]+|'[^']*'|==|!=|&&|\|\||!|\(|\)", text)
+    if "".join(tokens) != re.sub(r"\s+", "", text):
+        raise ValueError(f"unsupported if: {text!r}")
+    python = []
+    for token in tokens:
+        if token == "always()":
+            python.append("True")
+        elif token == "success()":
+            python.append(repr(not failed))
+        elif token == "failure()":
+            python.append(repr(failed))
+        elif token.startswith("steps."):
+            python.append(repr(_value(token, outputs)))
+        elif token.startswith("'"):
+            python.append(repr(token[1:-1]))
+        else:
+            python.append({"&&": " and ", "||": " or ", "!": " not "}.get(token, f" {token} "))
+    return bool(eval("".join(python), {"__builtins__": {}}))   # noqa: S307 - tokens checked above
+
+
+# ----------------------------------------------------------------------------- the job
+
+@dataclass
+class Step:
+    name: str
+    ran: bool
+    code: int | None = None
+    output: str = ""
+    outputs: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class Job:
+    steps: dict[str, Step] = field(default_factory=dict)
+    summary: str = ""
+    failed: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def log(self) -> str:
+        return "\n".join(f"--- {name}: {'ran, exit ' + str(s.code) if s.ran else 'skipped'}\n{s.output[-3000:]}"
+                         for name, s in self.steps.items())
+
+
+def _outputs(path: Path) -> dict:
+    out = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def run_job(workflow: Path, job_name: str, copy: Path, install=prepare_venv, env: dict | None = None,
+            timeout: float = 3600) -> Job:
+    """Run the job's steps in ``copy`` (see the module docstring); returns what each step did."""
+    spec = yaml.safe_load(workflow.read_text())["jobs"][job_name]
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("STABILITY_", "PYTEST_", "MLFLOW_", "GITHUB_", "VIRTUAL_ENV"))}
+    base_env["PATH"] = os.pathsep.join(p for p in base_env.get("PATH", "").split(os.pathsep)
+                                       if not p.startswith(str(Path(sys.prefix))))
+    base_env.update({k: str(v) for k, v in (spec.get("env") or {}).items()})
+    base_env.update(env or {})
+    work = copy / ".github-runner"
+    work.mkdir(exist_ok=True)
+    summary = work / "step_summary.md"
+    summary.touch()
+    job, outputs = Job(), {}
+    for index, step in enumerate(spec["steps"]):
+        name = step.get("id") or step.get("name") or f"step{index}"
+        if "uses" in step:
+            job.steps[name] = Step(name, ran=False, output=f"uses {step['uses']}: the runner's action, not run here")
+            continue
+        if not condition(step.get("if"), outputs, job.failed):
+            job.steps[name] = Step(name, ran=False)
+            continue
+        started = time.perf_counter()
+        if str(step.get("name", "")).startswith("install"):
+            install(copy)
+            job.steps[name] = Step(name, ran=True, code=0, output="(replaced: prepare_venv)",
+                                   seconds=time.perf_counter() - started)
+            continue
+        output_file = work / f"output-{index}"
+        output_file.touch()
+        script = substitute(step["run"], outputs)
+        result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=copy,
+                                env={**base_env, **{k: str(v) for k, v in (step.get("env") or {}).items()},
+                                     "GITHUB_OUTPUT": str(output_file), "GITHUB_STEP_SUMMARY": str(summary)},
+                                capture_output=True, text=True, timeout=timeout, check=False)
+        outputs[name] = _outputs(output_file)
+        job.steps[name] = Step(name, ran=True, code=result.returncode, output=result.stdout + result.stderr,
+                               outputs=outputs[name], seconds=time.perf_counter() - started)
+        if result.returncode != 0:
+            job.failed = True
+    job.summary = summary.read_text()
+    return job
