@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job  # noqa: E402
-from _zoo import ZOO, Entry  # noqa: E402
+from _workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
+from _zoo import ZOO, Entry
 
 UNCHANGED = Entry("unchanged", False, "the code as it is", ())
 
@@ -94,8 +94,8 @@ def table(rows: list[dict], scale: str) -> str:
     caught = sum(r["job_failed"] for r in harmful)
     flagged = sum(r["job_failed"] for r in harmless)
     lines = [f"## Regression zoo at `{scale}`", "",
-             f"Harmful changes caught: **{caught} of {len(harmful)}**; harmless changes flagged: "
-             f"**{flagged} of {len(harmless)}**.", "",
+             (f"Harmful changes caught: **{caught} of {len(harmful)}**; harmless changes flagged: "
+              f"**{flagged} of {len(harmless)}**."), "",
              "| entry | kind | change | verdict | stress step exit | check exit | figures the check named |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -23,6 +23,17 @@ class Entry:
     edits: tuple[tuple[str, str, str], ...]
 
 
+SEPARATE_QKV = """\
+        q = self._heads(self.q_proj(x), cfg.n_heads)
+        k = self._heads(self.k_proj(x), cfg.n_kv_heads)
+        v = self._heads(self.v_proj(x), cfg.n_kv_heads)
+"""
+FUSED_QKV = """\
+        qkv = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+        q, k, v = qkv.split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], -1)
+        q, k, v = self._heads(q, cfg.n_heads), self._heads(k, cfg.n_kv_heads), self._heads(v, cfg.n_kv_heads)
+"""
+
 ZOO = (
     # ------------------------------------------------------------------ harmful
     Entry("attention_scale_lost", True, "attention logits no longer divided by sqrt(head_dim)", (
@@ -62,15 +73,7 @@ ZOO = (
         ("stability/attention.py", "x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)",
          "x32 = x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)"),)),
     Entry("fused_qkv_projection", False, "Q, K and V from one matmul with the concatenated weights", (
-        ("stability/attention.py",
-         "        q = self._heads(self.q_proj(x), cfg.n_heads)\n"
-         "        k = self._heads(self.k_proj(x), cfg.n_kv_heads)\n"
-         "        v = self._heads(self.v_proj(x), cfg.n_kv_heads)\n",
-         "        qkv = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))\n"
-         "        q, k, v = qkv.split([self.q_proj.out_features, self.k_proj.out_features,\n"
-         "                             self.v_proj.out_features], dim=-1)\n"
-         "        q, k, v = self._heads(q, cfg.n_heads), self._heads(k, cfg.n_kv_heads), "
-         "self._heads(v, cfg.n_kv_heads)\n"),)),
+        ("stability/attention.py", SEPARATE_QKV, FUSED_QKV),)),
     Entry("two_threads", False, "the stress cases run on 2 CPU threads instead of 1", (
         ("stability/stress.py", "    torch.set_num_threads(threads)", "    torch.set_num_threads(threads + 1)"),)),
     Entry("other_seeds", False, "the CPU presets draw seeds 3, 4, 5 instead of 0, 1, 2", (

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from _workflow import fresh_copy, prepare_venv, run_job
 from _zoo import BY_NAME
 
