@@ -3,7 +3,7 @@
     python benchmarks/bench_suites.py [--scale smoke] [--records-from DIR] [-- PYTEST ARGS...]
 
 Runs ``pytest suites/ -m stress --scale SCALE`` in a subprocess with its JSON records sent to a
-fresh directory (``$STABILITY_RECORD_DIR``; MLflow: the suites' usual store), then reads
+fresh run directory (``$STABILITY_RUN_DIR``; MLflow: the suites' usual store), then reads
 the records' timing fields and prints a Markdown table per record:
 
 * ``train``: seconds inside the training steps (``timing.train_seconds``, all runs of the case);
@@ -79,7 +79,7 @@ def main() -> int:
         folder = Path(args.records_from)
     else:
         folder = Path(tempfile.mkdtemp(prefix="bench-suites-"))
-        env = {**os.environ, "STABILITY_RECORD_DIR": str(folder / "runs")}  # MLflow: the suites' usual store
+        env = {**os.environ, "STABILITY_RUN_DIR": str(folder / "runs")}  # MLflow: the suites' usual store
         command = [sys.executable, "-m", "pytest", "suites/", "-m", "stress", "--scale", args.scale, "-q",
                    "--durations=15", "-p", "no:cacheprovider", *args.pytest_args]
         print("$", " ".join(command), flush=True)
@@ -88,7 +88,7 @@ def main() -> int:
         pytest_wall = time.perf_counter() - started
         print(f"pytest exit code {result.returncode}")
         folder = folder / "runs"
-    records = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    records = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json")) if p.name != "manifest.json"]
     if not records:
         print(f"no records in {folder}")
         return 1

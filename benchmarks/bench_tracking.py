@@ -35,7 +35,7 @@ def _train(preset: str) -> dict:
 
 def _jittered(record: dict, index: int) -> dict:
     out = copy.deepcopy(record)
-    out["id"] = f"b{index:03d}"
+    out["id"], out["name"] = f"b{index:03d}", f"bench{index:03d}"   # 100 cases, each with the pair's seeds
     rng = random.Random(index)
     for arm in out["arms"]:
         for key, value in arm["final"].items():
@@ -52,9 +52,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from stability import regression, tracking
+    from stability.pipeline import report_artifacts
+    from stability.record import clean, read_record
+    from stability.rundir import load_records
 
     if args.record:
-        record = tracking.read_record(args.record)
+        record = read_record(args.record)
         source = f"record {args.record}"
     else:
         t0 = time.perf_counter()
@@ -74,14 +77,15 @@ def main(argv=None) -> int:
 
         uri = f"sqlite:///{tmp}/fresh.db"
         t0 = time.perf_counter()
-        result = tracking.log_to_mlflow(record, uri, experiment="bench")
+        result = tracking.log_to_mlflow(record, uri, "bench", report_artifacts(record, Path(tmp) / "a0"))
         add("log to a fresh sqlite store (schema creation + plots + report)", time.perf_counter() - t0)
         assert result["status"] == "tracked", result
         for plots in (True, False):
             times = []
-            for _ in range(args.repeats):
+            for repeat in range(args.repeats):
                 t0 = time.perf_counter()
-                tracking.log_to_mlflow(record, uri, experiment="bench", plots=plots)
+                artifacts = report_artifacts(record, Path(tmp) / f"a{plots}{repeat}") if plots else []
+                tracking.log_to_mlflow(record, uri, "bench", artifacts)
                 times.append(time.perf_counter() - t0)
             add(f"log to the warm store, {'with' if plots else 'without'} plots/report (median of "
                 f"{args.repeats})", statistics.median(times))
@@ -96,9 +100,9 @@ def main(argv=None) -> int:
         folder = Path(tmp) / "runs"
         folder.mkdir()
         for r in records:
-            (folder / f"{r['id']}.json").write_text(json.dumps(tracking.clean(r)))
+            (folder / f"{r['id']}.json").write_text(json.dumps(clean(r)))
         t0 = time.perf_counter()
-        regression.check(regression.load_records([folder]), baseline)
+        regression.check(load_records([folder]), baseline)
         load_check = time.perf_counter() - t0
 
     print(f"source: {source}")

@@ -1,0 +1,92 @@
+"""What the documentation shows, runs: every command block of README.md and docs/*.md is executed.
+
+Each ```bash block is preceded by a marker line saying how it is tested:
+
+* ``<!-- test: default -->``: run here, in a fresh copy of the repository, in the order written,
+  each block with ``bash -eo pipefail`` (it must exit 0);
+* ``<!-- test: slow -->``: the same, with every block of the file, under ``--run-slow`` only;
+* ``<!-- test: ci -->``: the test command itself (running it here would run this test again): it
+  must be the very command ``.ci/run`` runs.
+
+The copy gets a virtual environment that sees this environment's packages and has the copy
+installed in editable mode; so ``python3 -m venv .venv`` and ``pip install ...`` (which would
+download) are the only parts of a block replaced, by ``true``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from _workflow import ROOT, fresh_copy, prepare_venv
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARKER = re.compile(r"^<!-- test: (default|slow|ci) -->$")
+DOWNLOADS = re.compile(r"python3 -m venv \.venv|pip install [^&;|]+")
+
+
+def blocks(path: Path) -> list[tuple[str, str]]:
+    """(kind, script) of every ```bash block, in order; a block without a marker has kind None."""
+    lines = path.read_text().splitlines()
+    out, kind, index = [], None, 0
+    while index < len(lines):
+        line = lines[index].strip()
+        marker = MARKER.match(line)
+        if marker:
+            kind = marker.group(1)
+        elif line.startswith("```bash"):
+            end = next(i for i in range(index + 1, len(lines)) if lines[i].strip() == "```")
+            out.append((kind, "\n".join(lines[index + 1:end])))
+            kind, index = None, end
+        elif line:
+            kind = None
+        index += 1
+    return out
+
+
+def run_blocks(path: Path, kinds: tuple[str, ...], tmp_path: Path) -> None:
+    copy = fresh_copy(tmp_path / "copy")
+    prepare_venv(copy)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("STABILITY_", "PYTEST_", "MLFLOW_", "VIRTUAL_ENV"))}
+    env["PATH"] = f"{copy / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
+    for number, (kind, script) in enumerate(blocks(path), 1):
+        if kind not in kinds:
+            continue
+        script = DOWNLOADS.sub("true", script)
+        result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=copy,
+                                env=env, capture_output=True, text=True, timeout=1800, check=False)
+        assert result.returncode == 0, (f"{path.name} block {number} exited {result.returncode}:\n{script}\n"
+                                        f"{(result.stdout + result.stderr)[-4000:]}")
+
+
+def test_the_block_parser_reads_markers_and_refuses_none(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- test: default -->\n```bash\necho a\n```\ntext\n```bash\necho b\n```\n"
+                    "<!-- test: slow -->\n\n```bash\necho c\n```\n")
+    assert blocks(page) == [("default", "echo a"), (None, "echo b"), ("slow", "echo c")]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_every_command_block_says_how_it_is_tested(path):
+    unmarked = [script for kind, script in blocks(path) if kind is None]
+    assert not unmarked, f"{path.name}: command blocks without a test marker: {unmarked}"
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    ci = [script for kind, script in blocks(ROOT / "README.md") if kind == "ci"]
+    assert len(ci) == 1 and ci[0].strip() in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("path", [p for p in DOCS if any(k == "default" for k, _ in blocks(p))], ids=lambda p: p.name)
+def test_the_default_blocks_run_in_order(path, tmp_path):
+    run_blocks(path, ("default",), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in DOCS if any(k == "slow" for k, _ in blocks(p))], ids=lambda p: p.name)
+def test_every_block_runs_in_order(path, tmp_path):
+    run_blocks(path, ("default", "slow"), tmp_path)
