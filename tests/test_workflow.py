@@ -1,7 +1,6 @@
 """The CI workflow (.github/workflows/stability.yml): its commands, options and markers exist, and the CPU
-job's steps, run end to end in a fresh copy of the repository, pass on unchanged code, fail with exit 1
-from `stability check` on a harmful change, pass a harmless one, and accept a baseline made right after
-the suite."""
+job's steps, run end to end in a fresh copy of the repository, pass on unchanged code
+(test_workflow_regression.py: a harmful change fails it; test_zoo.py: zoo entries of each kind)."""
 
 from __future__ import annotations
 
@@ -9,13 +8,11 @@ import argparse
 import json
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from _workflow import fresh_copy, prepare_venv, run_job
-from _zoo import BY_NAME
 
 from stability.cli import build_parser
 
@@ -142,50 +139,16 @@ def test_the_install_step_brings_the_test_extra_with_pyyaml(workflow):
 
 # ----------------------------------------------------------------------------- the CPU job, end to end
 
-def _check_rows(copy):
-    return json.loads((copy / "reports" / "check.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def runner_copies(tmp_path_factory):
-    """Fresh copies of the repository with a venv each (the job's install step, without network)."""
-    def make(name, patch=()):
-        from _workflow import apply_patch
-
-        copy = fresh_copy(tmp_path_factory.mktemp(name))
-        apply_patch(copy, patch)
-        return copy
-    return make
-
-
-def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(runner_copies):
-    copy = runner_copies("unchanged")
+def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(tmp_path):
+    """A fresh copy, the job's run: steps as written (the install step replaced by prepare_venv)."""
+    copy = fresh_copy(tmp_path / "copy")
     job = run_job(WORKFLOW, "stress-cpu", copy, install=prepare_venv)
     assert job.passed, job.log()
-    assert [s for s, step in job.steps.items() if not step.ran] == ["actions/checkout@v4", "actions/setup-python@v5",
-                                                                    "upload reports", "fail on a regression"]
+    ran = {name for name, step in job.steps.items() if step.ran}
+    assert {"stress", "check", "report"} <= ran and "fail on a regression" not in ran
     assert job.steps["check"].outputs == {"code": "0"}
     assert "### Stability check: :white_check_mark: PASS" in job.summary
     assert "| smoke/standard | gated | heldout_loss |" in job.summary       # the regression table
-    result = _check_rows(copy)
+    result = json.loads((copy / "reports" / "check.json").read_text())
     assert result["exit_code"] == 0 and len(result["rows"]) > 100
     assert (copy / "reports" / "report.html").is_file()
-
-
-def test_a_harmful_change_fails_the_job_with_exit_1_from_check_naming_the_figure(runner_copies):
-    copy = runner_copies("harmful", BY_NAME["attention_scale_lost"].edits)
-    job = run_job(WORKFLOW, "stress-cpu", copy, install=prepare_venv)
-    assert job.failed and job.steps["check"].outputs == {"code": "1"}, job.log()
-    assert job.steps["fail on a regression"].ran and job.steps["fail on a regression"].code == 1
-    assert ":x: REGRESSED" in job.summary and "max_attn_logit" in job.summary
-    named = {row["figure"] for row in _check_rows(copy)["rows"] if row["verdict"] == "regressed"}
-    assert "max_attn_logit" in named, named
-    # accepting the change: a baseline made right after the suite is one the next suite run passes
-    update = subprocess.run([".venv/bin/stability", "baseline", "update", "reports/runs", "--out",
-                             "reports/baselines/smoke-cpu.json"], cwd=copy, capture_output=True, text=True,
-                            check=False)
-    assert update.returncode == 0, update.stderr
-    again = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None)
-    assert again.passed and again.steps["check"].outputs == {"code": "0"}, again.log()
-    sessions = [p for p in (copy / "reports" / "runs").iterdir() if (p / "manifest.json").is_file()]
-    assert len(sessions) == 2   # the second run read only its own session: no pooling with the first

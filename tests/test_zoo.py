@@ -1,0 +1,46 @@
+"""A couple of regression-zoo entries of each kind, through the cases they move (the zoo benchmark,
+benchmarks/regression_zoo.py, runs every entry through the whole CPU workflow job)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from _workflow import apply_patch, fresh_copy, prepare_venv
+from _zoo import BY_NAME
+
+
+@pytest.fixture
+def patched_copy(tmp_path):
+    """A fresh copy of the repository with a zoo entry's patch applied."""
+    def make(name):
+        copy = fresh_copy(tmp_path / name)
+        apply_patch(copy, BY_NAME[name].edits)
+        return copy
+    return make
+
+
+ZOO_CASES = ("standard", "lr_sweep")   # the cases these entries move; the zoo benchmark runs the whole job
+
+
+@pytest.mark.parametrize("name, expected", [("init_std_x3", 1), ("gate_sigmoid_to_identity", 1),
+                                            ("rmsnorm_divide_by_sqrt", 0), ("fused_qkv_projection", 0)])
+def test_zoo_entries_harmful_caught_harmless_passed(patched_copy, name, expected):
+    """Two harmful and two harmless zoo entries through `stability stress` of the cases they move and
+    `stability check` (benchmarks/regression_zoo.py measures every entry through the whole CPU job)."""
+    entry = BY_NAME[name]
+    assert entry.harmful == bool(expected)
+    copy = patched_copy(name)
+    prepare_venv(copy)
+    stability = str(copy / ".venv" / "bin" / "stability")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STABILITY_", "MLFLOW_", "PYTEST_"))}
+    stress = subprocess.run([stability, "stress", *ZOO_CASES, "--preset", "smoke", "--no-track"], cwd=copy,
+                            env=env, capture_output=True, text=True, check=False)
+    assert stress.returncode == 0, stress.stdout[-2000:] + stress.stderr[-2000:]
+    check = subprocess.run([stability, "check", "--baseline", "reports/baselines/smoke-cpu.json", "--json",
+                            "check.json"], cwd=copy, env=env, capture_output=True, text=True, check=False)
+    assert check.returncode == expected, check.stdout[-3000:]
+    named = [row for row in json.loads((copy / "check.json").read_text())["rows"] if row["verdict"] == "regressed"]
+    assert bool(named) == bool(expected) and (not expected or "REGRESSED" in check.stdout)
