@@ -1,8 +1,8 @@
 """Shared pytest plumbing: markers, command-line options, fixtures, hypothesis profiles.
 
 Options:  --scale smoke|ci|full   (default $STABILITY_SCALE or smoke)
-          --device cpu|cuda       (default: the preset's device; under pytest-xdist each worker takes
-                                   GPU index = worker number)
+          --device cpu|cuda       (default: the preset's device; under pytest-xdist worker gwN sees only
+                                   entry N of the caller's CUDA_VISIBLE_DEVICES, as cuda:0)
           --seeds 0,1,2           (override the preset's seeds)
           --tracking-uri URI      (default $MLFLOW_TRACKING_URI or sqlite:///reports/mlflow-tests.db)
 
@@ -16,6 +16,16 @@ import os
 from pathlib import Path
 
 import pytest
+
+# One GPU per pytest-xdist worker, from the caller's own CUDA_VISIBLE_DEVICES: set before torch is
+# imported (stability.gpus imports nothing heavy). An impossible assignment is reported at configure.
+from stability.gpus import GpuAssignmentError, pin_this_worker
+
+try:
+    _GPU_PINNING_ERROR = None
+    pin_this_worker()
+except GpuAssignmentError as _error:
+    _GPU_PINNING_ERROR = _error
 
 # Triton kernels on a machine without CUDA run in the interpreter; this must be set
 # before any kernel is defined, so it is set here, before tests import anything.
@@ -63,6 +73,8 @@ RUN_DIR_KEY = "stability_run_dir"
 def pytest_configure(config):
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if _GPU_PINNING_ERROR is not None and (config.getoption("--device") or "").startswith("cuda"):
+        raise pytest.UsageError(str(_GPU_PINNING_ERROR))
     worker_input = getattr(config, "workerinput", None)
     if worker_input is not None and RUN_DIR_KEY in worker_input:
         config._stability_run_dir = worker_input[RUN_DIR_KEY]
@@ -96,11 +108,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
 
 
-def _worker_index(config) -> int:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
-
-
 @pytest.fixture(scope="session")
 def scale(pytestconfig) -> str:
     return pytestconfig.getoption("--scale")
@@ -108,7 +115,7 @@ def scale(pytestconfig) -> str:
 
 @pytest.fixture(scope="session")
 def device(pytestconfig) -> str | None:
-    """The device of this test process; under xdist each worker gets its own GPU."""
+    """The device of this test process; under xdist each worker sees only its own GPU (as cuda:0)."""
     wanted = pytestconfig.getoption("--device")
     if wanted is None:
         from stability.config import preset
@@ -119,8 +126,6 @@ def device(pytestconfig) -> str | None:
 
         if not torch.cuda.is_available():
             pytest.skip("--device cuda asked for, but no CUDA GPU is available")
-        if wanted == "cuda":
-            wanted = f"cuda:{_worker_index(pytestconfig) % torch.cuda.device_count()}"
     return wanted
 
 

@@ -647,6 +647,13 @@ def _backward(dy, q, k, v, gate, o, lse, causal, scale):
 # --------------------------------------------------------------------------------------
 
 
+def device_guard(tensor: torch.Tensor):
+    """Launch on the tensor's GPU, not on the current one: ``torch.cuda.device(tensor.device)`` for a CUDA
+    tensor (a process whose tensors live on cuda:1 while cuda:0 is current would launch there
+    otherwise); nothing to guard for a CPU tensor (the interpreter)."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
 class GatedAttentionFunction(torch.autograd.Function):
     """autograd Function: apply(q, k, v, gate, causal, scale) -> Y. gate may be None;
     scale may be None (1 / sqrt(D)). Double backward is not supported."""
@@ -656,7 +663,8 @@ class GatedAttentionFunction(torch.autograd.Function):
         scale = _validate(q, k, v, gate, causal, scale)
         needs_grad = any(ctx.needs_input_grad[:4])
         store_o = needs_grad and gate is not None  # ungated: O is Y
-        y, o, lse = _forward(q, k, v, gate, causal, scale, store_o)
+        with device_guard(q):
+            y, o, lse = _forward(q, k, v, gate, causal, scale, store_o)
         if needs_grad:
             ctx.save_for_backward(q, k, v, gate, o if gate is not None else y, lse)
         ctx.causal, ctx.scale = causal, scale
@@ -666,7 +674,8 @@ class GatedAttentionFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         q, k, v, gate, o, lse = ctx.saved_tensors
-        dq, dk, dv, dg = _backward(dy, q, k, v, gate, o, lse, ctx.causal, ctx.scale)
+        with device_guard(q):
+            dq, dk, dv, dg = _backward(dy, q, k, v, gate, o, lse, ctx.causal, ctx.scale)
         return dq, dk, dv, dg, None, None
 
 
