@@ -13,6 +13,7 @@ caught; ``tests/test_workflow.py`` runs a couple of entries of each kind.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -86,3 +87,12 @@ ZOO = (
 )
 
 BY_NAME = {entry.name: entry for entry in ZOO}
+
+
+def patched_copy(destination: Path, name: str) -> Path:
+    """A fresh copy of the repository in ``destination`` with zoo entry ``name``'s patch applied."""
+    from _workflow import apply_patch, fresh_copy
+
+    copy = fresh_copy(destination)
+    apply_patch(copy, BY_NAME[name].edits)
+    return copy

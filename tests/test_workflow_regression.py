@@ -6,23 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
-from _workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
-from _zoo import BY_NAME
+from _workflow import WORKFLOW, prepare_venv, run_job
+from _zoo import patched_copy
 
 
-@pytest.fixture
-def patched_copy(tmp_path):
-    """A fresh copy of the repository with a zoo entry's patch applied."""
-    def make(name):
-        copy = fresh_copy(tmp_path / name)
-        apply_patch(copy, BY_NAME[name].edits)
-        return copy
-    return make
-
-
-def test_a_harmful_change_fails_the_job_with_exit_1_from_check_naming_the_figure(patched_copy):
-    copy = patched_copy("attention_scale_lost")
+def test_a_harmful_change_fails_the_job_with_exit_1_from_check_naming_the_figure(tmp_path):
+    copy = patched_copy(tmp_path / "copy", "attention_scale_lost")
     job = run_job(WORKFLOW, "stress-cpu", copy, install=prepare_venv)
     assert job.failed and job.steps["check"].outputs == {"code": "1"}, job.log()
     assert job.steps["fail on a regression"].ran and job.steps["fail on a regression"].code == 1

@@ -8,31 +8,20 @@ import os
 import subprocess
 
 import pytest
-from _workflow import apply_patch, fresh_copy, prepare_venv
-from _zoo import BY_NAME
-
-
-@pytest.fixture
-def patched_copy(tmp_path):
-    """A fresh copy of the repository with a zoo entry's patch applied."""
-    def make(name):
-        copy = fresh_copy(tmp_path / name)
-        apply_patch(copy, BY_NAME[name].edits)
-        return copy
-    return make
-
+from _workflow import prepare_venv
+from _zoo import BY_NAME, patched_copy
 
 ZOO_CASES = ("standard", "lr_sweep")   # the cases these entries move; the zoo benchmark runs the whole job
 
 
 @pytest.mark.parametrize("name, expected", [("init_std_x3", 1), ("gate_sigmoid_to_identity", 1),
                                             ("rmsnorm_divide_by_sqrt", 0), ("fused_qkv_projection", 0)])
-def test_zoo_entries_harmful_caught_harmless_passed(patched_copy, name, expected):
+def test_zoo_entries_harmful_caught_harmless_passed(tmp_path, name, expected):
     """Two harmful and two harmless zoo entries through `stability stress` of the cases they move and
     `stability check` (benchmarks/regression_zoo.py measures every entry through the whole CPU job)."""
     entry = BY_NAME[name]
     assert entry.harmful == bool(expected)
-    copy = patched_copy(name)
+    copy = patched_copy(tmp_path / name, name)
     prepare_venv(copy)
     stability = str(copy / ".venv" / "bin" / "stability")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STABILITY_", "MLFLOW_", "PYTEST_"))}
