@@ -47,6 +47,7 @@ from torch import nn
 
 from stability import ao
 from stability.config import PrecisionConfig, _check
+from stability.record import library_version
 
 # max finite value, smallest normal and smallest subnormal of each low-precision format
 _LIMITS = {
@@ -345,7 +346,7 @@ class PrecisionPolicy:
                                          f"{config.backoff_factor:g})" if self.scaling else "")
             return {"library": "torch", "version": torch.__version__, "recipe": recipe, "emulated": False}
         if dtype == "fp8" and config.fp8_recipe == "own":
-            return {"library": "stability", "version": torch.__version__,
+            return {"library": "stability", "version": library_version("stability"),
                     "recipe": f"own fp8, per-tensor {config.fp8_scaling} scaling"
                               + (f" (history {config.fp8_history})" if config.fp8_scaling == "delayed" else ""),
                     "emulated": not self.real_fp8, "high_precision_linears": []}

@@ -58,31 +58,30 @@ def source_text(source: dict | None) -> tuple[str, str]:
 
 
 def quant_rows(record: dict) -> list[list[str]]:
-    """Post-training quantization, one row per scheme and treatment arm: the library (and version) and
-    recipe that quantized, each arm's damage (quantized minus full precision, mean over seeds) in
+    """Post-training quantization, one row per scheme and treatment arm: the library (and version),
+    each arm's damage (quantized minus full precision, mean over seeds) in
     held-out loss, the paired difference with its 95% interval, the accuracy damage and the KL
-    (full || quantized) on the probe batch; a skipped scheme gets one row with its reason. Only the
-    header when no scheme ran."""
+    (full || quantized) on the probe batch, and the recipe; a skipped scheme gets one row with its
+    reason. Only the header when no scheme ran."""
     entries: dict[str, dict] = {}
     for arm in record["arms"]:
         for scheme, entry in ((arm.get("quant") or {}).get("schemes") or {}).items():
             if not entries.get(scheme) or "skipped" in entries[scheme]:
                 entries[scheme] = entry
-    rows = [["quant scheme", "library", "recipe", "arm", "baseline dmg loss", "arm dmg loss", "arm-baseline",
-             "95% CI", "baseline dmg acc", "arm dmg acc", "baseline KL", "arm KL"]]
+    rows = [["quant scheme", "library", "arm", "baseline dmg loss", "arm dmg loss", "arm-baseline", "95% CI",
+             "baseline dmg acc", "arm dmg acc", "baseline KL", "arm KL", "recipe"]]
     for scheme, entry in entries.items():
         library, recipe = source_text(entry)
         if "skipped" in entry:
-            rows.append([scheme, library, recipe, "all", "skipped", "skipped", "-", str(entry["skipped"]), "-", "-",
-                         "-", "-"])
+            rows.append([scheme, library, "all", "skipped", "skipped"] + ["-"] * 6 + [f"skipped: {entry['skipped']}"])
             continue
         for arm, paired in (record.get("paired") or {}).items():
             loss, acc, kl = (paired.get(f"quant_{scheme}_{figure}") for figure in ("damage_loss", "damage_accuracy",
                                                                                     "kl"))
             if loss is None:
                 continue
-            rows.append([scheme, library, recipe, arm, *_paired_cells(loss),
-                         *(_paired_cells(acc)[:2]), *(_paired_cells(kl)[:2])])
+            rows.append([scheme, library, arm, *_paired_cells(loss), *(_paired_cells(acc)[:2]),
+                         *(_paired_cells(kl)[:2]), recipe])
     return rows
 
 
@@ -97,23 +96,23 @@ LADDER_FIGURES = ("loss_gap", "underflow_fraction", "overflow_fraction", "diverg
 
 def ladder_rows(record: dict) -> list[list[str]]:
     """The precision ladder, one row per rung below fp32 and treatment arm: the library (and version)
-    and recipe that trained the rung, the held-out loss gap to fp32 of the baseline and of the arm
+    that trained the rung, the held-out loss gap to fp32 of the baseline and of the arm
     (means over seeds), their paired difference with its 95% interval, and each arm's underflow and
-    overflow fractions and diverged share; a skipped rung gets one row with its reason. Only the
-    header when the record is not a precision ladder."""
+    overflow fractions and diverged share, and the recipe; a skipped rung gets one row with its
+    reason. Only the header when the record is not a precision ladder."""
     ladder = record.get("precision_ladder") or {}
-    rows = [["precision", "library", "recipe", "arm", "baseline gap", "arm gap", "arm-baseline", "95% CI",
+    rows = [["precision", "library", "arm", "baseline gap", "arm gap", "arm-baseline", "95% CI",
              "baseline underflow", "arm underflow", "baseline overflow", "arm overflow", "baseline diverged",
-             "arm diverged"]]
+             "arm diverged", "recipe"]]
     for rung in ladder.get("precisions") or []:
         if rung == "fp32":
             continue
         library, recipe = source_text((ladder.get("sources") or {}).get(rung))
         for arm, paired in (record.get("paired") or {}).items():
             cells = [_paired_cells(paired.get(f"{figure}_{rung}")) for figure in LADDER_FIGURES]
-            rows.append([rung, library, recipe, arm, *cells[0], *cells[1][:2], *cells[2][:2], *cells[3][:2]])
+            rows.append([rung, library, arm, *cells[0], *cells[1][:2], *cells[2][:2], *cells[3][:2], recipe])
     for rung, reason in (ladder.get("skipped") or {}).items():
-        rows.append([rung, "-", "-", "all", "skipped", "skipped", "-", reason] + ["-"] * 6)
+        rows.append([rung, "-", "all", "skipped", "skipped"] + ["-"] * 8 + [f"skipped: {reason}"])
     return rows
 
 

@@ -245,3 +245,49 @@ def test_without_torchao_its_rungs_are_skipped_and_nothing_else_breaks(monkeypat
     skipped = ladder_skips(resolve("smoke"))
     assert set(skipped) == {"fp8", "mxfp8", "mxfp4"}
     assert all("torchao" in reason for reason in skipped.values())
+
+
+# ----------------------------------------------------------------------------- real fp8 (GPU)
+
+FP8_TENSOR_CORES = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not FP8_TENSOR_CORES, reason="needs a CUDA GPU with fp8 tensor cores (compute capability >= 8.9)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("recipe", FP8_RECIPES)
+def test_real_torchao_fp8_matches_its_emulation_on_gpu(recipe, dtype):
+    """On fp8 tensor cores torchao's Float8Linear runs torch._scaled_mm; the same casts emulated
+    give the same result up to the accumulation order."""
+    torch.manual_seed(6)
+    layer = nn.Sequential(nn.Linear(128, 256)).cuda().to(dtype)
+    config = PrecisionConfig(dtype="fp8", fp8_recipe=recipe)
+    real = PrecisionPolicy(config, "cuda").prepare(copy.deepcopy(layer))
+    emulated = PrecisionPolicy(config, "cuda", real_fp8=False).prepare(copy.deepcopy(layer))
+    assert not real[0].config.emulate and emulated[0].config.emulate
+    x = torch.randn(4, 16, 128, device="cuda", dtype=dtype, requires_grad=True)
+    out_real, out_emulated = real(x), emulated(x)
+    assert out_real.dtype == dtype and out_real.shape == (4, 16, 256)
+    assert _relative_error(out_real.float(), out_emulated.float()) < (1e-3 if dtype == torch.float32 else 1e-2)
+    out_real.float().square().sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(real[0].weight.grad).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["mxfp8", "mxfp4"])
+def test_mx_trains_on_gpu(dtype):
+    """MX on a GPU: real matmuls on compute capability 10.0 (mxfp8), emulated below."""
+    policy = PrecisionPolicy(PrecisionConfig(dtype=dtype), "cuda")
+    model = policy.prepare(_mlp().cuda())
+    x = torch.randn(64, 32, device="cuda")
+    target = x[:, :4] * 2
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(20):
+        optimizer.zero_grad()
+        loss = (model(x) - target).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.2 * losses[0]

@@ -142,7 +142,9 @@ def _kind(module):
 def test_quantize_model_swaps_every_block_linear_and_leaves_the_original(scheme):
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    if scheme == "torchao-fp8dq" and not FP8_TENSOR_CORES:  # torchao refuses it without fp8 tensor cores
+    if scheme == "torchao-fp8dq":  # torchao runs it on GPUs of compute capability >= 8.9 only
+        if FP8_TENSOR_CORES:
+            pytest.skip("a CPU model beside fp8 tensor cores: test_torchao_fp8dq_on_gpu covers it")
         with pytest.raises(Exception, match="8.9"):
             q.quantize_model(model, scheme)
         return
@@ -158,6 +160,18 @@ def test_quantize_model_swaps_every_block_linear_and_leaves_the_original(scheme)
         reference, out = model(tokens), quantized(tokens)
     assert torch.isfinite(out).all()
     assert q.relative_output_error(reference, out) < 0.5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not FP8_TENSOR_CORES, reason="needs a CUDA GPU with fp8 tensor cores (compute capability >= 8.9)")
+def test_torchao_fp8dq_on_gpu():
+    model = tiny_model().cuda()
+    quantized, _ = q.quantize_model(model, "torchao-fp8dq")
+    for name in q.target_linears(model):
+        assert _kind(quantized.get_submodule(name)) == "Linear/torchao", name
+    tokens = torch.randint(0, 256, (2, 16), device="cuda")
+    with torch.no_grad():
+        assert q.relative_output_error(model(tokens), quantized(tokens)) < 0.5
 
 
 def test_quantize_head_goes_through_the_scheme():
