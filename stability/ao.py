@@ -108,19 +108,19 @@ def _linear_names(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
 
-def convert_fp8(model: nn.Module, recipe: str, emulate: bool) -> list[str]:
+def convert_fp8(model: nn.Module, recipe: str, emulate: bool) -> tuple[nn.Module, list[str]]:
     """Swap every nn.Linear of ``model`` whose dims are multiples of 16 for torchao's Float8Linear
-    (``recipe``, ``emulate``), in place; the parameters are kept. Returns the names of the Linears
-    left in high precision."""
+    (``recipe``, ``emulate``), in place; the parameters are kept. Returns the model (a new module
+    only when ``model`` itself is such a Linear) and the names of the Linears left in high precision."""
     check_fp8(recipe)
     import dataclasses
 
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
-    convert_to_float8_training(model, config=config,
-                               module_filter_fn=lambda module, _name: _fits(module, FP8_MULTIPLE))
-    return [name for name in _linear_names(model) if type(model.get_submodule(name)) is nn.Linear]
+    model = convert_to_float8_training(model, config=config,
+                                       module_filter_fn=lambda module, _name: _fits(module, FP8_MULTIPLE))
+    return model, [name for name in _linear_names(model) if type(model.get_submodule(name)) is nn.Linear]
 
 
 def is_float8_linear(module: nn.Module) -> bool:

@@ -322,10 +322,11 @@ class PrecisionPolicy:
     def prepare(self, model: nn.Module) -> nn.Module:
         """fp8 / MX: make the Linears of ``model`` compute in the low format, in place (torchao's
         Float8Linear or MXLinear, or the own Fp8Linear); others: no-op. Call after moving the model
-        to its device. Returns ``model``."""
+        to its device. Returns the model (a new module only when ``model`` is itself a Linear that
+        torchao's float8 replaces)."""
         dtype, recipe = self.config.dtype, self.config.fp8_recipe
         if dtype == "fp8" and recipe != "own":
-            self.high_precision = ao.convert_fp8(model, recipe, emulate=not self.real_fp8)
+            model, self.high_precision = ao.convert_fp8(model, recipe, emulate=not self.real_fp8)
         elif dtype in MX_FORMATS:
             self.high_precision = ao.convert_mx(model, dtype, emulate=not _has_mx_tensor_cores(self.device))
         elif dtype == "fp8":

@@ -93,6 +93,7 @@ INVALID = [
     ("precision.backoff_factor", _bad_numbers(False) | st.floats(1.0, 100.0)),
     ("precision.growth_interval", _bad_numbers(True)),
     ("probes.every", _bad_numbers(True)),
+    ("probes.cast_every", _bad_numbers(True)),
     ("probes.spike_k", st.floats(max_value=0.0, allow_nan=False)),
     ("steps", _bad_numbers(True)),
     ("seed", st.integers(-100, -1)),
