@@ -291,3 +291,13 @@ def test_mx_trains_on_gpu(dtype):
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.2 * losses[0]
+
+
+def test_the_cli_refuses_a_torchao_format_without_torchao_before_any_work(monkeypatch, tmp_path, capsys):
+    from stability.cli import main
+
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    for dtype in ("fp8", "mxfp8"):
+        assert main(["run", "--set", f"precision.dtype={dtype}", "--no-track", "--out", str(tmp_path)]) == 2
+        assert "torchao cannot be imported" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing was written
