@@ -26,12 +26,22 @@ def _check(condition: bool, name: str, value: Any, expected: str) -> None:
         raise ConfigError(f"{name}={value!r} is invalid: expected {expected}")
 
 
+def _positive_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 GATE_POSITIONS = ("none", "G1", "G2", "G3", "G4", "G5")
 GATE_GRANULARITIES = ("elementwise", "headwise")
 GATE_ACTIVATIONS = ("sigmoid", "silu")
 GATE_MODES = ("multiplicative", "additive")
 BACKENDS = ("torch", "explicit", "triton")
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+# training formats: fp32, autocast bf16 / fp16, fp8 (recipe: precision.fp8_recipe) and the MX block formats
+# (torchao: mxfp8 = e4m3 elements in blocks of 32 with a shared power-of-two scale; mxfp4 = the same with
+# e2m1 weights, mxfp8 activations and gradients)
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4")
+# fp8 recipes: torchao.float8's recipe names (Float8LinearRecipeName), and "own", the harness's own
+# emulation (per-tensor current or delayed scaling, precision.fp8_scaling)
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "own")
 FP8_SCALINGS = ("current", "delayed")
 LR_SCHEDULES = ("cosine", "constant")
 LR_SCALING_RULES = ("none", "linear", "sqrt")
@@ -40,7 +50,8 @@ OPTIMIZERS = ("adamw", "adamw8bit")
 # the stress cases of stability.stress, in the order `stability stress` runs them
 STRESS_CASES = ("standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock")
 # post-training quantization schemes (stability.quantize evaluates them; kept here to avoid an import cycle)
-QUANT_SCHEMES = ("int8", "int8-nooutlier", "nf4", "fp4", "w8a8-tensor", "w8a8-token", "fp8")
+QUANT_SCHEMES = ("int8", "int8-nooutlier", "nf4", "fp4", "w8a8-tensor", "w8a8-token", "fp8", "torchao-int8wo",
+                 "torchao-int4wo", "torchao-fp8dq")
 
 
 @dataclass(frozen=True)
@@ -183,28 +194,58 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """Numeric format of training. fp16 uses dynamic loss scaling unless ``loss_scaling`` is False;
-    fp8 uses e4m3 for forward operands and e5m2 for gradients, per-tensor scaled."""
+    """Numeric format of training (``stability.precision``).
+
+    dtype: one of PRECISIONS. fp16 scales the loss with ``torch.amp.GradScaler`` unless
+    ``loss_scaling`` is False: it starts at ``init_loss_scale``, multiplies the scale by
+    ``backoff_factor`` (and skips the step) when the gradients hold an inf/NaN, and by
+    ``growth_factor`` after ``growth_interval`` clean steps in a row. fp8: ``fp8_recipe`` names a
+    torchao.float8 recipe ("tensorwise": per-tensor scales, e4m3 forward / e5m2 gradients;
+    "rowwise": per-row scales, e4m3 throughout; "rowwise_with_gw_hp": rowwise with the weight
+    gradient in high precision), or "own", the harness's emulation with per-tensor ``fp8_scaling``
+    "current" or "delayed" (the max over the last ``fp8_history`` amaxes)."""
 
     dtype: str = "fp32"
     loss_scaling: bool = True
     init_loss_scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 200
+    fp8_recipe: str = "tensorwise"
     fp8_scaling: str = "current"
     fp8_history: int = 16
 
     def __post_init__(self) -> None:
         _check(self.dtype in PRECISIONS, "precision.dtype", self.dtype, f"one of {PRECISIONS}")
+        _check(self.fp8_recipe in FP8_RECIPES, "precision.fp8_recipe", self.fp8_recipe,
+               f"one of {FP8_RECIPES} (torchao.float8's recipe names, or 'own' for the harness's emulation)")
         _check(self.fp8_scaling in FP8_SCALINGS, "precision.fp8_scaling", self.fp8_scaling,
                f"one of {FP8_SCALINGS}")
-        _check(self.init_loss_scale > 0, "precision.init_loss_scale", self.init_loss_scale, "a positive number")
-        _check(self.fp8_history >= 1, "precision.fp8_history", self.fp8_history, "a positive integer")
+        _check(_positive_finite(self.init_loss_scale), "precision.init_loss_scale", self.init_loss_scale,
+               "a positive finite number")
+        _check(_positive_finite(self.growth_factor) and self.growth_factor > 1, "precision.growth_factor",
+               self.growth_factor, "a finite number above 1")
+        _check(_positive_finite(self.backoff_factor) and self.backoff_factor < 1, "precision.backoff_factor",
+               self.backoff_factor, "a number in (0, 1)")
+        _check(isinstance(self.growth_interval, int) and not isinstance(self.growth_interval, bool)
+               and self.growth_interval > 0, "precision.growth_interval", self.growth_interval,
+               "a positive integer (clean steps before the loss scale grows)")
+        _check(isinstance(self.fp8_history, int) and self.fp8_history >= 1, "precision.fp8_history",
+               self.fp8_history, "a positive integer")
+
+    @property
+    def uses_torchao(self) -> bool:
+        """Whether this format is trained through torchao (fp8 with a torchao recipe, the MX formats)."""
+        return self.dtype in ("mxfp8", "mxfp4") or (self.dtype == "fp8" and self.fp8_recipe != "own")
 
 
 @dataclass(frozen=True)
 class ProbeConfig:
     """When and how the probes look. Spike detection: a step is a spike when its value is at least
     ``spike_k`` standard deviations above the mean of the previous ``spike_window`` finite values
-    (defaults suit runs of a few hundred steps; OLMo 2 uses k=7, w=1000)."""
+    (defaults suit runs of a few hundred steps; OLMo 2 uses k=7, w=1000). cast_every: the
+    low-precision overflow / underflow counters (``stability.precision``) count on every N-th
+    training step; counting torchao's casts repeats them, which costs about as much again."""
 
     every: int = 50
     probe_batch_size: int = 4
@@ -215,6 +256,7 @@ class ProbeConfig:
     diverge_factor: float = 1.0
     localize_nonfinite: bool = True
     eval_batches: int = 8
+    cast_every: int = 1
 
     def __post_init__(self) -> None:
         _check(isinstance(self.every, int) and self.every > 0, "probes.every", self.every, "a positive integer")
@@ -226,6 +268,8 @@ class ProbeConfig:
         _check(self.diverge_patience > 0, "probes.diverge_patience", self.diverge_patience, "a positive integer")
         _check(self.diverge_factor > 0, "probes.diverge_factor", self.diverge_factor, "a positive number")
         _check(self.eval_batches > 0, "probes.eval_batches", self.eval_batches, "a positive integer")
+        _check(isinstance(self.cast_every, int) and self.cast_every > 0, "probes.cast_every", self.cast_every,
+               "a positive integer (count low-precision overflow / underflow on every N-th step)")
 
 
 @dataclass(frozen=True)
@@ -381,7 +425,7 @@ def _smoke() -> ExperimentConfig:
         # LR 1 a third of the way before the end; two batch doublings; a x10 jump at mid-run
         stress=StressConfig(sweep_lrs=(3e-4, 3e-3, 3e-2, 3e-1, 3.0), ramp_start_lr=1e-3, ramp_end_lr=1e4,
                             batch_double_every=20, batch_max_size=32, shock_step=30, shock_factor=10.0,
-                            ladder_steps=30, threads=1),
+                            ladder_steps=20, threads=1),
     )
 
 

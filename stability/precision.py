@@ -1,26 +1,37 @@
-"""Training-precision policies: fp32, bf16, fp16 (+ dynamic loss scaling) and fp8.
+"""Training-precision policies: fp32, bf16, fp16 (+ torch.amp.GradScaler), fp8 and the MX formats.
 
 The trainer talks to one ``PrecisionPolicy`` and never asks which format is active::
 
     policy = PrecisionPolicy(config.precision, device)
-    model = policy.prepare(model)                 # fp8: every nn.Linear computes in fp8
+    model = policy.prepare(model)                 # fp8 / MX: the Linears compute in the low format
+    policy.watch(model)                           # count what the low format cannot hold
     with policy.autocast():                       # bf16 / fp16: torch.autocast
         loss = model(batch)
-    policy.backward(loss)                         # fp16: (loss * scale).backward()
+    policy.backward(loss)                         # fp16: GradScaler.scale(loss).backward()
     policy.unscale_(optimizer)                    # grads back to true units before clipping / grad norm
-    ran = policy.step(optimizer, grads_finite)    # fp16: skip the step and halve the scale on inf/NaN
+    ran = policy.step(optimizer, grads_finite)    # fp16: GradScaler skips a step with inf/NaN grads
     stats = policy.pop_stats()                    # overflow / underflow fractions, loss-scale drops
 
-FP8 follows the Transformer Engine recipe with per-tensor scaling: e4m3 (max 448) for the
-forward operands of every Linear (input activation and weight), e5m2 (max 57344) for the
-gradient flowing back into the Linear's output. The scale of a tensor is ``amax / fmax``,
-where amax is the tensor's own max |value| ("current" scaling) or the max over the last
-``fp8_history`` calls ("delayed" scaling; values beyond the range then saturate at ±fmax and
-are counted as overflow). On CPU, and on GPUs without fp8 tensor cores (compute capability
-below 8.9), the cast is EMULATED: quantize to fp8, dequantize, matmul in the original dtype.
-On H100/H200 the forward matmul is a real fp8 ``torch._scaled_mm``; the backward stays
-emulated there too (matmuls in the original dtype on e5m2-rounded gradients and the saved
-fp8 operands), which gives the same rounding as real fp8 up to the accumulation order.
+fp16 loss scaling is PyTorch's ``torch.amp.GradScaler`` (init scale, growth factor, backoff factor
+and growth interval from PrecisionConfig); the policy reads its scale once per step for the record
+and counts a step as skipped when the scale went down (GradScaler backs off only on a skipped step).
+
+fp8 and MX run through torchao (``stability.ao``): ``precision.fp8_recipe`` names a torchao.float8
+recipe (default "tensorwise"), and "mxfp8" / "mxfp4" use torchao's MX matmul. Emulated on the CPU
+and on GPUs without the hardware (fp8: compute capability below 8.9; MX: below 10.0), real above.
+
+``fp8_recipe = "own"`` keeps the harness's own fp8 emulation, for what torchao's does not measure:
+DELAYED scaling (torchao's float8 training has dynamic scaling only). It follows the Transformer
+Engine recipe with per-tensor scaling: e4m3 (max 448) for the forward operands of every Linear
+(input activation and weight), e5m2 (max 57344) for the gradient flowing back into the Linear's
+output. The scale of a tensor is ``amax / fmax``, where amax is the tensor's own max |value|
+("current" scaling, the same casts as torchao's "tensorwise") or the max over the last
+``fp8_history`` calls ("delayed" scaling; values beyond the range then saturate at ±fmax and are
+counted as overflow). Emulated on the CPU and on GPUs below compute capability 8.9: quantize to fp8,
+dequantize, matmul in the original dtype. On H100/H200 the forward matmul is a real fp8
+``torch._scaled_mm``; the backward stays emulated there too (matmuls in the original dtype on
+e5m2-rounded gradients and the saved fp8 operands), which gives the same rounding as real fp8 up to
+the accumulation order.
 
 Overflow / underflow counts are kept in device tensors; only ``pop_stats`` syncs with the host.
 """
@@ -34,7 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import PrecisionConfig, _check
+from stability import ao
+from stability.config import PrecisionConfig, _check
+from stability.record import library_version
 
 # max finite value, smallest normal and smallest subnormal of each low-precision format
 _LIMITS = {
@@ -70,11 +83,13 @@ def _has_fp8_tensor_cores(device: torch.device) -> bool:
 
 class _Tally:
     """Counts of values cast to a low-precision format. The counts stay on the device
-    (no host sync per call); ``pop`` does the one sync and resets."""
+    (no host sync per call); ``pop`` does the one sync and resets. While ``counting`` is False
+    the counters skip their work (the trainer counts on every ``probes.cast_every``-th step)."""
 
     def __init__(self) -> None:
         self.values = 0        # host int: numel is known without a sync
         self._counts = None    # int64 device tensor (3,): overflow, underflow, non-zero
+        self.counting = True
 
     def add(self, numel: int, overflow: torch.Tensor, underflow: torch.Tensor, nonzero: torch.Tensor) -> None:
         counts = torch.stack((overflow, underflow, nonzero))
@@ -138,9 +153,10 @@ def _quantize(t: torch.Tensor, role: str, fmt: str, state: _Fp8State) -> tuple[t
     amax = torch.where(amax > 0, amax, torch.full_like(amax, fmax))  # all zeros: scale 1
     scale = amax / fmax
     scaled = t / scale
-    overflow = (magnitude > amax).sum()  # same as |scaled| > fmax, without rounding doubts
-    underflow = ((scaled != 0) & (scaled.abs() <= flush)).sum()  # round-to-nearest-even gives 0
-    state.tally.add(t.numel(), overflow, underflow, (t != 0).sum())
+    if state.tally.counting:
+        overflow = (magnitude > amax).sum()  # same as |scaled| > fmax, without rounding doubts
+        underflow = ((scaled != 0) & (scaled.abs() <= flush)).sum()  # round-to-nearest-even gives 0
+        state.tally.add(t.numel(), overflow, underflow, (t != 0).sum())
     fp8_dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
     q = scaled.clamp(-fmax, fmax).to(fp8_dtype)  # e4m3fn has no inf: saturate before the cast
     return q, scale
@@ -242,31 +258,46 @@ def _fp8_class(cls: type) -> type:
 
 # ----------------------------------------------------------------------------- the policy
 
+MX_FORMATS = ("mxfp8", "mxfp4")
+
+
+def check(config: PrecisionConfig, device: str, tokens_per_batch: int | None = None) -> None:
+    """ConfigError naming the value when ``config`` cannot train on ``device`` here (torchao missing:
+    ``ao.TorchaoMissing``, a ConfigError the precision ladder turns into a skipped rung). MX formats
+    also need ``tokens_per_batch`` (batch x context) to be a multiple of the MX block (32)."""
+    if config.dtype == "fp8":
+        _check(_has_float8(), "precision.dtype", "fp8",
+               f"a torch with float8 dtypes: torch {torch.__version__} has none, so device "
+               f"{device!r} can neither run nor emulate fp8")
+        if config.fp8_recipe != "own":
+            ao.check_fp8(config.fp8_recipe)
+    if config.dtype in MX_FORMATS:
+        ao.check_mx(config.dtype)
+        if tokens_per_batch is not None:
+            _check(tokens_per_batch % ao.MX_BLOCK == 0, "data.batch_size x model.context", tokens_per_batch,
+                   f"a multiple of {ao.MX_BLOCK} for precision.dtype={config.dtype!r} (the weight gradient's "
+                   f"MX blocks run over the tokens of a batch)")
+
+
+def _has_mx_tensor_cores(device: torch.device) -> bool:
+    """CUDA device of compute capability >= 10.0 (Blackwell): real MX matmuls."""
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (10, 0)
+
+
 class PrecisionPolicy:
     """The numeric format of one training run (see the module docstring for the call order).
 
     config: the run's PrecisionConfig. device: "cpu" or "cuda[:N]", where the model lives.
-    growth_interval: fp16 loss scaling doubles the scale after this many clean steps in a row.
     real_fp8: fp8 only; None = real fp8 matmuls when the device has fp8 tensor cores,
     False = always emulate, True = insist on real ones (ConfigError when the device has none).
     """
 
-    growth_factor = 2.0
-    backoff_factor = 0.5
-    min_loss_scale = 2.0 ** -24  # floor, so repeated backoffs never reach 0
-
-    def __init__(self, config: PrecisionConfig, device: str, growth_interval: int = 200,
-                 real_fp8: bool | None = None) -> None:
-        _check(isinstance(growth_interval, int) and growth_interval > 0, "growth_interval", growth_interval,
-               "a positive integer")
+    def __init__(self, config: PrecisionConfig, device: str, real_fp8: bool | None = None) -> None:
+        check(config, device)
         self.config = config
         self.device = torch.device(device)
-        self.growth_interval = growth_interval
         self.tally = _Tally()
         if config.dtype == "fp8":
-            _check(_has_float8(), "precision.dtype", "fp8",
-                   f"a torch with float8 dtypes: torch {torch.__version__} has none, so device "
-                   f"{device!r} can neither run nor emulate fp8")
             tensor_cores = _has_fp8_tensor_cores(self.device)
             if real_fp8:
                 _check(tensor_cores, "real_fp8", real_fp8,
@@ -276,35 +307,71 @@ class PrecisionPolicy:
         else:
             self.real_fp8 = False
         self.scaling = config.dtype == "fp16" and config.loss_scaling
+        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=config.init_loss_scale,
+                                           growth_factor=config.growth_factor,
+                                           backoff_factor=config.backoff_factor,
+                                           growth_interval=config.growth_interval, enabled=self.scaling)
         self._scale = float(config.init_loss_scale) if self.scaling else 1.0
-        self._clean_steps = 0     # steps in a row with finite grads since the last scale change
         self._scale_drops = 0     # loss-scale reductions since the last pop_stats
-        self._unscaled = False    # whether the current grads were already divided by the scale
+        self._unscaled = False    # whether the current grads were already unscaled
         self._hooks: list = []
+        self.high_precision: list[str] = []  # fp8 / MX: Linears the recipe left in high precision
 
     # -- model and forward ---------------------------------------------------------------
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        """fp8: make every nn.Linear of ``model`` an Fp8Linear, in place. Others: no-op.
-        Call after moving the model to its device. Returns ``model``."""
-        if self.config.dtype != "fp8":
-            return model
-        for module in model.modules():
-            if isinstance(module, nn.Linear) and not isinstance(module, Fp8Linear):
-                module.__class__ = _fp8_class(type(module))
-                module.fp8_state = _Fp8State(self.config.fp8_scaling == "delayed", self.config.fp8_history,
-                                             self.real_fp8, self.tally)
+        """fp8 / MX: make the Linears of ``model`` compute in the low format, in place (torchao's
+        Float8Linear or MXLinear, or the own Fp8Linear); others: no-op. Call after moving the model
+        to its device. Returns the model (a new module only when ``model`` is itself a Linear that
+        torchao's float8 replaces)."""
+        dtype, recipe = self.config.dtype, self.config.fp8_recipe
+        if dtype == "fp8" and recipe != "own":
+            model, self.high_precision = ao.convert_fp8(model, recipe, emulate=not self.real_fp8)
+        elif dtype in MX_FORMATS:
+            self.high_precision = ao.convert_mx(model, dtype, emulate=not _has_mx_tensor_cores(self.device))
+        elif dtype == "fp8":
+            for module in model.modules():
+                if isinstance(module, nn.Linear) and not isinstance(module, Fp8Linear):
+                    module.__class__ = _fp8_class(type(module))
+                    module.fp8_state = _Fp8State(self.config.fp8_scaling == "delayed", self.config.fp8_history,
+                                                 self.real_fp8, self.tally)
         return model
 
+    def describe(self) -> dict:
+        """Which library and recipe train this format, for the record: {"library", "version", "recipe",
+        "emulated", "high_precision_linears"}."""
+        dtype, config = self.config.dtype, self.config
+        if dtype in ("bf16", "fp16"):
+            recipe = "torch.autocast" + (f" + torch.amp.GradScaler(init {config.init_loss_scale:g}, growth "
+                                         f"{config.growth_factor:g} every {config.growth_interval}, backoff "
+                                         f"{config.backoff_factor:g})" if self.scaling else "")
+            return {"library": "torch", "version": torch.__version__, "recipe": recipe, "emulated": False}
+        if dtype == "fp8" and config.fp8_recipe == "own":
+            return {"library": "stability", "version": library_version("stability"),
+                    "recipe": f"own fp8, per-tensor {config.fp8_scaling} scaling"
+                              + (f" (history {config.fp8_history})" if config.fp8_scaling == "delayed" else ""),
+                    "emulated": not self.real_fp8, "high_precision_linears": []}
+        if dtype == "fp8":
+            return {"library": "torchao", "version": ao.version(), "recipe": f"float8 {config.fp8_recipe}",
+                    "emulated": not self.real_fp8, "high_precision_linears": self.high_precision}
+        if dtype in MX_FORMATS:
+            weights = "e2m1" if dtype == "mxfp4" else "e4m3"
+            real = dtype == "mxfp8" and _has_mx_tensor_cores(self.device)
+            return {"library": "torchao", "version": ao.version(),
+                    "recipe": f"MX mx_mm, blocks of {ao.MX_BLOCK}, e8m0 scales (rceil), e4m3 inputs and "
+                              f"gradients, {weights} weights", "emulated": not real,
+                    "high_precision_linears": self.high_precision}
+        return {"library": "torch", "version": torch.__version__, "recipe": "fp32", "emulated": False}
+
     def autocast(self) -> contextlib.AbstractContextManager:
-        """torch.autocast for bf16 / fp16; a do-nothing context for fp32 and fp8."""
+        """torch.autocast for bf16 / fp16; a do-nothing context for fp32, fp8 and MX."""
         if self.config.dtype == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         if self.config.dtype == "fp16":
             return torch.autocast(device_type=self.device.type, dtype=torch.float16)
         return contextlib.nullcontext()
 
-    # -- loss scaling ----------------------------------------------------------------------
+    # -- loss scaling (torch.amp.GradScaler) ------------------------------------------------
 
     @property
     def loss_scale(self) -> float:
@@ -312,61 +379,56 @@ class PrecisionPolicy:
         return self._scale
 
     def backward(self, loss: torch.Tensor) -> None:
-        """``(loss * loss_scale).backward()``; a plain backward when there is no scaling."""
+        """``GradScaler.scale(loss).backward()``; a plain backward when there is no scaling."""
         self._unscaled = False
-        if self.scaling:
-            (loss * self._scale).backward()
-        else:
-            loss.backward()
+        self.scaler.scale(loss).backward()
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide the grads of the optimizer's parameters by the loss scale, in place, once
-        per backward (call before clipping / the grad norm). No-op when there is no scaling."""
+        """Divide the grads of the optimizer's parameters by the loss scale, in place, once per
+        backward (call before clipping / the grad norm). No-op when there is no scaling."""
         if not self.scaling or self._unscaled:
             return
-        inverse = 1.0 / self._scale
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    param.grad.mul_(inverse)
+        self.scaler.unscale_(optimizer)
         self._unscaled = True
 
     def step(self, optimizer: torch.optim.Optimizer, grads_finite: bool) -> bool:
-        """Run ``optimizer.step()`` unless fp16 loss scaling is on and the grads are not finite:
-        then skip it and halve the scale. After ``growth_interval`` clean steps in a row the
-        scale doubles. Unscales first if the trainer did not. Returns whether the step ran."""
+        """Run ``optimizer.step()``; with fp16 loss scaling through ``GradScaler.step`` and
+        ``update``: the scaler skips the step and backs the scale off when the (scaled) grads hold
+        an inf/NaN (its own check of the same grads the trainer's ``grads_finite`` describes), and
+        grows it after ``growth_interval`` clean steps. Returns whether the step ran."""
         if not self.scaling:
             optimizer.step()
             return True
-        if not grads_finite:
-            reduced = max(self._scale * self.backoff_factor, self.min_loss_scale)
-            if reduced < self._scale:
-                self._scale_drops += 1
-            self._scale, self._clean_steps = reduced, 0
-            return False
         self.unscale_(optimizer)
-        optimizer.step()
+        self.scaler.step(optimizer)
+        self.scaler.update()
         self._unscaled = False
-        self._clean_steps += 1
-        if self._clean_steps >= self.growth_interval:
-            self._scale *= self.growth_factor
-            self._clean_steps = 0
-        return True
+        before, self._scale = self._scale, self.scaler.get_scale()  # one host sync per step
+        skipped = self._scale < before
+        self._scale_drops += skipped
+        return not skipped
 
     # -- overflow / underflow accounting ---------------------------------------------------
 
     def watch(self, model: nn.Module) -> None:
-        """bf16 / fp16: count, on the device, the input values of every nn.Linear that the
-        low-precision format cannot hold: |x| > max (overflow) and non-zero |x| <= smallest
-        subnormal / 2 (flushed to zero), and the outputs that overflowed to +/-inf. Meant for probe steps only; ``unwatch`` removes it.
-        fp32: nothing to count; fp8: always counted, so a no-op too."""
-        if self.config.dtype not in ("bf16", "fp16") or self._hooks:
+        """Count, on the device, the values the low-precision format cannot hold; ``unwatch``
+        removes the hooks. bf16 / fp16: the input values of every nn.Linear with |x| > max
+        (overflow) or non-zero |x| <= smallest subnormal / 2 (flushed to zero), and the outputs
+        that overflowed to +/-inf. torchao fp8 / MX: the casts of every converted Linear's input,
+        weight and output gradient (``ao.watch_casts``). The own fp8 counts in its casts (no hooks);
+        fp32 has nothing to count."""
+        if self._hooks:
+            return
+        if self.config.uses_torchao:
+            self._hooks = ao.watch_casts(model, self.tally)
+            return
+        if self.config.dtype not in ("bf16", "fp16"):
             return
         limits = _LIMITS[self.config.dtype]
         fmax, flush, tally = limits["max"], limits["min_subnormal"] / 2, self.tally
 
         def count_inputs(module, args):
-            if not args or not torch.is_tensor(args[0]) or not args[0].is_floating_point():
+            if not tally.counting or not args or not torch.is_tensor(args[0]) or not args[0].is_floating_point():
                 return
             magnitude = args[0].detach().abs()
             nonzero = magnitude > 0
@@ -375,7 +437,7 @@ class PrecisionPolicy:
 
         def count_outputs(module, args, output):
             # a matmul whose result exceeds the format's range comes out as +/-inf
-            if torch.is_tensor(output) and output.is_floating_point():
+            if tally.counting and torch.is_tensor(output) and output.is_floating_point():
                 none = torch.zeros((), dtype=torch.int64, device=output.device)
                 tally.add(output.numel(), output.detach().isinf().sum(), none, none)
 
@@ -383,6 +445,11 @@ class PrecisionPolicy:
             if isinstance(module, nn.Linear):
                 self._hooks.append(module.register_forward_pre_hook(count_inputs))
                 self._hooks.append(module.register_forward_hook(count_outputs))
+
+    def count_step(self, step: int, every: int) -> None:
+        """Count (``watch``, the own fp8's casts) during training step ``step`` only when it is a
+        multiple of ``every``; the last setting holds for the forwards after training too."""
+        self.tally.counting = step % every == 0
 
     def unwatch(self) -> None:
         """Remove the hooks ``watch`` installed."""
@@ -398,3 +465,15 @@ class PrecisionPolicy:
         stats["scale_drops"] = float(self._scale_drops)
         self._scale_drops = 0
         return stats
+
+
+def plain_linears(model: nn.Module) -> nn.Module:
+    """Turn every Linear a precision recipe converted (the own Fp8Linear, torchao's Float8Linear,
+    MXLinear) back into a plain nn.Linear with the same parameters, in place. Returns ``model``."""
+    for module in model.modules():
+        if isinstance(module, (Fp8Linear, ao.MXLinear)) or ao.is_float8_linear(module):
+            module.__class__ = next(c for c in type(module).__mro__ if issubclass(c, nn.Linear) and not (
+                issubclass(c, (Fp8Linear, ao.MXLinear)) or c.__module__.startswith("torchao.")))
+            for name in ("fp8_state", "mx_function", "mx_args", "mx_dtype"):
+                module.__dict__.pop(name, None)
+    return model

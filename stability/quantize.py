@@ -19,7 +19,16 @@ Schemes (``QUANT_SCHEMES``; every nn.Linear of the blocks, the gate projection i
                     input of every call (fake quant: quantize-dequantize, fp32 matmul)
     w8a8-token      simulated W8A8, per-output-channel weights and per-token activations
     fp8             e4m3 weights and activations, per-tensor current scaling, through
-                    ``stability.precision``'s fp8 Linear (emulated: quantize-dequantize)
+                    ``stability.precision``'s own fp8 Linear (emulated: quantize-dequantize)
+    torchao-int8wo  torchao ``Int8WeightOnlyConfig``: int8 weights (one scale per output row),
+                    activations unquantized
+    torchao-int4wo  torchao ``IntxWeightOnlyConfig(weight_dtype=torch.int4, PerGroup(32))``: int4
+                    weights, one scale per group of 32 input columns, activations unquantized (the
+                    int4 weight-only recipe that runs on the CPU; ``Int4WeightOnlyConfig`` needs a
+                    GPU kernel package)
+    torchao-fp8dq   torchao ``Float8DynamicActivationFloat8WeightConfig(PerRow())``: e4m3 weights
+                    and activations, one dynamic scale per row (torchao runs it on GPUs of compute
+                    capability 8.9 and above only: skipped elsewhere, with torchao's reason)
 
 The LM head and the embeddings stay in full precision unless ``quantize_head=True`` (the
 head then goes through the scheme too; the embeddings always stay). A scheme that the
@@ -51,10 +60,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stability import probes
+from stability import ao, probes
 from stability.config import QUANT_SCHEMES, ConfigError, PrecisionConfig, RunConfig
 from stability.data import Corpus, eval_batches, probe_batch
-from stability.precision import Fp8Linear, PrecisionPolicy
+from stability.precision import PrecisionPolicy, plain_linears
+from stability.record import library_version
 from stability.trainer import evaluate
 
 PER_LINEAR_DAMAGE = ("relative L2 output error ||Q(x) - f(x)|| / ||f(x)|| of each Linear alone under the "
@@ -69,9 +79,20 @@ SCHEME_NOTES = {
                    "activations); quantize-dequantize then fp32 matmul",
     "w8a8-token": "simulated int8, per-output-channel weight scales, per-token activation scales; "
                   "quantize-dequantize then fp32 matmul",
-    "fp8": "e4m3 weights and activations, per-tensor current scaling (stability.precision fp8 Linear, "
+    "fp8": "e4m3 weights and activations, per-tensor current scaling (stability.precision's own fp8 Linear, "
            "emulated); fp32 matmul",
+    "torchao-int8wo": "torchao Int8WeightOnlyConfig: int8 weights, one scale per output row; activations "
+                      "unquantized",
+    "torchao-int4wo": "torchao IntxWeightOnlyConfig(weight_dtype=int4, granularity=PerGroup(32)): int4 weights, "
+                      "one scale per group of 32 inputs; activations unquantized",
+    "torchao-fp8dq": "torchao Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()): e4m3 weights and "
+                     "activations, dynamic per-row scales",
 }
+# the library that implements each scheme ("stability": simulated here, no library)
+SCHEME_LIBRARY = {"int8": "bitsandbytes", "int8-nooutlier": "bitsandbytes", "nf4": "bitsandbytes",
+                  "fp4": "bitsandbytes", "w8a8-tensor": "stability", "w8a8-token": "stability",
+                  "fp8": "stability", "torchao-int8wo": "torchao", "torchao-int4wo": "torchao",
+                  "torchao-fp8dq": "torchao"}
 HEAD = "lm_head"  # the name of the LM head in the per-Linear figures when quantize_head=True
 
 
@@ -175,6 +196,28 @@ def _fp8(linear: nn.Linear, device: torch.device, policy: PrecisionPolicy) -> nn
     return policy.prepare(module).eval()
 
 
+def _torchao_config(scheme: str):
+    """The torchao quantization config of a torchao scheme (TorchaoMissing without torchao)."""
+    ao.load()
+    import torchao.quantization as tq
+    from torchao.quantization.granularity import PerGroup, PerRow
+
+    if scheme == "torchao-int8wo":
+        return tq.Int8WeightOnlyConfig()
+    if scheme == "torchao-int4wo":
+        return tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
+    return tq.Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+
+
+def _torchao(linear: nn.Linear, device: torch.device, config) -> nn.Module:
+    """A copy of ``linear`` on ``device`` with its weight quantized by ``torchao.quantization.quantize_``."""
+    from torchao.quantization import quantize_
+
+    holder = nn.Sequential(copy.deepcopy(linear).to(device))  # quantize_ swaps children of a module
+    quantize_(holder, config)
+    return holder[0].eval()
+
+
 def _builder(scheme: str, device: torch.device) -> tuple[Callable[[nn.Linear], nn.Module], dict]:
     """(function that quantizes one nn.Linear, facts for the record) of a scheme."""
     if scheme in ("int8", "int8-nooutlier"):
@@ -188,9 +231,12 @@ def _builder(scheme: str, device: torch.device) -> tuple[Callable[[nn.Linear], n
         return (lambda lin: FakeQuantLinear(lin, None, None).to(device)), {"compute_dtype": "float32"}
     if scheme == "w8a8-token":
         return (lambda lin: FakeQuantLinear(lin, 1, -1).to(device)), {"compute_dtype": "float32"}
+    if scheme.startswith("torchao-"):
+        config = _torchao_config(scheme)
+        return (lambda lin: _torchao(lin, device, config)), {"compute_dtype": "float32"}
     if scheme == "fp8":
-        policy = PrecisionPolicy(PrecisionConfig(dtype="fp8", fp8_scaling="current"), str(device),
-                                 real_fp8=False)
+        policy = PrecisionPolicy(PrecisionConfig(dtype="fp8", fp8_recipe="own", fp8_scaling="current"),
+                                 str(device), real_fp8=False)
         return (lambda lin: _fp8(lin, device, policy)), {"compute_dtype": "float32", "fp8_format": "e4m3",
                                                          "_policy": policy}
     check_schemes((scheme,))
@@ -218,15 +264,14 @@ class _QuantizedHead(nn.Module):
 
 
 def full_precision_copy(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model`` in eval mode with every fp8 Linear of the precision policy turned
-    back into a plain nn.Linear (same parameters): the fp32 reference the schemes start from."""
+    """A deep copy of ``model`` in eval mode with every Linear a precision recipe converted (fp8,
+    MX) turned back into a plain nn.Linear (same parameters): the fp32 reference the schemes start
+    from. Hooks on the model (the precision policy's counters) are not copied along."""
     reference = copy.deepcopy(model)
     for module in reference.modules():
-        if isinstance(module, Fp8Linear):
-            module.__class__ = next(c for c in type(module).__mro__
-                                    if issubclass(c, nn.Linear) and not issubclass(c, Fp8Linear))
-            module.__dict__.pop("fp8_state", None)
-    return reference.eval()
+        module._forward_pre_hooks.clear()
+        module._forward_hooks.clear()
+    return plain_linears(reference).eval()
 
 
 def target_linears(model: nn.Module) -> list[str]:
@@ -386,25 +431,34 @@ def evaluate_schemes(model: nn.Module, corpus: Corpus, run: RunConfig, schemes: 
     return out
 
 
+def scheme_source(scheme: str) -> dict:
+    """{"library", "version", "method"} of a scheme: who implements it, which version is installed
+    (None when it is not), and the recipe."""
+    library = SCHEME_LIBRARY[scheme]
+    return {"library": library, "version": library_version("stability" if library == "stability" else library),
+            "method": SCHEME_NOTES[scheme]}
+
+
 def _one_scheme(reference, scheme, batches, probe_x, policy, full, stats, quantize_head, per_linear,
                 device) -> dict:
     started = time.perf_counter()
     names = target_linears(reference) + ([HEAD] if quantize_head else [])
+    source = scheme_source(scheme)
     try:
         with _quiet_bitsandbytes():
             quantized, facts = quantize_model(reference, scheme, quantize_head, device)
             figures = evaluate(quantized, batches, policy)
             counts = _cast_counts(_linear_modules(quantized, names).values(), facts.pop("_policy", None))
             kl = output_kl(reference, quantized, probe_x)
-    except ImportError as error:
-        return {"skipped": f"{scheme} needs bitsandbytes, which cannot be imported: {error}"}
+    except (ImportError, ao.TorchaoMissing) as error:
+        return {"skipped": f"{scheme} needs {source['library']}, which cannot be imported: {error}", **source}
     except Exception as error:  # noqa: BLE001 - the library or device cannot run it: say why, go on
-        return {"skipped": f"{scheme} cannot run on {device}: {type(error).__name__}: {error}"}
+        return {"skipped": f"{scheme} cannot run on {device}: {type(error).__name__}: {error}", **source}
     result = {**figures,
               "damage_loss": figures["heldout_loss"] - full["heldout_loss"],
               "damage_perplexity": figures["perplexity"] - full["perplexity"],
               "damage_accuracy": figures["accuracy"] - full["accuracy"], "kl": kl,
-              "method": SCHEME_NOTES[scheme], **facts, **counts}
+              **source, **facts, **counts}
     if per_linear:
         modules = _linear_modules(quantized, names)
         try:

@@ -78,6 +78,7 @@ class ArmRecord(TypedDict, total=False):
     num_parameters: int
     gate_parameters: int
     layer_names: list[str]
+    precision: dict             # the format: dtype, library, version, recipe, emulated (stability.precision)
     series: dict[str, list]
     events: list[dict]
     probes: list[dict]
@@ -121,7 +122,7 @@ def git_info() -> dict:
             "dirty": None if status is None else bool(status)}
 
 
-def _version(distribution: str) -> str | None:
+def library_version(distribution: str) -> str | None:
     """The installed distribution's version from its metadata (importing the package costs seconds)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -137,9 +138,9 @@ def env_info(device: str) -> dict:
 
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") \
         and torch.cuda.is_available() else platform.processor() or platform.machine()
-    return {"python": platform.python_version(), "torch": torch.__version__, "triton": _version("triton"),
-            "bitsandbytes": _version("bitsandbytes"), "mlflow": _version("mlflow"),
-            "transformers": _version("transformers"), "torchao": _version("torchao"), "device": device,
+    return {"python": platform.python_version(), "torch": torch.__version__, "triton": library_version("triton"),
+            "bitsandbytes": library_version("bitsandbytes"), "mlflow": library_version("mlflow"),
+            "transformers": library_version("transformers"), "torchao": library_version("torchao"), "device": device,
             "device_name": name, "threads": torch.get_num_threads()}
 
 

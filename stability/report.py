@@ -3,6 +3,7 @@
 For each record (stress case): loss and grad-norm curves of both arms on one figure,
 LR-sweep curves when the record holds several peak learning rates, F-Attn and M-Act per
 layer, per-scheme quantization damage when present; the summary table of both arms; the
+precision ladder and the quantization table with the library, version and recipe of each row; the
 regression verdicts when a baseline is given; the environment; the MLflow run ids.
 
     stability report [RUN_DIR | records...] --out reports/report.html [--baseline reports/baselines/smoke-cpu.json]
@@ -20,7 +21,7 @@ import re
 from pathlib import Path
 
 from stability import figures as fig
-from stability.table import fmt
+from stability.table import fmt, ladder_rows, quant_rows
 
 ARM_COLORS = {"baseline": "#1f77b4", "gated": "#d62728"}
 SEED_STYLES = ("-", "--", ":", "-.")
@@ -363,9 +364,14 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
                 m += [f"### {label}", "", f"![{label}]({image_paths[index][name]})", ""]
         sections = (("Paired figures: each arm against the baseline (means over seeds)", summary_rows(record),
                      "summary"),
+                    ("Precision ladder: each rung's library, recipe and gap to fp32", ladder_rows(record), "ladder"),
+                    ("Post-training quantization: each scheme's library, recipe and damage", quant_rows(record),
+                     "quant"),
                     ("Arms", arm_rows(record), "arms"), ("Environment", env_rows(record), "env"),
                     ("MLflow", tracking_rows(record), "tracking"))
         for heading, rows, cls in sections:
+            if len(rows) < 2 and cls in ("ladder", "quant"):  # not this kind of record
+                continue
             h += [f"<h3>{heading}</h3>", _html_table(rows, cls)]
             m += [f"### {heading}", "", _md_table(rows), ""]
         h.append("</div>")

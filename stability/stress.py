@@ -4,7 +4,7 @@
                                     LR sensitivity and critical LR (Wortsman et al. 2023)
     run_lr_ramp(config)             LR range test: exponential LR until the arm diverges
     run_batch_ramp(config)          batch doubling every N steps, LR scaled by a rule
-    run_precision_ladder(config)    the same run in fp32, bf16, fp16 (+loss scaling), fp8
+    run_precision_ladder(config)    the same run in fp32, bf16, fp16 (+GradScaler), fp8, mxfp8, mxfp4
     run_shock(config)               LR jump by a factor mid-run (or no warmup)
     run_standard(config)            the plain pair at the preset's settings (what `stability run` trains)
 
@@ -52,6 +52,7 @@ from dataclasses import replace
 
 import torch
 
+from stability import ao, precision
 from stability import config as cfg
 from stability.data import load_corpus
 from stability.experiment import ARMS, quantization_hook, run_pair
@@ -295,17 +296,35 @@ def run_batch_ramp(config: cfg.ExperimentConfig) -> dict:
 
 # ----------------------------------------------------------------------------- the precision ladder
 
+def ladder_skips(config: cfg.ExperimentConfig) -> dict[str, str]:
+    """{rung: reason} for the rungs of ``stress.precisions`` that cannot train here because torchao
+    cannot be imported. Any other reason a rung cannot train (an fp8 recipe the installed torchao
+    does not know, MX on a torch / torchao without it) is a ConfigError, raised before any training."""
+    skipped = {}
+    tokens = config.run.data.batch_size * config.run.model.context
+    for p in config.stress.precisions:
+        try:
+            precision.check(replace(config.run.precision, dtype=p), config.run.device, tokens)
+        except ao.TorchaoMissing as error:
+            skipped[p] = f"{p} trains through torchao: {error}"
+    return skipped
+
+
 def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
     """The same run (reference LR, Standard schedule) at every precision of ``stress.precisions``.
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
     ``nonfinite_events_<p>``, ``diverged_<p>``, ``overflow_fraction_<p>``, ``underflow_fraction_<p>``,
-    ``loss_scale_drops_<p>`` and ``loss_spike_score_<p>``."""
-    precisions = config.stress.precisions
+    ``loss_scale_drops_<p>`` and ``loss_spike_score_<p>``. ``record["precision_ladder"]`` holds the
+    rungs, per rung the library, version and recipe that trained it (``sources``), the rungs skipped
+    with their reason (torchao not installed), and a summary of every run."""
+    skipped = ladder_skips(config)
+    precisions = [p for p in config.stress.precisions if p not in skipped]
     with cpu_threads(config.stress.threads):
         case = _Case("precision_ladder", config, "precision_ladder",
-                     f"the same run in {', '.join(precisions)}")
-        runs = []
+                     f"the same run in {', '.join(precisions)}"
+                     + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""))
+        runs, sources = [], {}
         for seed in config.seeds:
             for arm in ARMS:
                 base = config.arm_config(arm, seed)
@@ -315,6 +334,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
                                   steps=config.stress.ladder_steps or base.steps)
                     arm_record = case.train(run, Standard(), arm)
                     by_precision[p] = arm_record
+                    sources.setdefault(p, arm_record.get("precision"))
                     runs.append(run_summary(arm_record, precision=p))
                 reference = by_precision["fp32"]
                 ref_loss = reference["final"].get("heldout_loss")
@@ -334,7 +354,8 @@ def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
                         f"loss_spike_score_{p}": final.get("loss_spike_score"),
                     })
                 case.record["arms"].append(reference)
-        case.record["precision_ladder"] = {"precisions": list(precisions), "runs": runs}
+        case.record["precision_ladder"] = {"precisions": precisions, "sources": sources, "skipped": skipped,
+                                           "runs": runs}
         return case.finish()
 
 

@@ -38,30 +38,85 @@ def paired_table(record: dict) -> str:
     return "\n".join([text_table(rows), "", "arms: " + ", ".join(status)])
 
 
-def quant_table(record: dict) -> str:
-    """Post-training quantization: per scheme and treatment arm, each arm's damage (quantized minus full
-    precision, mean over seeds) in held-out loss and accuracy, the paired difference of the loss damage,
-    and the KL(full || quantized) on the probe batch. Empty when no scheme ran."""
-    schemes = list(dict.fromkeys(scheme for a in record["arms"]
-                                 for scheme in ((a.get("quant") or {}).get("schemes") or {})))
-    if not schemes:
-        return ""
-    rows = [("quant scheme", "arm", "baseline dmg loss", "arm dmg loss", "arm-baseline", "95% CI",
-             "baseline dmg acc", "arm dmg acc", "baseline KL", "arm KL")]
-    skipped = []
-    for scheme in schemes:
-        reasons = {a["quant"]["schemes"][scheme].get("skipped") for a in record["arms"]
-                   if scheme in ((a.get("quant") or {}).get("schemes") or {})}
-        reasons.discard(None)
+def _paired_cells(summary: dict | None) -> list[str]:
+    """baseline, arm, arm-baseline and 95% CI cells of one paired figure ("-" when missing)."""
+    if not summary:
+        return ["-", "-", "-", "-"]
+    ci = f"[{fmt(summary['ci_low'])}, {fmt(summary['ci_high'])}]" if summary["ci_low"] is not None else "-"
+    return [fmt(summary["baseline"]), fmt(summary["treatment"]), fmt(summary["difference"]), ci]
+
+
+def source_text(source: dict | None) -> tuple[str, str]:
+    """(library with its version, recipe) of a ladder rung or quantization scheme, for a table row."""
+    if not source:
+        return "-", "-"
+    library = f"{source.get('library')} {source.get('version') or ''}".strip()
+    recipe = str(source.get("recipe") or source.get("method") or "-")
+    if source.get("emulated"):
+        recipe += " (emulated)"
+    return library, recipe
+
+
+def quant_rows(record: dict) -> list[list[str]]:
+    """Post-training quantization, one row per scheme and treatment arm: the library (and version),
+    each arm's damage (quantized minus full precision, mean over seeds) in
+    held-out loss, the paired difference with its 95% interval, the accuracy damage and the KL
+    (full || quantized) on the probe batch, and the recipe; a skipped scheme gets one row with its
+    reason. Only the header when no scheme ran."""
+    entries: dict[str, dict] = {}
+    for arm in record["arms"]:
+        for scheme, entry in ((arm.get("quant") or {}).get("schemes") or {}).items():
+            if not entries.get(scheme) or "skipped" in entries[scheme]:
+                entries[scheme] = entry
+    rows = [["quant scheme", "library", "arm", "baseline dmg loss", "arm dmg loss", "arm-baseline", "95% CI",
+             "baseline dmg acc", "arm dmg acc", "baseline KL", "arm KL", "recipe"]]
+    for scheme, entry in entries.items():
+        library, recipe = source_text(entry)
+        if "skipped" in entry:
+            rows.append([scheme, library, "all", "skipped", "skipped"] + ["-"] * 6 + [f"skipped: {entry['skipped']}"])
+            continue
         for arm, paired in (record.get("paired") or {}).items():
             loss, acc, kl = (paired.get(f"quant_{scheme}_{figure}") for figure in ("damage_loss", "damage_accuracy",
                                                                                     "kl"))
             if loss is None:
                 continue
-            ci = f"[{fmt(loss['ci_low'])}, {fmt(loss['ci_high'])}]" if loss["ci_low"] is not None else "-"
-            rows.append((scheme, arm, fmt(loss["baseline"]), fmt(loss["treatment"]), fmt(loss["difference"]), ci,
-                         fmt(acc["baseline"] if acc else None), fmt(acc["treatment"] if acc else None),
-                         fmt(kl["baseline"] if kl else None), fmt(kl["treatment"] if kl else None)))
-        if reasons:
-            skipped.append(f"{scheme}: skipped ({'; '.join(sorted(reasons))})")
-    return "\n".join(([text_table(rows)] if len(rows) > 1 else []) + skipped)
+            rows.append([scheme, library, arm, *_paired_cells(loss), *(_paired_cells(acc)[:2]),
+                         *(_paired_cells(kl)[:2]), recipe])
+    return rows
+
+
+def quant_table(record: dict) -> str:
+    """``quant_rows`` as text; empty when no scheme ran."""
+    rows = quant_rows(record)
+    return text_table(rows) if len(rows) > 1 else ""
+
+
+LADDER_FIGURES = ("loss_gap", "underflow_fraction", "overflow_fraction", "diverged")
+
+
+def ladder_rows(record: dict) -> list[list[str]]:
+    """The precision ladder, one row per rung below fp32 and treatment arm: the library (and version)
+    that trained the rung, the held-out loss gap to fp32 of the baseline and of the arm
+    (means over seeds), their paired difference with its 95% interval, and each arm's underflow and
+    overflow fractions and diverged share, and the recipe; a skipped rung gets one row with its
+    reason. Only the header when the record is not a precision ladder."""
+    ladder = record.get("precision_ladder") or {}
+    rows = [["precision", "library", "arm", "baseline gap", "arm gap", "arm-baseline", "95% CI",
+             "baseline underflow", "arm underflow", "baseline overflow", "arm overflow", "baseline diverged",
+             "arm diverged", "recipe"]]
+    for rung in ladder.get("precisions") or []:
+        if rung == "fp32":
+            continue
+        library, recipe = source_text((ladder.get("sources") or {}).get(rung))
+        for arm, paired in (record.get("paired") or {}).items():
+            cells = [_paired_cells(paired.get(f"{figure}_{rung}")) for figure in LADDER_FIGURES]
+            rows.append([rung, library, arm, *cells[0], *cells[1][:2], *cells[2][:2], *cells[3][:2], recipe])
+    for rung, reason in (ladder.get("skipped") or {}).items():
+        rows.append([rung, "-", "all", "skipped", "skipped"] + ["-"] * 8 + [f"skipped: {reason}"])
+    return rows
+
+
+def ladder_table(record: dict) -> str:
+    """``ladder_rows`` as text; empty when the record is not a precision ladder."""
+    rows = ladder_rows(record)
+    return text_table(rows) if len(rows) > 1 else ""

@@ -288,6 +288,8 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                                          "stability.arm": arm["arm"], "stability.variant": str(arm.get("variant")),
                                          "stability.status": str(arm.get("status")),
                                          "stability.seed": str(arm["seed"]),
+                                         **{f"precision.{key}": str(value)  # library, version, recipe ...
+                                            for key, value in (arm.get("precision") or {}).items()},
                                          "mlflow.note.content": f"{arm['arm']} arm ({arm.get('variant')}), seed "
                                                                 f"{arm['seed']}: {arm.get('status')}"
                                                                 + (f" - {arm['stop_reason']}"

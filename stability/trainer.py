@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from stability import probes
+from stability import precision, probes
 from stability.config import RunConfig
 from stability.data import Corpus, eval_batches, get_batch, load_corpus, probe_batch
 from stability.model import GatedLM, next_token_loss
@@ -84,12 +84,13 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     arm that completed or diverged (the experiment uses it for quantization evaluation)."""
     schedule = schedule or Standard()
     device = torch.device(run.device)
+    precision.check(run.precision, run.device, run.data.batch_size * run.model.context)  # ConfigError: nothing ran
     corpus = corpus or load_corpus(run.data, run.model.vocab_size, run.model.context)
     torch.manual_seed(run.seed)
     model = GatedLM(run.model, seed=run.seed).to(device)
     policy = PrecisionPolicy(run.precision, run.device)
     model = policy.prepare(model)
-    policy.watch(model)  # bf16/fp16: counts overflow/underflow of Linear inputs on device (fp8 counts in its casts)
+    policy.watch(model)  # counts overflow/underflow on the device (the own fp8 counts in its casts)
     optimizer = make_optimizer(model, run)
     groups = probes.layer_groups(model)
     grad_norms = probes.GradNorms(groups)
@@ -105,7 +106,8 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
 
     record = new_arm_record(arm, run.model.gate.label, run.seed, schedule.name)
     record.update(num_parameters=model.num_parameters(),
-                  gate_parameters=sum(p.numel() for p in model.gate_parameters()), layer_names=list(groups))
+                  gate_parameters=sum(p.numel() for p in model.gate_parameters()), layer_names=list(groups),
+                  precision={"dtype": run.precision.dtype, **policy.describe()})
     series = record["series"]
     initial_loss, above_initial, tokens_seen = None, 0, 0
     train_seconds = probe_seconds = 0.0
@@ -126,6 +128,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
         for step in range(run.steps):
             t0 = time.perf_counter()
             current_step[0] = step
+            policy.count_step(step, cfg_p.cast_every)
             lr = schedule.lr_at(step, run)
             if run.fault.kind == "lr_spike" and step == run.fault.step:
                 lr *= run.fault.lr_factor

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stability.config import ConfigError, GateConfig, resolve
+from stability.config import FP8_RECIPES, ConfigError, GateConfig, resolve
 from stability.stress import cpu_threads
 from stability.trainer import train
 
@@ -36,13 +36,17 @@ def small_configs(draw):
         mode=draw(st.sampled_from(["multiplicative", "additive"])),
         shared_heads=False if g5 else draw(st.booleans()))
     base = resolve("smoke").run
+    batch_size, context = draw(st.integers(1, 4)), draw(st.sampled_from([8, 16, 32]))
+    # the MX formats need the tokens of a batch in whole blocks of 32
+    formats = ["fp32", "bf16", "fp16", "fp8"] + (["mxfp8", "mxfp4"] if batch_size * context % 32 == 0 else [])
     model = replace(base.model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=n_heads * head_dim,
-                    n_layers=draw(st.integers(1, 2)), context=draw(st.sampled_from([8, 16, 32])),
+                    n_layers=draw(st.integers(1, 2)), context=context,
                     qk_norm=draw(st.booleans()), tie_embeddings=draw(st.booleans()), gate=gate)
     return replace(
         base, model=model, steps=1, seed=draw(st.integers(0, 3)),
-        data=replace(base.data, batch_size=draw(st.integers(1, 4))),
-        precision=replace(base.precision, dtype=draw(st.sampled_from(["fp32", "bf16", "fp16", "fp8"]))),
+        data=replace(base.data, batch_size=batch_size),
+        precision=replace(base.precision, dtype=draw(st.sampled_from(formats)),
+                          fp8_recipe=draw(st.sampled_from(FP8_RECIPES))),
         optim=replace(base.optim, lr=draw(st.sampled_from([1e-6, 1e-5])), warmup_steps=draw(st.integers(0, 3))),
         probes=replace(base.probes, every=1, eval_batches=1, probe_batch_size=1))
 
@@ -82,8 +86,14 @@ INVALID = [
     ("optim.warmup_steps", st.integers(-100, -1)),
     ("optim.grad_clip", st.floats(-100.0, -1e-6)),
     ("optim.lr_schedule", st.sampled_from(["linear", "step", "Cosine"])),
-    ("precision.dtype", st.sampled_from(["fp64", "int8", "fp4", "half"])),
+    ("precision.dtype", st.sampled_from(["fp64", "int8", "fp4", "half", "mxfp6"])),
+    ("precision.fp8_recipe", st.sampled_from(["blockwise", "Tensorwise", "delayed", "te"])),
+    ("precision.init_loss_scale", _bad_numbers(False)),
+    ("precision.growth_factor", _bad_numbers(False) | st.floats(0.01, 1.0)),
+    ("precision.backoff_factor", _bad_numbers(False) | st.floats(1.0, 100.0)),
+    ("precision.growth_interval", _bad_numbers(True)),
     ("probes.every", _bad_numbers(True)),
+    ("probes.cast_every", _bad_numbers(True)),
     ("probes.spike_k", st.floats(max_value=0.0, allow_nan=False)),
     ("steps", _bad_numbers(True)),
     ("seed", st.integers(-100, -1)),

@@ -38,13 +38,25 @@ from stability.cli import build_parser, main
 from stability.cli.options import resolve_from_args
 from stability.config import QUANT_SCHEMES, ConfigError
 from stability.experiment import run_pair
-from stability.table import quant_table
+from stability.table import quant_rows, quant_table
 from stability.tracking import log_to_mlflow
 from stability.trainer import make_optimizer, train
 
 pytestmark = pytest.mark.quant
 
 PLANT = {"channels": (3, 17, 40), "factor": 64.0}
+
+
+def cannot_run(record) -> tuple[str, ...]:
+    """The schemes torchao refuses on the record's device: float8 dynamic quantization needs a GPU of
+    compute capability 8.9 or above."""
+    device = record["config"]["run"]["device"]
+    fp8_tensor_cores = device.startswith("cuda") and torch.cuda.get_device_capability(device) >= (8, 9)
+    return () if fp8_tensor_cores else ("torchao-fp8dq",)
+
+
+def runs_here(record) -> tuple[str, ...]:
+    return tuple(s for s in QUANT_SCHEMES if s not in cannot_run(record))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -96,7 +108,11 @@ def test_every_scheme_runs_on_both_arms(pair):
         quant = arm["quant"]
         assert quant["head_quantized"] is False and quant["reference_dtype"] == "fp32"
         full = quant["full_precision"]
-        for scheme in QUANT_SCHEMES:
+        for scheme in cannot_run(record):
+            figures = quant["schemes"][scheme]
+            assert "8.9" in figures["skipped"] and figures["library"] == "torchao", figures
+            assert f"quant_{scheme}_damage_loss" not in arm["final"]
+        for scheme in runs_here(record):
             figures = quant["schemes"][scheme]
             assert "skipped" not in figures, (arm["arm"], scheme, figures)
             assert math.isfinite(figures["heldout_loss"]) and 0 <= figures["accuracy"] <= 1
@@ -161,12 +177,17 @@ def test_paired_comparison_is_reported(pair, tracking_uri):
     """Gated vs baseline damage per scheme: recorded in the paired summary, printed as the CLI's
     table, sent to MLflow; its sign is not asserted (see the module docstring)."""
     record, _ = pair
-    for scheme in QUANT_SCHEMES:
+    for scheme in runs_here(record):
         paired = record["paired"]["gated"][f"quant_{scheme}_damage_loss"]
         assert paired["better"] == "lower" and paired["baseline"] is not None and paired["treatment"] is not None
     table = quant_table(record)
     print("\n" + table)
     assert all(scheme in table for scheme in QUANT_SCHEMES)
+    rows = {row[0]: row for row in quant_rows(record)[1:]}  # the library and recipe of every scheme
+    assert rows["int8"][1].startswith("bitsandbytes ") and "Linear8bitLt" in rows["int8"][-1]
+    assert rows["torchao-int8wo"][1] == f"torchao {record['env']['torchao']}"
+    assert "Int8WeightOnlyConfig" in rows["torchao-int8wo"][-1]
+    assert rows["w8a8-token"][1].startswith("stability")
     tracking = log_to_mlflow(copy.deepcopy(record), tracking_uri, "stability-quant-suite")
     assert tracking["status"] == "tracked", tracking
     from mlflow.tracking import MlflowClient
@@ -174,7 +195,7 @@ def test_paired_comparison_is_reported(pair, tracking_uri):
     client = MlflowClient(tracking_uri=tracking_uri)
     for run_id in tracking["child_run_ids"].values():
         metrics = client.get_run(run_id).data.metrics
-        for scheme in QUANT_SCHEMES:
+        for scheme in runs_here(record):
             assert f"quant.{scheme}.damage_loss" in metrics, sorted(metrics)[:20]
 
 
@@ -185,9 +206,21 @@ def test_a_scheme_that_cannot_run_is_skipped_with_its_reason(pair, monkeypatch):
     result = quantize.evaluate_schemes(seen["model"], seen["corpus"], seen["run"],
                                        ("int8", "nf4", "w8a8-token"))
     for scheme in ("int8", "nf4"):
-        assert set(result["schemes"][scheme]) == {"skipped"}
+        assert "heldout_loss" not in result["schemes"][scheme]
         assert "bitsandbytes" in result["schemes"][scheme]["skipped"]
     assert "heldout_loss" in result["schemes"]["w8a8-token"]
+
+
+def test_without_torchao_its_schemes_are_skipped_with_the_reason(pair, monkeypatch):
+    _, captured = pair
+    seen = captured["gated"]
+    monkeypatch.setitem(sys.modules, "torchao", None)  # `import torchao` now fails
+    result = quantize.evaluate_schemes(seen["model"], seen["corpus"], seen["run"],
+                                       ("torchao-int8wo", "torchao-int4wo", "int8"))
+    for scheme in ("torchao-int8wo", "torchao-int4wo"):
+        assert "heldout_loss" not in result["schemes"][scheme]
+        assert "torchao cannot be imported" in result["schemes"][scheme]["skipped"]
+    assert "heldout_loss" in result["schemes"]["int8"]  # bitsandbytes' schemes are not touched
 
 
 def test_unknown_scheme_is_a_config_error(pair, stress_config):
@@ -243,10 +276,32 @@ def test_fp16_without_loss_scaling_records_where_it_overflows(stress_config):
 
 
 @pytest.mark.stress
+def test_fp8_run_trains_through_torchao_with_the_overflow_figures(tmp_path, capsys):
+    """`stability run --set precision.dtype=fp8` (shortened): torchao's float8 "tensorwise" recipe,
+    emulated on the CPU, named in every arm's record with torchao's version; the overflow and
+    underflow fractions in its final figures."""
+    from stability.record import read_record
+    from stability.rundir import record_files
+
+    code = main(["run", "--set", "precision.dtype=fp8", "--set", "steps=4", "--set", "seeds=0", "--set",
+                 "probes.every=2", "--no-track", "--quiet", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    (path,) = record_files([tmp_path], all_sessions=True)
+    record = read_record(path)
+    for arm in record["arms"]:
+        assert arm["status"] == "completed"
+        source = arm["precision"]
+        assert (source["library"], source["recipe"], source["emulated"]) == ("torchao", "float8 tensorwise", True)
+        assert source["version"] == record["env"]["torchao"]
+        assert 0.0 <= arm["final"]["overflow_fraction"] <= 1 and 0.0 < arm["final"]["underflow_fraction"] < 1
+
+
+@pytest.mark.stress
 def test_fp8_delayed_and_current_scaling_both_run_and_differ(stress_config):
     records = {}
     for scaling in ("current", "delayed"):
-        config = stress_config({**SHORT, "precision.dtype": "fp8", "precision.fp8_scaling": scaling})
+        config = stress_config({**SHORT, "precision.dtype": "fp8", "precision.fp8_recipe": "own",
+                                "precision.fp8_scaling": scaling})
         records[scaling] = train(config.arm_config("gated", 0), arm="gated")
         assert records[scaling]["status"] == "completed", records[scaling]["stop_reason"]
     current, delayed = records["current"], records["delayed"]

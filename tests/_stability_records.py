@@ -67,13 +67,15 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
     if quant:   # stability.quantize.evaluate_schemes layout
         schemes = {}
         for scheme, damage in (("int8", 0.01 if gated else 0.05), ("nf4", 0.10 if gated else 0.30)):
-            schemes[scheme] = {"heldout_loss": 3.3 + damage, "perplexity": 27.0, "accuracy": 0.14,
+            schemes[scheme] = {"library": "bitsandbytes", "version": "0.50.2", "method": f"bitsandbytes {scheme} recipe",
+                               "heldout_loss": 3.3 + damage, "perplexity": 27.0, "accuracy": 0.14,
                                "damage_loss": damage, "damage_perplexity": 1.0, "damage_accuracy": -damage / 10,
                                "per_linear": {"blocks.0.attn.q_proj": {"kurtosis": 2.0, "inf_norm": 3.0,
                                                                        "damage": 0.01}}}
             final[f"quant_{scheme}_damage_loss"] = damage
             final[f"quant_{scheme}_damage_accuracy"] = -damage / 10
-        schemes["fp8"] = {"skipped": "fp8 needs a GPU here"}
+        schemes["fp8"] = {"skipped": "fp8 needs a GPU here", "library": "stability", "version": "0.1.0",
+                          "method": "own fp8"}
         record["quant"] = {"full_precision": {"heldout_loss": 3.3, "perplexity": 27.0, "accuracy": 0.14},
                            "reference_dtype": "fp32", "head_quantized": False, "schemes": schemes}
     return record

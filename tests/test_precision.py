@@ -10,7 +10,8 @@ from stability import precision
 from stability.config import ConfigError, PrecisionConfig
 from stability.precision import Fp8Linear, PrecisionPolicy, format_limits
 
-_CONFIG_FIELDS = ("loss_scaling", "init_loss_scale", "fp8_scaling", "fp8_history")
+_CONFIG_FIELDS = ("loss_scaling", "init_loss_scale", "growth_factor", "backoff_factor", "growth_interval",
+                  "fp8_recipe", "fp8_scaling", "fp8_history")
 
 
 def _policy(dtype="fp32", device="cpu", **kwargs):
@@ -106,12 +107,27 @@ def test_scale_grows_after_growth_interval_clean_steps():
     policy = _policy("fp16", init_loss_scale=64.0, growth_interval=3)
     model = _linear()
     x = torch.randn(8, 64)
-    scales = []
+    scales, ran = [], []
     for finite in (True, True, False, True, True, True, True):  # the skip resets the clean-step count
-        optimizer = _grads_of(model, policy, x)
-        policy.step(optimizer, grads_finite=finite)
+        optimizer = _grads_of(model, policy, x, scale_inf=not finite)
+        ran.append(policy.step(optimizer, grads_finite=finite))
         scales.append(policy.loss_scale)
     assert scales == [64.0, 64.0, 32.0, 32.0, 32.0, 64.0, 64.0]
+    assert ran == [True, True, False, True, True, True, True]
+
+
+def test_growth_and_backoff_factors_come_from_the_config():
+    policy = _policy("fp16", init_loss_scale=1024.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=2)
+    assert isinstance(policy.scaler, torch.amp.GradScaler)
+    model = _linear()
+    x = torch.randn(8, 64)
+    scales = []
+    for finite in (False, True, True, False):
+        optimizer = _grads_of(model, policy, x, scale_inf=not finite)
+        policy.step(optimizer, grads_finite=finite)
+        scales.append(policy.loss_scale)
+    assert scales == [256.0, 256.0, 1024.0, 256.0]
+    assert policy.pop_stats()["scale_drops"] == 2.0
 
 
 def test_unscaled_grads_equal_fp32_grads_of_the_same_loss():
@@ -189,7 +205,7 @@ def test_watch_counts_fp16_matmul_outputs_that_overflow_from_finite_inputs():
 def _fp8_pair(scaling="current", history=16, seed=0, **linear):
     """(fp32 Linear, identical Linear converted to fp8, policy)."""
     reference = _linear(seed, **linear)
-    policy = _policy("fp8", fp8_scaling=scaling, fp8_history=history)
+    policy = _policy("fp8", fp8_recipe="own", fp8_scaling=scaling, fp8_history=history)
     model = policy.prepare(copy.deepcopy(reference))
     return reference, model, policy
 
@@ -265,7 +281,7 @@ def test_fp8_overflow_only_when_delayed_scale_lags_an_amax_jump(scaling, overflo
 def test_prepare_converts_every_linear_and_fp8_model_trains(scaling):
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
-    policy = _policy("fp8", fp8_scaling=scaling)
+    policy = _policy("fp8", fp8_recipe="own", fp8_scaling=scaling)
     assert policy.prepare(model) is model
     assert all(isinstance(m, Fp8Linear) for m in model if not isinstance(m, nn.ReLU))
     x = torch.randn(64, 16)
@@ -286,7 +302,9 @@ def test_prepare_converts_every_linear_and_fp8_model_trains(scaling):
 def test_fp8_without_float8_dtypes_raises_config_error(monkeypatch):
     monkeypatch.setattr(precision, "_has_float8", lambda: False)
     with pytest.raises(ConfigError, match=r"torch .*cpu"):
-        _policy("fp8")
+        _policy("fp8", fp8_recipe="own")
+    with pytest.raises(ConfigError, match=r"torch .*cpu"):
+        _policy("fp8")  # torchao's recipes need the dtypes too
     _policy("bf16")  # the other formats do not need float8
 
 
@@ -295,6 +313,8 @@ def test_real_fp8_requested_without_tensor_cores_raises_config_error():
         pytest.skip("this device has fp8 tensor cores")
     with pytest.raises(ConfigError, match="8.9"):
         _policy("fp8", device="cpu", real_fp8=True)
+    with pytest.raises(ConfigError, match="8.9"):
+        _policy("fp8", fp8_recipe="own", device="cpu", real_fp8=True)
 
 
 @pytest.mark.gpu
@@ -304,8 +324,8 @@ def test_real_fp8_requested_without_tensor_cores_raises_config_error():
 def test_real_fp8_matmul_matches_emulation_on_gpu(dtype):
     torch.manual_seed(4)
     layer = nn.Linear(128, 256).cuda().to(dtype)
-    real = _policy("fp8", device="cuda").prepare(copy.deepcopy(layer))
-    emulated = _policy("fp8", device="cuda", real_fp8=False).prepare(copy.deepcopy(layer))
+    real = _policy("fp8", fp8_recipe="own", device="cuda").prepare(copy.deepcopy(layer))
+    emulated = _policy("fp8", fp8_recipe="own", device="cuda", real_fp8=False).prepare(copy.deepcopy(layer))
     assert real.fp8_state.real_mm and not emulated.fp8_state.real_mm
     x = torch.randn(4, 16, 128, device="cuda", dtype=dtype, requires_grad=True)
     out_real, out_emulated = real(x), emulated(x)
@@ -317,7 +337,51 @@ def test_real_fp8_matmul_matches_emulation_on_gpu(dtype):
     assert torch.isfinite(x.grad).all() and torch.isfinite(real.weight.grad).all()
     # a shape _scaled_mm cannot take (K = 24) falls back to emulation, same result bit for bit
     odd = nn.Linear(24, 32).cuda()
-    odd_real = _policy("fp8", device="cuda").prepare(copy.deepcopy(odd))
-    odd_emulated = _policy("fp8", device="cuda", real_fp8=False).prepare(copy.deepcopy(odd))
+    odd_real = _policy("fp8", fp8_recipe="own", device="cuda").prepare(copy.deepcopy(odd))
+    odd_emulated = _policy("fp8", fp8_recipe="own", device="cuda", real_fp8=False).prepare(copy.deepcopy(odd))
     y = torch.randn(16, 24, device="cuda")
     assert torch.equal(odd_real(y), odd_emulated(y))
+
+
+def test_gradscaler_trajectory_of_a_training_run_that_overflows():
+    """fp16 training whose initial loss scale makes the fp16 gradients overflow: GradScaler skips
+    those steps and backs off by the configured factor, then grows by the configured factor after
+    the configured number of clean steps; the record's per-step scale, skipped flags, skipped-step
+    count, scale drops and non-finite events all tell the same story."""
+    from stability.config import resolve
+    from stability.trainer import train
+
+    growth, backoff, interval = 4.0, 0.25, 3
+    config = resolve("smoke", {"steps": 12, "precision.dtype": "fp16", "precision.init_loss_scale": 2.0 ** 30,
+                               "precision.growth_factor": growth, "precision.backoff_factor": backoff,
+                               "precision.growth_interval": interval, "model.n_layers": 1, "probes.every": 4,
+                               "probes.eval_batches": 1})
+    torch.set_num_threads(1)
+    record = train(config.arm_config("baseline", 0), arm="baseline")
+    assert record["status"] == "completed", record["stop_reason"]
+    scales, skipped = record["series"]["loss_scale"], record["series"]["skipped"]
+    assert skipped[0] and not all(skipped)  # 2^30 overflows at first; the scale comes down until it fits
+    expected, scale, clean = [], 2.0 ** 30, 0
+    for was_skipped in skipped:  # the GradScaler rule, from the skipped flags alone
+        if was_skipped:
+            scale, clean = scale * backoff, 0
+        else:
+            clean += 1
+            if clean == interval:
+                scale, clean = scale * growth, 0
+        expected.append(scale)
+    assert scales == expected
+    assert growth * min(scales) in scales  # it grew at least once after backing off
+    final = record["final"]
+    assert final["skipped_steps"] == sum(skipped) == final["loss_scale_drops"] == final["nonfinite_events"]
+    assert all(event["skipped"] for event in record["events"])
+    assert "GradScaler" in record["precision"]["recipe"]
+
+
+@pytest.mark.parametrize("field, value", [("init_loss_scale", float("inf")), ("init_loss_scale", 0.0),
+                                          ("growth_factor", float("nan")), ("growth_factor", 1.0),
+                                          ("backoff_factor", 1.5), ("backoff_factor", -0.5),
+                                          ("growth_interval", 0), ("fp8_recipe", "blockwise")])
+def test_bad_scaler_settings_and_recipe_names_are_config_errors(field, value):
+    with pytest.raises(ConfigError, match=f"precision.{field}={value!r}"):
+        PrecisionConfig(dtype="fp16", **{field: value})

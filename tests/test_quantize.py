@@ -124,17 +124,34 @@ def test_linear_input_stats_reuse_the_probe_definitions():
 
 EXPECTED_TYPES = {"int8": "Linear8bitLt", "int8-nooutlier": "Linear8bitLt", "nf4": "Linear4bit",
                   "fp4": "Linear4bit", "w8a8-tensor": "FakeQuantLinear", "w8a8-token": "FakeQuantLinear",
-                  "fp8": "Fp8Linear"}
+                  "fp8": "Fp8Linear", "torchao-int8wo": "Linear/torchao", "torchao-int4wo": "Linear/torchao",
+                  "torchao-fp8dq": "Linear/torchao"}
+FP8_TENSOR_CORES = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def _kind(module):
+    """The module's class name; "Linear/torchao" for a plain Linear whose weight is a torchao tensor
+    subclass (its class depends on the torchao version)."""
+    weight = getattr(module, "weight", None)
+    if type(module) is nn.Linear and weight is not None and type(weight).__module__.startswith("torchao."):
+        return "Linear/torchao"
+    return type(module).__name__
 
 
 @pytest.mark.parametrize("scheme", QUANT_SCHEMES)
 def test_quantize_model_swaps_every_block_linear_and_leaves_the_original(scheme):
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    if scheme == "torchao-fp8dq":  # torchao runs it on GPUs of compute capability >= 8.9 only
+        if FP8_TENSOR_CORES:
+            pytest.skip("a CPU model beside fp8 tensor cores: test_torchao_fp8dq_on_gpu covers it")
+        with pytest.raises(Exception, match="8.9"):
+            q.quantize_model(model, scheme)
+        return
     quantized, facts = q.quantize_model(model, scheme)
     assert "compute_dtype" in facts
     for name in q.target_linears(model):
-        assert type(quantized.get_submodule(name)).__name__ == EXPECTED_TYPES[scheme], name
+        assert _kind(quantized.get_submodule(name)) == EXPECTED_TYPES[scheme], name
         assert type(model.get_submodule(name)) is nn.Linear
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
@@ -143,6 +160,18 @@ def test_quantize_model_swaps_every_block_linear_and_leaves_the_original(scheme)
         reference, out = model(tokens), quantized(tokens)
     assert torch.isfinite(out).all()
     assert q.relative_output_error(reference, out) < 0.5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not FP8_TENSOR_CORES, reason="needs a CUDA GPU with fp8 tensor cores (compute capability >= 8.9)")
+def test_torchao_fp8dq_on_gpu():
+    model = tiny_model().cuda()
+    quantized, _ = q.quantize_model(model, "torchao-fp8dq")
+    for name in q.target_linears(model):
+        assert _kind(quantized.get_submodule(name)) == "Linear/torchao", name
+    tokens = torch.randint(0, 256, (2, 16), device="cuda")
+    with torch.no_grad():
+        assert q.relative_output_error(model(tokens), quantized(tokens)) < 0.5
 
 
 def test_quantize_head_goes_through_the_scheme():
@@ -156,7 +185,7 @@ def test_quantize_head_goes_through_the_scheme():
 
 def test_full_precision_copy_undoes_fp8_training_linears():
     model = tiny_model()
-    policy = PrecisionPolicy(PrecisionConfig(dtype="fp8"), "cpu", real_fp8=False)
+    policy = PrecisionPolicy(PrecisionConfig(dtype="fp8", fp8_recipe="own"), "cpu", real_fp8=False)
     fp8_model = policy.prepare(copy.deepcopy(model))
     assert isinstance(fp8_model.blocks[0].attn.q_proj, Fp8Linear)
     reference = q.full_precision_copy(fp8_model)
@@ -229,8 +258,9 @@ def test_a_failing_scheme_is_skipped_with_its_reason(tiny_run, monkeypatch):
         raise RuntimeError("no 4-bit kernel for this device")
     monkeypatch.setattr(q, "_bnb_4bit", broken)
     result = q.evaluate_schemes(GatedLM(run.model, seed=0), corpus, run, ("fp4", "w8a8-tensor"))
-    assert result["schemes"]["fp4"] == {"skipped": "fp4 cannot run on cpu: RuntimeError: no 4-bit kernel "
-                                                   "for this device"}
+    assert result["schemes"]["fp4"]["skipped"] == "fp4 cannot run on cpu: RuntimeError: no 4-bit kernel for this device"
+    assert result["schemes"]["fp4"]["library"] == "bitsandbytes"  # the row still says whose scheme it was
+    assert "heldout_loss" not in result["schemes"]["fp4"]
     assert "heldout_loss" in result["schemes"]["w8a8-tensor"]
 
 

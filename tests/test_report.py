@@ -12,8 +12,9 @@ import pytest
 from _stability_records import edited, pair_record
 
 from stability import regression as reg
-from stability import report
+from stability import report, table
 from stability.cli import main
+from stability.record import paired_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -112,3 +113,37 @@ def test_report_renders_in_headless_chromium_with_loaded_figures_and_table(writt
 
     pixels = matplotlib.image.imread(str(shot))
     assert pixels.std() > 0.05   # not a blank page: text, tables and plots were drawn
+
+
+def test_ladder_and_quant_tables_name_the_library_and_recipe_of_each_row(tmp_path):
+    """The precision ladder (one row per rung and arm, a skipped rung with its reason) and the
+    quantization table (one row per scheme and arm) say which library, version and recipe made
+    each row, in the HTML and the Markdown."""
+    record = pair_record(schedule="precision_ladder", seeds=(0, 1), quant=True)
+    for arm in record["arms"]:
+        gated = arm["arm"] == "gated"
+        arm["final"].update(loss_gap_fp8=0.01 if gated else 0.03, underflow_fraction_fp8=1e-4,
+                            overflow_fraction_fp8=0.0, diverged_fp8=False, loss_gap_mxfp4=0.02)
+    record["paired"] = paired_summary(record["arms"])
+    record["precision_ladder"] = {
+        "precisions": ["fp32", "fp8", "mxfp4"],
+        "sources": {"fp32": {"dtype": "fp32", "library": "torch", "version": "2.13.0", "recipe": "fp32",
+                             "emulated": False},
+                    "fp8": {"dtype": "fp8", "library": "torchao", "version": "0.18.0", "recipe": "float8 tensorwise",
+                            "emulated": True},
+                    "mxfp4": {"dtype": "mxfp4", "library": "torchao", "version": "0.18.0",
+                              "recipe": "MX mx_mm, e2m1 weights", "emulated": True}},
+        "skipped": {"mxfp8": "mxfp8 trains through torchao: torchao cannot be imported here"}, "runs": []}
+    paths = report.write_report([record], tmp_path / "ladder.html")
+    for text in (paths["html"].read_text(), paths["markdown"].read_text()):
+        assert "Precision ladder" in text and "Post-training quantization" in text
+        assert "torchao 0.18.0" in text and "float8 tensorwise (emulated)" in text
+        assert "MX mx_mm, e2m1 weights (emulated)" in text and "torchao cannot be imported here" in text
+        assert "bitsandbytes 0.50.2" in text and "bitsandbytes int8 recipe" in text
+    ladder = table.ladder_rows(record)
+    fp8_gated = next(row for row in ladder if row[0] == "fp8" and row[2] == "gated")
+    assert fp8_gated[3:6] == ["0.03", "0.01", "-0.02"]  # baseline gap, gated gap, gated - baseline
+    assert (fp8_gated[1], fp8_gated[-1]) == ("torchao 0.18.0", "float8 tensorwise (emulated)")
+    assert [row[0] for row in ladder[1:]] == ["fp8", "mxfp4", "mxfp8"]  # the trained rungs, then the skipped
+    plain = report.write_report([pair_record(seeds=(0,))], tmp_path / "plain.html")["html"].read_text()
+    assert "Precision ladder" not in plain and "Post-training quantization" not in plain

@@ -35,7 +35,8 @@ def check_device(device: str) -> None:
 
 
 def resolve_from_args(args) -> cfg.ExperimentConfig:
-    """The preset with the file and --set overrides applied, validated, on a device this machine has."""
+    """The preset with the file and --set overrides applied, validated, on a device this machine has,
+    in a precision this installation can train (ConfigError otherwise, before any training)."""
     overrides = cfg.load_overrides(args.config) if args.config else {}
     overrides.update(parse_sets(args.set or []))
     quant = getattr(args, "quant", None)
@@ -43,6 +44,10 @@ def resolve_from_args(args) -> cfg.ExperimentConfig:
         overrides["quant_schemes"] = ",".join(cfg.QUANT_SCHEMES) if quant.strip() == "all" else quant
     config = cfg.resolve(args.preset, overrides)
     check_device(config.run.device)
+    from stability import precision
+
+    run = config.run  # the format can train here: torchao importable, knows the recipe, has MX
+    precision.check(run.precision, run.device, run.data.batch_size * run.model.context)
     return config
 
 

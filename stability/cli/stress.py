@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_from_args
-from stability.table import paired_table
+from stability.table import ladder_table, paired_table, quant_table
 
 
 def cmd_stress(args) -> int:
@@ -26,6 +26,10 @@ def cmd_stress(args) -> int:
         records.append(record)
         print(f"record: {record['record_path']}  ({record['timing']['wall_seconds']:.1f} s)")
         print(paired_table(record))
+        for extra in (ladder_table(record), quant_table(record)):
+            if extra:
+                print()
+                print(extra)
         print()
     if args.baseline_out:
         from stability.regression import make_baseline, write_baseline
