@@ -287,9 +287,20 @@ def case_key(record: CaseRecord) -> str:
 IDENTITY_IGNORES = ("seeds", "run.seed", "run.device", "name", "preset")
 
 
+def _field_defaults() -> dict:
+    """Every config field at its dataclass default, flattened (dotted keys)."""
+    from stability.config import ExperimentConfig, to_dict
+
+    return flatten(to_dict(ExperimentConfig()))
+
+
 def comparable_config(config: dict) -> dict:
-    """The flattened config without the fields allowed to differ between comparable records."""
-    flat = {k: list(v) if isinstance(v, tuple) else v for k, v in flatten(config or {}).items()}
+    """The flattened config without the fields allowed to differ between comparable records.
+
+    A field the config lacks (a record or baseline written before the field existed) counts as its
+    default: new fields default to the behaviour the code had before them."""
+    flat = {**_field_defaults(), **flatten(config or {})}
+    flat = {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
     return {k: v for k, v in sorted(flat.items()) if k not in IDENTITY_IGNORES}
 
 
