@@ -627,10 +627,23 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
 
 
 def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """A preset with overrides applied, fully validated."""
+    """A preset with overrides applied, fully validated.
+
+    Overrides are applied in order; one that is invalid only until another is applied (model.d_model=64
+    before model.n_heads=4 on a 12-head preset) is retried after the others, so their order does not
+    matter. The error of an override that stays invalid is raised."""
     config = preset(preset_name)
-    for dotted, value in (overrides or {}).items():
-        config = override(config, dotted, value)
+    pending = list((overrides or {}).items())
+    while pending:
+        failed: list[tuple[str, Any, ConfigError]] = []
+        for dotted, value in pending:
+            try:
+                config = override(config, dotted, value)
+            except ConfigError as error:
+                failed.append((dotted, value, error))
+        if len(failed) == len(pending):
+            raise failed[0][2]
+        pending = [(dotted, value) for dotted, value, _ in failed]
     return config
 
 

@@ -173,7 +173,7 @@ def load_corpus(config: DataConfig, vocab_size: int, context: int | None = None)
 
         path, source_info = token_file(config)
         tokens, info, bos_id = _token_file(path, config, vocab_size)
-        info = {**source_info, **info}
+        info = {**info, **source_info}
     elif config.corpus.endswith(".bin"):
         tokens, info, bos_id = _token_file(Path(config.corpus), config, vocab_size)
     else:

@@ -137,11 +137,21 @@ def _find_blocks(inner: nn.Module, attention: list[str], what: str) -> list[str]
     return [f"inner.{name}.{i}" for i in range(len(inner.get_submodule(name)))]
 
 
+def _call_factory(function, config: ModelConfig):
+    try:
+        return function(config)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 -- a factory that fails on the config is bad input
+        raise ConfigError(f"model.factory={config.factory!r} failed for the {config.gate.label} arm: "
+                          f"{type(error).__name__}: {error}") from None
+
+
 def _factory_model(config: ModelConfig, seed: int) -> nn.Module:
     """The factory's model for this arm, checked, with the shared parameters of the baseline arm."""
     function = load_factory(config.factory)
     torch.manual_seed(seed)
-    model = function(config)
+    model = _call_factory(function, config)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.factory={config.factory!r} returned {type(model).__name__}: expected a "
                           f"torch.nn.Module mapping token ids (B, S) to logits (B, S, vocab_size)")
@@ -149,7 +159,7 @@ def _factory_model(config: ModelConfig, seed: int) -> nn.Module:
         from dataclasses import replace
 
         torch.manual_seed(seed)
-        baseline = function(replace(config, gate=GateConfig()))
+        baseline = _call_factory(function, replace(config, gate=GateConfig()))
         reference = dict(baseline.named_parameters())
         extra = [n for n, p in model.named_parameters() if n not in reference or reference[n].shape != p.shape]
         if not extra:
