@@ -631,7 +631,8 @@ def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None)
 
     Overrides are applied in order; one that is invalid only until another is applied (model.d_model=64
     before model.n_heads=4 on a 12-head preset) is retried after the others, so their order does not
-    matter. The error of an override that stays invalid is raised."""
+    matter. An override that stays invalid raises its error; several that stay invalid raise one
+    error naming each with its reason."""
     config = preset(preset_name)
     pending = list((overrides or {}).items())
     while pending:
@@ -641,8 +642,11 @@ def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None)
                 config = override(config, dotted, value)
             except ConfigError as error:
                 failed.append((dotted, value, error))
-        if len(failed) == len(pending):
+        if len(failed) == 1:
             raise failed[0][2]
+        if len(failed) == len(pending):
+            reasons = "; ".join(f"{dotted}={value!r} ({error})" for dotted, value, error in failed)
+            raise ConfigError(f"these overrides cannot hold together: {reasons}")
         pending = [(dotted, value) for dotted, value, _ in failed]
     return config
 

@@ -9,7 +9,8 @@ A case record (``CaseRecord``)::
 
     schema_version, id, created_at, name, preset, schedule, stress, purpose, description, status,
     git {commit, branch, dirty}, env {python, torch, ..., device_name}, config (the resolved
-    ExperimentConfig), arms [ArmRecord ...], paired {arm: {figure: PairedFigure}}, timing,
+    ExperimentConfig), corpus (what the tokens are: kind, size, provenance; ``stability.data``),
+    arms [ArmRecord ...], paired {arm: {figure: PairedFigure}}, timing,
     and a key named after the stress case with its own results (record["lr_sweep"] ...).
 
 ``purpose`` says what the record may be used for: "regression" (a stress case or a plain pair run;
@@ -19,7 +20,8 @@ itself, e.g. a determinism re-run).
 
 An arm record (``ArmRecord``) is one arm at one seed: ``arm`` (its name, "baseline" is the
 reference), ``variant``, ``seed``, ``status`` (completed, diverged, killed, error, running),
-``diverged_at_step``, per-step ``series``, non-finite ``events``, heavy-probe snapshots in
+``diverged_at_step``, ``model`` (source, class, family: ``describe()`` of ``stability.models``),
+per-step ``series``, non-finite ``events``, heavy-probe snapshots in
 ``probes``, ``final`` figures (see ``stability.figures``), ``quant`` and ``timing``.
 """
 
@@ -78,6 +80,7 @@ class ArmRecord(TypedDict, total=False):
     num_parameters: int
     gate_parameters: int
     layer_names: list[str]
+    model: dict
     series: dict[str, list]
     events: list[dict]
     probes: list[dict]
@@ -101,6 +104,7 @@ class CaseRecord(TypedDict, total=False):
     git: dict
     env: dict
     config: dict
+    corpus: dict
     arms: list[ArmRecord]
     paired: dict[str, dict[str, PairedFigure]]
     timing: dict
