@@ -642,7 +642,7 @@ def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None)
                 config = override(config, dotted, value)
             except ConfigError as error:
                 failed.append((dotted, value, error))
-        if len(failed) == 1:
+        if len(failed) == len(pending) == 1:
             raise failed[0][2]
         if len(failed) == len(pending):
             reasons = "; ".join(f"{dotted}={value!r} ({error})" for dotted, value, error in failed)
