@@ -9,7 +9,7 @@ holding a ``config.json`` used as it is. Nothing is downloaded. The model is bui
 with the G1 gate injected afterwards (``stability.inject``), so every parameter the arms share is
 identical.
 
-Probes. ``set_probe_observer(model, observer)`` switches the model's attention implementation to
+Probes. ``set_probe_observer(model, attention_modules, observer)`` switches the model's attention implementation to
 ``"stability_probe"``, an eager attention registered in transformers' ``AttentionInterface`` that
 hands the scaled scores ("attn_logits", masked with -inf) and the probabilities ("attn_probs") of
 each layer to the observer, with the model's own mask (causal, sliding window). ``None`` switches
