@@ -495,7 +495,7 @@ def _ci() -> ExperimentConfig:
 
 
 def _full() -> ExperimentConfig:
-    """GPU: an ~85M-parameter byte-level model, bf16, the Triton kernel, on the Python standard library's
+    """GPU: a 76M-parameter byte-level model (83M gated), bf16, the Triton kernel, on the Python standard library's
     source files (real text every machine has). A tokenized corpus is an override: data.corpus=<file.bin>
     (or a text/JSONL/Parquet file with data.tokenizer=<dir>) and model.vocab_size to match."""
     return ExperimentConfig(
