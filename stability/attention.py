@@ -33,32 +33,39 @@ Observer = Callable[[str, torch.Tensor], None]
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dim with a learned gain (computed in fp32)."""
+    """Root-mean-square norm over the last dim with a learned gain (computed in fp32).
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    ``plus_one``: the gain is ``1 + weight`` with ``weight`` starting at 0 (Qwen3-Next, Gemma), so
+    weight decay pulls the gain towards 1 instead of 0."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, plus_one: bool = False):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.plus_one = plus_one
+        self.weight = nn.Parameter(torch.zeros(dim) if plus_one else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        gain = 1.0 + self.weight.float() if self.plus_one else self.weight.float()
+        return (x32 * gain).to(x.dtype)
 
 
-def rope_tables(context: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables of shape (context, head_dim / 2) for rotary position embeddings."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+def rope_tables(context: int, rotary_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape (context, rotary_dim / 2) for rotary position embeddings."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
     angles = torch.outer(torch.arange(context, dtype=torch.float64), inv_freq)
     return angles.cos().float(), angles.sin().float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (first half, second half) of the last dim of x (B, heads, S, D)."""
-    seq = x.shape[-2]
+    """Rotate pairs (first half, second half) of the leading ``2 * cos.shape[-1]`` dims of x
+    (B, heads, S, D); the remaining dims pass unrotated (partial rotary when fewer than D)."""
+    seq, rotary = x.shape[-2], 2 * cos.shape[-1]
     cos, sin = cos[:seq].to(x.dtype), sin[:seq].to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    rotated, passed = x[..., :rotary], x[..., rotary:]
+    x1, x2 = rotated.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, passed], dim=-1)
 
 
 def gate_width(config: ModelConfig) -> int:
@@ -69,7 +76,7 @@ def gate_width(config: ModelConfig) -> int:
     if gate.position == "G5":
         return config.d_model
     heads = config.n_kv_heads if gate.position in ("G2", "G3") else config.n_heads
-    per_head = config.head_dim if gate.granularity == "elementwise" else 1
+    per_head = config.head_size if gate.granularity == "elementwise" else 1
     return per_head * (1 if gate.shared_heads else heads)
 
 
@@ -105,33 +112,40 @@ def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
 
 
 class Attention(nn.Module):
-    """Multi-head causal self-attention with an optional gate (see module docstring)."""
+    """Multi-head causal self-attention with an optional gate (see module docstring).
+
+    ``gate_in_q`` (G1 elementwise only): no separate gate_proj; q_proj produces, per head, the query
+    followed by that head's gate logits ([q_0, g_0, q_1, g_1, ...], each head_size wide), as Qwen3-Next
+    lays them out. Without rotary tables (``cos is None``, the gpt2 family) positions come from elsewhere."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
         self.gate = config.gate
-        d, heads, kv_heads, head_dim = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
-        self.q_proj = nn.Linear(d, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(d, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(d, kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, d, bias=False)
-        self.gate_proj = nn.Linear(d, gate_width(config), bias=False) if self.gate.enabled else None
-        self.q_norm = RMSNorm(head_dim, config.norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, config.norm_eps) if config.qk_norm else None
+        d, heads, kv_heads, head_dim = config.d_model, config.n_heads, config.n_kv_heads, config.head_size
+        self.gate_in_q = config.gate_in_q and self.gate.enabled
+        bias = config.bias
+        self.q_proj = nn.Linear(d, heads * head_dim * (2 if self.gate_in_q else 1), bias=bias)
+        self.k_proj = nn.Linear(d, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, d, bias=bias)
+        self.gate_proj = nn.Linear(d, gate_width(config), bias=False) \
+            if self.gate.enabled and not self.gate_in_q else None
+        self.q_norm = RMSNorm(head_dim, config.norm_eps, config.norm_plus_one) if config.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.norm_eps, config.norm_plus_one) if config.qk_norm else None
         self.scale = 1.0 / math.sqrt(head_dim)
         self.backend = config.backend
         self.observer: Observer | None = None  # set by probes; forces the explicit backend
 
     def _heads(self, t: torch.Tensor, n_heads: int) -> torch.Tensor:
-        """(B, S, n_heads * D) -> (B, n_heads, S, D)."""
+        """(B, S, n * D) -> (B, n, S, D): ``n_heads`` heads, or twice as many when q carries the gate."""
         batch, seq, _ = t.shape
-        return t.view(batch, seq, n_heads, self.config.head_dim).transpose(1, 2)
+        return t.view(batch, seq, -1, self.config.head_size).transpose(1, 2)
 
     def _gate_logits(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
         """Gate logits shaped to broadcast against a (B, n_heads, S, D) tensor."""
         logits = self.gate_proj(x)  # (B, S, gate_width)
-        per_head = self.config.head_dim if self.gate.granularity == "elementwise" else 1
+        per_head = self.config.head_size if self.gate.granularity == "elementwise" else 1
         batch, seq, _ = logits.shape
         groups = 1 if self.gate.shared_heads else n_heads
         return logits.view(batch, seq, groups, per_head).transpose(1, 2)
@@ -141,15 +155,18 @@ class Attention(nn.Module):
             score = torch.sigmoid(logits) if self.gate.activation == "sigmoid" else F.silu(logits)
             self.observer("gate_score", score)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         cfg, gate = self.config, self.gate
         q = self._heads(self.q_proj(x), cfg.n_heads)
         k = self._heads(self.k_proj(x), cfg.n_kv_heads)
         v = self._heads(self.v_proj(x), cfg.n_kv_heads)
+        gate_logits = None
+        if self.gate_in_q:  # heads interleaved as [q_0, g_0, q_1, g_1, ...]
+            q, gate_logits = q[:, 0::2].contiguous(), q[:, 1::2].contiguous()
+            self._observe_gate(gate_logits)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        gate_logits = None
-        if gate.enabled and gate.position != "G5":
+        if gate.enabled and gate.position != "G5" and not self.gate_in_q:
             heads = cfg.n_kv_heads if gate.position in ("G2", "G3") else cfg.n_heads
             gate_logits = self._gate_logits(x, heads)
             self._observe_gate(gate_logits)
@@ -160,7 +177,8 @@ class Attention(nn.Module):
                 k = apply_gate(k, gate_logits, gate)
             elif gate.position == "G4":
                 q = apply_gate(q, gate_logits, gate)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cos is not None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         fuse_gate = gate.position == "G1" and gate.activation == "sigmoid" and gate.mode == "multiplicative"
         if self.observer is not None or self.backend == "explicit":

@@ -47,6 +47,11 @@ LR_SCHEDULES = ("cosine", "constant")
 LR_SCALING_RULES = ("none", "linear", "sqrt")
 SHOCK_KINDS = ("jump", "no_warmup")
 OPTIMIZERS = ("adamw", "adamw8bit")
+MODEL_SOURCES = ("harness", "hf")
+MODEL_FAMILIES = ("llama", "gpt2")
+INITS = ("normal", "pytorch")
+# named Hugging Face configs that model.source=hf builds at the harness's sizes (stability.hf)
+HF_CONFIGS = ("llama", "qwen2", "qwen3")
 # the stress cases of stability.stress, in the order `stability stress` runs them
 STRESS_CASES = ("standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock")
 # post-training quantization schemes (stability.quantize evaluates them; kept here to avoid an import cycle)
@@ -101,7 +106,22 @@ class GateConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A small Llama/Qwen-style decoder: RMSNorm pre-norm, RoPE, SwiGLU, GQA."""
+    """The model an arm trains, and its size.
+
+    source: "harness" (the harness's own decoder, ``stability.model``) or "hf" (a Hugging Face causal LM
+    built from ``hf_config``: one of ``HF_CONFIGS``, sized by the fields below, or a local directory
+    holding a config.json; random init, nothing downloaded). factory: "package.module:function" that
+    builds the model of an arm (``stability.models``); when set, it replaces ``source``.
+
+    family (harness source): "llama" (RMSNorm pre-norm, RoPE, SwiGLU, tied head) or "gpt2" (LayerNorm
+    with bias, learned absolute positions, GELU MLP, untied head). bias: biases in the attention and MLP
+    Linears (never in the gate). init: "normal" (N(0, init_std), output projections scaled by
+    1/sqrt(2 n_layers)) or "pytorch" (PyTorch's default layer init), drawn per parameter name.
+
+    Qwen3-Next options: head_dim (0: d_model / n_heads), rope_fraction (the leading fraction of each
+    head's dims that RoPE rotates), gate_in_q (the G1 gate's projection interleaved per head inside
+    q_proj), norm_plus_one (RMSNorm gains stored as w with the scale (1 + w), w starting at 0).
+    """
 
     vocab_size: int = 257
     d_model: int = 128
@@ -109,7 +129,7 @@ class ModelConfig:
     n_heads: int = 4
     n_kv_heads: int = 4
     context: int = 128
-    d_ff: int = 0  # 0 means 8/3 * d_model rounded up to a multiple of 32
+    d_ff: int = 0  # 0 means 8/3 * d_model rounded up to a multiple of 32 (llama) or 4 * d_model (gpt2)
     qk_norm: bool = False
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
@@ -117,41 +137,97 @@ class ModelConfig:
     init_std: float = 0.02
     backend: str = "torch"
     gate: GateConfig = field(default_factory=GateConfig)
+    source: str = "harness"
+    family: str = "llama"
+    hf_config: str = "llama"
+    factory: str = ""
+    bias: bool = False
+    init: str = "normal"
+    head_dim: int = 0
+    rope_fraction: float = 1.0
+    gate_in_q: bool = False
+    norm_plus_one: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value > 0, f"model.{name}", value, "a positive integer")
-        _check(self.d_model % self.n_heads == 0, "model.n_heads", self.n_heads,
-               f"a divisor of model.d_model={self.d_model}")
+        _check(self.source in MODEL_SOURCES, "model.source", self.source, f"one of {MODEL_SOURCES}")
+        _check(self.family in MODEL_FAMILIES, "model.family", self.family, f"one of {MODEL_FAMILIES}")
+        _check(self.init in INITS, "model.init", self.init, f"one of {INITS}")
+        _check(isinstance(self.head_dim, int) and self.head_dim >= 0, "model.head_dim", self.head_dim,
+               "a non-negative integer (0 = d_model / n_heads)")
+        if self.head_dim == 0:
+            _check(self.d_model % self.n_heads == 0, "model.n_heads", self.n_heads,
+                   f"a divisor of model.d_model={self.d_model} (or set model.head_dim)")
         _check(self.n_heads % self.n_kv_heads == 0, "model.n_kv_heads", self.n_kv_heads,
                f"a divisor of model.n_heads={self.n_heads}")
-        _check((self.d_model // self.n_heads) % 2 == 0, "model.n_heads", self.n_heads,
-               "a head dim (d_model / n_heads) that is even, as RoPE needs")
+        _check(isinstance(self.rope_fraction, (int, float)) and 0 < self.rope_fraction <= 1, "model.rope_fraction",
+               self.rope_fraction, "a fraction in (0, 1]")
+        _check(self.rotary_dim >= 2 and self.rotary_dim % 2 == 0, "model.rope_fraction", self.rope_fraction,
+               f"a fraction of the head dim {self.head_size} that RoPE can rotate: an even number of dims >= 2 "
+               f"(got {self.rotary_dim})")
         _check(isinstance(self.d_ff, int) and self.d_ff >= 0, "model.d_ff", self.d_ff,
                "a non-negative integer (0 = automatic)")
         _check(self.backend in BACKENDS, "model.backend", self.backend, f"one of {BACKENDS}")
         _check(self.init_std > 0, "model.init_std", self.init_std, "a positive number")
         _check(self.norm_eps > 0, "model.norm_eps", self.norm_eps, "a positive number")
+        _check(self.factory == "" or _is_factory_path(self.factory), "model.factory", self.factory,
+               "'' or 'package.module:function'")
+        _check(not (self.factory and self.source == "hf"), "model.factory", self.factory,
+               "'' when model.source='hf' (a factory builds the model itself: leave model.source='harness')")
+        if self.family == "gpt2":
+            _check(not self.norm_plus_one, "model.norm_plus_one", self.norm_plus_one,
+                   "false for model.family='gpt2' (its LayerNorm has a gain and a bias)")
+        if self.gate_in_q and self.gate.enabled:
+            gate = self.gate
+            _check(gate.position == "G1" and gate.granularity == "elementwise" and not gate.shared_heads,
+                   "model.gate_in_q", self.gate_in_q,
+                   f"false unless the gate is G1, elementwise, per head (this arm's gate is {gate.label})")
+        if self.source == "hf" and self.gate.enabled:
+            _check(self.gate.position == "G1", "gated_gate.position", self.gate.position,
+                   "'G1' with model.source='hf' (the gate is injected before each attention's o_proj)")
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def head_size(self) -> int:
+        """Width of one attention head: ``head_dim``, or ``d_model / n_heads`` when that is 0."""
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dims of each head that RoPE rotates (the leading ones): ``int(head_size * rope_fraction)``."""
+        return int(self.head_size * self.rope_fraction)
 
     @property
     def ffn_dim(self) -> int:
-        return self.d_ff or 32 * math.ceil(8 * self.d_model / 3 / 32)
+        if self.d_ff:
+            return self.d_ff
+        return 4 * self.d_model if self.family == "gpt2" else 32 * math.ceil(8 * self.d_model / 3 / 32)
+
+
+def _is_factory_path(text: str) -> bool:
+    module, sep, function = text.partition(":")
+    return bool(sep) and all(part.isidentifier() for part in module.split(".")) and function.isidentifier()
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where tokens come from. corpus: "builtin", a text file (bytes) or a ``.bin`` uint16 token file."""
+    """Where tokens come from (``stability.data``).
+
+    corpus: "builtin" (generated text), "stdlib" (the Python standard library's source files), a text
+    file (bytes), a ``.bin`` uint16 token file, or, with ``tokenizer`` set, a text / JSONL / Parquet
+    file to tokenize. tokenizer: a local Hugging Face tokenizer directory (holding tokenizer.json).
+    text_field: the JSONL key / Parquet column holding the text. token_dir: where tokenized files are
+    written once (then memory-mapped)."""
 
     corpus: str = "builtin"
     batch_size: int = 16
     holdout_fraction: float = 0.1
     builtin_bytes: int = 1_000_000
     bos: bool = True
+    tokenizer: str = ""
+    text_field: str = "text"
+    token_dir: str = "data/tokens"
 
     def __post_init__(self) -> None:
         _check(isinstance(self.batch_size, int) and self.batch_size > 0, "data.batch_size", self.batch_size,
@@ -160,7 +236,11 @@ class DataConfig:
                "a fraction in (0, 0.5)")
         _check(self.builtin_bytes >= 10_000, "data.builtin_bytes", self.builtin_bytes, "at least 10000")
         _check(isinstance(self.corpus, str) and self.corpus != "", "data.corpus", self.corpus,
-               "'builtin' or a path to a text or .bin token file")
+               "'builtin', 'stdlib' or a path to a text or .bin token file")
+        if self.tokenizer:
+            _check(self.corpus not in ("builtin", "stdlib") and not self.corpus.endswith(".bin"), "data.corpus",
+                   self.corpus, "a text, .jsonl or .parquet file when data.tokenizer is set")
+        _check(self.text_field != "", "data.text_field", self.text_field, "a JSONL key or Parquet column name")
 
 
 @dataclass(frozen=True)
@@ -399,6 +479,11 @@ class ExperimentConfig:
         unknown = [s for s in self.quant_schemes if s not in QUANT_SCHEMES]
         _check(not unknown, "quant_schemes", self.quant_schemes,
                f"names from {QUANT_SCHEMES} (unknown: {unknown})")
+        model = self.run.model
+        _check(not self.quant_schemes or (model.source == "harness" and not model.factory), "quant_schemes",
+               self.quant_schemes, "() unless the model is the harness's own (model.source='harness', no factory)")
+        for arm in ("baseline", "gated"):  # each arm's model config is valid with its gate
+            self.arm_config(arm, self.seeds[0])
 
     def arm_config(self, arm: str, seed: int) -> RunConfig:
         """The run config of one arm ("baseline" or "gated") at one seed."""
@@ -454,13 +539,15 @@ def _ci() -> ExperimentConfig:
 
 
 def _full() -> ExperimentConfig:
-    """GPU: a ~100M-parameter model, bf16, the Triton kernel, a user-supplied token file."""
+    """GPU: a 76M-parameter byte-level model (83M gated), bf16, the Triton kernel, on the Python standard library's
+    source files (real text every machine has). A tokenized corpus is an override: data.corpus=<file.bin>
+    (or a text/JSONL/Parquet file with data.tokenizer=<dir>) and model.vocab_size to match."""
     return ExperimentConfig(
         name="full", preset="full",
         run=RunConfig(
-            model=ModelConfig(vocab_size=50304, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4,
+            model=ModelConfig(vocab_size=257, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4,
                               context=1024, backend="triton"),
-            data=DataConfig(corpus="data/train.bin", batch_size=32),
+            data=DataConfig(corpus="stdlib", batch_size=32),
             optim=OptimConfig(lr=1e-3, warmup_steps=200),
             precision=PrecisionConfig(dtype="bf16"),
             probes=ProbeConfig(every=250, spike_window=200, spike_k=6.0, eval_batches=32, probe_batch_size=8),
@@ -584,10 +671,27 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
 
 
 def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """A preset with overrides applied, fully validated."""
+    """A preset with overrides applied, fully validated.
+
+    Overrides are applied in order; one that is invalid only until another is applied (model.d_model=64
+    before model.n_heads=4 on a 12-head preset) is retried after the others, so their order does not
+    matter. An override that stays invalid raises its error; several that stay invalid raise one
+    error naming each with its reason."""
     config = preset(preset_name)
-    for dotted, value in (overrides or {}).items():
-        config = override(config, dotted, value)
+    pending = list((overrides or {}).items())
+    while pending:
+        failed: list[tuple[str, Any, ConfigError]] = []
+        for dotted, value in pending:
+            try:
+                config = override(config, dotted, value)
+            except ConfigError as error:
+                failed.append((dotted, value, error))
+        if len(failed) == len(pending) == 1:
+            raise failed[0][2]
+        if len(failed) == len(pending):
+            reasons = "; ".join(f"{dotted}={value!r} ({error})" for dotted, value, error in failed)
+            raise ConfigError(f"these overrides cannot hold together: {reasons}")
+        pending = [(dotted, value) for dotted, value, _ in failed]
     return config
 
 

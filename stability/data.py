@@ -3,11 +3,16 @@
 A corpus is one of:
 
 * ``"builtin"``: ``stability.corpus.builtin_corpus(config.builtin_bytes)``, byte-level;
+* ``"stdlib"``: the source files of the running Python's standard library
+  (``stability.stdlib_corpus``), byte-level, held-out split by file;
 * a path ending in ``.bin``: a nanoGPT-style file of little-endian uint16 token ids, memory-mapped;
+* a text / JSONL / Parquet file with ``data.tokenizer`` set to a local Hugging Face tokenizer
+  directory: tokenized once into a ``.bin`` token file (``stability.tokens``), memory-mapped after;
 * any other path: a text file read as raw bytes (memory-mapped as uint8), byte-level.
 
-The last ``holdout_fraction`` of the tokens is the held-out split; the rest is train. Windows never
-cross the boundary, so the two splits share no token position.
+Except for "stdlib", the last ``holdout_fraction`` of the tokens is the held-out split; the rest is
+train. Windows never cross the boundary, so the two splits share no token position. ``Corpus.info``
+says what the corpus is (kind, size, provenance); the experiment copies it into the record.
 
 BOS. Byte corpora use ids 0..255 for bytes and ``BOS_ID = 256``, so ``vocab_size >= 257``. For a
 ``.bin`` token file the file's own BOS convention is unknown to us, so the harness reserves the
@@ -27,7 +32,7 @@ y = tokens[o + 1 : o + context + 1]. Both are (batch_size, context) int64.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +40,7 @@ import torch
 
 from stability.config import ConfigError, DataConfig
 from stability.corpus import builtin_corpus
+from stability.stdlib_corpus import stdlib_corpus
 
 __all__ = ["BOS_ID", "SPLITS", "Corpus", "eval_batches", "get_batch", "load_corpus", "probe_batch"]
 
@@ -55,6 +61,7 @@ class Corpus:
     heldout: np.ndarray
     vocab_size: int
     bos_id: int | None
+    info: dict = field(default_factory=dict)
 
     def split(self, split: str) -> np.ndarray:
         if split == "train":
@@ -115,6 +122,44 @@ def _check_lengths(corpus: Corpus, context: int, bos: bool) -> None:
                 f"corpus, a smaller context or another data.holdout_fraction")
 
 
+def _byte_corpus(config: DataConfig, vocab_size: int) -> tuple[np.ndarray | None, dict, tuple | None]:
+    """(tokens, info, presplit) of a byte-level corpus; presplit is (train, heldout) for "stdlib"."""
+    if vocab_size < BOS_ID + 1:
+        raise ConfigError(f"model.vocab_size={vocab_size} is too small for the byte corpus "
+                          f"{config.corpus!r}: expected at least {BOS_ID + 1} (256 bytes + BOS)")
+    if config.corpus == "builtin":
+        data = builtin_corpus(config.builtin_bytes)
+        return np.frombuffer(data, dtype=np.uint8), {"kind": "builtin", "bytes": len(data),
+                                                     "description": "generated English-like text"}, None
+    if config.corpus == "stdlib":
+        train, heldout, info = stdlib_corpus(config.holdout_fraction)
+        return None, dict(info), (np.frombuffer(train, dtype=np.uint8), np.frombuffer(heldout, dtype=np.uint8))
+    path = Path(config.corpus)
+    size = _check_file(path)
+    return np.memmap(path, dtype=np.uint8, mode="r"), {"kind": "bytes", "path": str(path), "bytes": size}, None
+
+
+def _token_file(path: Path, config: DataConfig, vocab_size: int) -> tuple[np.ndarray, dict, int | None]:
+    """(tokens, info, bos_id) of a uint16 token file, every id checked against the vocabulary."""
+    name = str(path)
+    size = _check_file(path)
+    if size % 2:
+        raise ConfigError(f"data.corpus={name!r} has an odd length of {size} bytes: expected a "
+                          f"uint16 token file (an even number of bytes)")
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    top = _max_id(tokens)
+    if top >= vocab_size:
+        raise ConfigError(f"data.corpus={name!r} holds token id {top} (its max id) but "
+                          f"model.vocab_size={vocab_size}: expected every id below the vocab size "
+                          f"(set model.vocab_size to at least {top + 2} to leave room for BOS)")
+    bos_id = vocab_size - 1 if top < vocab_size - 1 else None
+    if config.bos and bos_id is None:
+        raise ConfigError(f"data.corpus={name!r} uses id {top} = model.vocab_size - 1, which "
+                          f"the harness reserves for BOS: expected model.vocab_size >= {top + 2} or "
+                          f"data.bos=false")
+    return tokens, {"kind": "tokens", "path": name, "tokens": len(tokens), "max_id": top}, bos_id
+
+
 def load_corpus(config: DataConfig, vocab_size: int, context: int | None = None) -> Corpus:
     """Load and validate the corpus named by ``config.corpus``; every problem is a ConfigError.
 
@@ -122,38 +167,27 @@ def load_corpus(config: DataConfig, vocab_size: int, context: int | None = None)
     (``get_batch`` checks again in any case)."""
     _check_vocab(vocab_size)
     vocab_size = int(vocab_size)
-    if config.corpus == "builtin" or not config.corpus.endswith(".bin"):
-        if vocab_size < BOS_ID + 1:
-            raise ConfigError(f"model.vocab_size={vocab_size} is too small for the byte corpus "
-                              f"{config.corpus!r}: expected at least {BOS_ID + 1} (256 bytes + BOS)")
-        if config.corpus == "builtin":
-            tokens = np.frombuffer(builtin_corpus(config.builtin_bytes), dtype=np.uint8)
-        else:
-            path = Path(config.corpus)
-            _check_file(path)
-            tokens = np.memmap(path, dtype=np.uint8, mode="r")
-        bos_id: int | None = BOS_ID
+    presplit = None
+    if config.tokenizer:
+        from stability.tokens import token_file
+
+        path, source_info = token_file(config)
+        tokens, info, bos_id = _token_file(path, config, vocab_size)
+        info = {**info, **source_info}
+    elif config.corpus.endswith(".bin"):
+        tokens, info, bos_id = _token_file(Path(config.corpus), config, vocab_size)
     else:
-        path = Path(config.corpus)
-        size = _check_file(path)
-        if size % 2:
-            raise ConfigError(f"data.corpus={config.corpus!r} has an odd length of {size} bytes: expected a "
-                              f"uint16 token file (an even number of bytes)")
-        tokens = np.memmap(path, dtype=np.uint16, mode="r")
-        top = _max_id(tokens)
-        if top >= vocab_size:
-            raise ConfigError(f"data.corpus={config.corpus!r} holds token id {top} (its max id) but "
-                              f"model.vocab_size={vocab_size}: expected every id below the vocab size "
-                              f"(set model.vocab_size to at least {top + 2} to leave room for BOS)")
-        bos_id = vocab_size - 1 if top < vocab_size - 1 else None
-        if config.bos and bos_id is None:
-            raise ConfigError(f"data.corpus={config.corpus!r} uses id {top} = model.vocab_size - 1, which "
-                              f"the harness reserves for BOS: expected model.vocab_size >= {top + 2} or "
-                              f"data.bos=false")
-    n = len(tokens)
-    n_held = round(n * config.holdout_fraction)
-    corpus = Corpus(name=config.corpus, train=tokens[: n - n_held], heldout=tokens[n - n_held:],
-                    vocab_size=vocab_size, bos_id=bos_id)
+        tokens, info, presplit = _byte_corpus(config, vocab_size)
+        bos_id = BOS_ID
+    if presplit is None:
+        n = len(tokens)
+        n_held = round(n * config.holdout_fraction)
+        presplit = (tokens[: n - n_held], tokens[n - n_held:])
+        info["split"] = f"by position: the last {config.holdout_fraction:g} of the tokens"
+    train, heldout = presplit
+    info.update(name=config.corpus, train_tokens=len(train), heldout_tokens=len(heldout))
+    corpus = Corpus(name=config.corpus, train=train, heldout=heldout, vocab_size=vocab_size, bos_id=bos_id,
+                    info=info)
     if context is not None:
         _check_lengths(corpus, context, config.bos)
     return corpus

@@ -2,7 +2,7 @@
 
 Both arms of a seed read identical batches (the batch at step k depends only on the
 corpus, the seed and k) and start from identical values in every shared parameter
-(``GatedLM`` initialises by parameter name), so they differ only by the gate.
+(``stability.models.build_model``), so they differ only by the gate.
 ``run_pair`` returns the pair record that crosses to tracking, regression and report.
 """
 
@@ -17,6 +17,20 @@ from stability.record import case_timing, finish_status, new_case_record, paired
 from stability.trainer import train
 
 ARMS = ("baseline", "gated")
+
+
+def load_inputs(config: cfg.ExperimentConfig):
+    """The corpus of ``config``, after checking that each arm's model can be built and run: a model
+    the harness did not write (HF, factory) is built once per arm here, so bad input is a ConfigError
+    before any training."""
+    from stability.models import check_models
+
+    run = config.run
+    corpus = load_corpus(run.data, run.model.vocab_size, run.model.context)
+    if run.model.source != "harness" or run.model.factory:
+        check_models([config.arm_config(arm, config.seeds[0]).model for arm in ARMS], config.seeds[0],
+                     run.model.vocab_size, run.model.context)
+    return corpus
 
 
 def quantization_hook(run: cfg.RunConfig, schemes: tuple[str, ...]):
@@ -46,7 +60,8 @@ def run_pair(config: cfg.ExperimentConfig, schedule=None, on_arm_done: Callable[
     started = time.perf_counter()
     record = new_case_record(config, schedule.name, description or schedule.describe(), stress="pair",
                              purpose=purpose)
-    corpus = load_corpus(config.run.data, config.run.model.vocab_size, config.run.model.context)
+    corpus = load_inputs(config)
+    record["corpus"] = corpus.info
     for seed in config.seeds:
         for arm in ARMS:
             run = config.arm_config(arm, seed)

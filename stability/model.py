@@ -1,11 +1,19 @@
-"""A small decoder-only language model in the style of Llama / Qwen.
+"""The harness's own small decoder-only language model, in two architecture families.
 
-RMSNorm pre-norm blocks, rotary positions, SwiGLU MLP, grouped-query attention with the
-optional gate (``stability.attention``), optional QK-norm, tied or untied embeddings.
+``model.family="llama"`` (Llama / Qwen style): RMSNorm pre-norm blocks, rotary positions (optionally
+partial), SwiGLU MLP, tied or untied head. ``model.family="gpt2"``: LayerNorm (gain and bias) pre-norm
+blocks, learned absolute position embeddings, GELU MLP (4x wide), untied head. Both use the same
+grouped-query attention with the optional gate (``stability.attention``), optional QK-norm and
+optional Linear biases, so every gate variant works the same way in either family.
 
 Initialisation is keyed by parameter name: every parameter draws from its own generator
 seeded by (seed, name), so a baseline and a gated model built with the same seed start
-with identical values in every parameter they share; only the gate weights differ.
+with identical values in every parameter they share; only the gate weights differ (with
+``gate_in_q`` the gate rows of q_proj draw from their own generator and the query rows
+equal the baseline's q_proj). ``model.init``: "normal" is N(0, init_std) with the output
+projections scaled by 1/sqrt(2 n_layers), biases 0; "pytorch" is PyTorch's default layer
+init (Linear weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)), embeddings N(0, 1)).
+Norm gains start at 1 (at 0 with ``norm_plus_one``), norm biases at 0.
 """
 
 from __future__ import annotations
@@ -24,14 +32,33 @@ from stability.config import ModelConfig
 class SwiGLU(nn.Module):
     """``W_down(silu(W_gate x) * W_up x)``; the MLP of Llama-style blocks."""
 
-    def __init__(self, d_model: int, d_ff: int):
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False):
         super().__init__()
-        self.w_gate = nn.Linear(d_model, d_ff, bias=False)
-        self.w_up = nn.Linear(d_model, d_ff, bias=False)
-        self.w_down = nn.Linear(d_ff, d_model, bias=False)
+        self.w_gate = nn.Linear(d_model, d_ff, bias=bias)
+        self.w_up = nn.Linear(d_model, d_ff, bias=bias)
+        self.w_down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class GeluMLP(nn.Module):
+    """``W_down(gelu(W_up x))``; the MLP of GPT-2 blocks (tanh approximation, as GPT-2)."""
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool):
+        super().__init__()
+        self.w_up = nn.Linear(d_model, d_ff, bias=bias)
+        self.w_down = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.gelu(self.w_up(x), approximate="tanh"))
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    """The family's norm over d_model: RMSNorm (llama) or LayerNorm with gain and bias (gpt2)."""
+    if config.family == "gpt2":
+        return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+    return RMSNorm(config.d_model, config.norm_eps, config.norm_plus_one)
 
 
 class Block(nn.Module):
@@ -39,12 +66,13 @@ class Block(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn_norm = make_norm(config)
         self.attn = Attention(config)
-        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.mlp = SwiGLU(config.d_model, config.ffn_dim)
+        self.mlp_norm = make_norm(config)
+        self.mlp = GeluMLP(config.d_model, config.ffn_dim, config.bias) if config.family == "gpt2" \
+            else SwiGLU(config.d_model, config.ffn_dim, config.bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -55,33 +83,60 @@ class GatedLM(nn.Module):
     def __init__(self, config: ModelConfig, seed: int = 0):
         super().__init__()
         self.config = config
+        gpt2 = config.family == "gpt2"
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_embed = nn.Embedding(config.context, config.d_model) if gpt2 else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
-        cos, sin = rope_tables(config.context, config.head_dim, config.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.norm = make_norm(config)
+        tied = config.tie_embeddings and not gpt2
+        self.lm_head = None if tied else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if not gpt2:
+            cos, sin = rope_tables(config.context, config.rotary_dim, config.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        else:
+            self.rope_cos = self.rope_sin = None
         self.reset_parameters(seed)
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
-        """Normal(0, init_std) weights, output projections scaled by 1/sqrt(2 * n_layers), unit norm gains."""
-        std = self.config.init_std
+        """Each parameter from its own generator seeded by (seed, name); see the module docstring."""
         for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
+            if name.endswith(("norm.weight", "norm.bias")):
+                plus_one = getattr(self.get_submodule(name.rpartition(".")[0]), "plus_one", False)
+                param.fill_(1.0 if name.endswith("weight") and not plus_one else 0.0)
                 continue
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-            scale = std / math.sqrt(2 * self.config.n_layers) if name.endswith(("o_proj.weight", "w_down.weight")) \
-                else std
-            values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * scale
+            if name.endswith("attn.q_proj.weight") and self.config.gate_in_q and self.config.gate.enabled:
+                query, gate = (self._draw(name, (param.shape[0] // 2, param.shape[1]), seed, key)
+                               for key in (name, name + ":gate"))
+                heads = self.config.n_heads
+                values = torch.stack([query.view(heads, -1, param.shape[1]), gate.view(heads, -1, param.shape[1])],
+                                     dim=1).reshape(param.shape)  # per head: its query rows, then its gate rows
+            else:
+                values = self._draw(name, param.shape, seed, name)
             param.copy_(values.to(param.device, param.dtype))
+
+    def _draw(self, name: str, shape, seed: int, key: str) -> torch.Tensor:
+        """Initial values of the parameter ``name`` (of ``shape``) from the generator of (seed, key)."""
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
+        std = self.config.init_std
+        if self.config.init == "pytorch":
+            if "embed" in name:
+                return torch.randn(shape, generator=generator)
+            fan_in = self.get_parameter(name.rpartition(".")[0] + ".weight").shape[1]
+            return (torch.rand(shape, generator=generator) * 2 - 1) / math.sqrt(fan_in)
+        if name.endswith(".bias"):
+            return torch.zeros(shape)
+        scale = std / math.sqrt(2 * self.config.n_layers) if name.endswith(("o_proj.weight", "w_down.weight")) \
+            else std
+        return torch.randn(shape, generator=generator, dtype=torch.float32) * scale
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.shape[1] > self.config.context:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds model.context={self.config.context}")
         x = self.embed(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.weight[: tokens.shape[1]]
         for block in self.blocks:
             x = block(x, self.rope_cos, self.rope_sin)
         x = self.norm(x)
@@ -94,7 +149,23 @@ class GatedLM(nn.Module):
             block.attn.observer = None if observer is None else (
                 lambda name, tensor, index=index: observer(index, name, tensor))
 
+    @property
+    def block_names(self) -> list[str]:
+        return [f"blocks.{i}" for i in range(len(self.blocks))]
+
+    def num_gate_parameters(self) -> int:
+        """Weights of the gate (with gate_in_q: the gate rows inside q_proj)."""
+        if self.config.gate_in_q and self.config.gate.enabled:
+            return sum(b.attn.q_proj.weight.numel() // 2 for b in self.blocks)
+        return sum(p.numel() for p in self.gate_parameters())
+
+    def describe(self) -> dict:
+        """What the record says about this model."""
+        return {"source": "harness", "class": type(self).__name__, "family": self.config.family,
+                "attention_backend": self.config.backend}
+
     def gate_parameters(self) -> list[nn.Parameter]:
+        """The gate's own weights (with gate_in_q they live inside q_proj and are not listed)."""
         return [b.attn.gate_proj.weight for b in self.blocks if b.attn.gate_proj is not None]
 
     def num_parameters(self) -> int:

@@ -48,12 +48,19 @@ class SpikeDetector:
 # ----------------------------------------------------------------------------- gradients
 
 def layer_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
-    """Parameters grouped for per-layer gradient norms: "embed", "layer0".."layerN-1", "head"."""
+    """Parameters grouped for per-layer gradient norms: "embed", "layer0".."layerN-1", "head".
+
+    Layer i holds the parameters below ``model.block_names[i]`` ("blocks.i" in the harness's model);
+    "embed" the embeddings (a name with "embed" outside the blocks); "head" the rest."""
+    prefixes = [name + "." for name in getattr(model, "block_names", None) or []]
     groups: dict[str, list[nn.Parameter]] = {}
     for name, param in model.named_parameters():
-        if name.startswith("blocks."):
-            key = "layer" + name.split(".")[1]
-        elif name.startswith("embed"):
+        layer = next((i for i, prefix in enumerate(prefixes) if name.startswith(prefix)), None)
+        if layer is None and not prefixes and name.startswith("blocks."):
+            layer = int(name.split(".")[1])
+        if layer is not None:
+            key = f"layer{layer}"
+        elif "embed" in name:
             key = "embed"
         else:
             key = "head"
@@ -121,9 +128,15 @@ def nonfinite_grad_modules(model: nn.Module) -> list[str]:
     return [name for name, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
 
 
-def layer_of(module_name: str | None) -> int | None:
-    """The block index in a module name like "blocks.3.attn.q_proj", else None."""
-    if module_name and module_name.startswith("blocks."):
+def layer_of(module_name: str | None, block_names: list[str] | None = None) -> int | None:
+    """The block index of a module name like "blocks.3.attn.q_proj" (or one below ``block_names[i]``),
+    else None."""
+    if not module_name:
+        return None
+    if block_names:
+        return next((i for i, block in enumerate(block_names)
+                     if module_name == block or module_name.startswith(block + ".")), None)
+    if module_name.startswith("blocks."):
         return int(module_name.split(".")[1])
     return None
 
@@ -176,9 +189,12 @@ def kurtosis(x: torch.Tensor) -> float:
 
 @torch.no_grad()
 def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
-    """All per-layer figures of ``model`` (a ``GatedLM``) on one probe batch (B, S).
+    """All per-layer figures of ``model`` on one probe batch (B, S).
 
-    Runs one forward through the explicit attention path with hooks, then removes them."""
+    ``model`` is a ``GatedLM`` or a ``stability.models.WrappedLM``: M-Act from the outputs of
+    ``model.blocks``, the attention figures through ``model.set_observer`` (the explicit attention
+    path, or the eager probe attention of an HF model). Runs one forward with hooks, then removes them.
+    A figure the model cannot show (attention of a module without an observer) is None."""
     n_layers = len(model.blocks)
     layers = [{} for _ in range(n_layers)]
     linear_inputs: dict[str, dict[str, float]] = {}
@@ -195,7 +211,7 @@ def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
 
     def block_hook(index):
         def hook(_module, _inputs, output):
-            peak, ratio = massive_activation(output)
+            peak, ratio = massive_activation(output[0] if isinstance(output, tuple) else output)
             layers[index]["m_act"] = peak
             layers[index]["m_act_ratio"] = ratio
         return hook
@@ -233,7 +249,8 @@ def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
         "m_act_max": max(layer["m_act"] for layer in layers),
         "f_attn_mean": mean_of("f_attn"),
         "sink_rate_mean": mean_of("sink_rate"),
-        "max_attn_logit": max(layer["max_attn_logit"] for layer in layers),
+        "max_attn_logit": max((layer["max_attn_logit"] for layer in layers if "max_attn_logit" in layer),
+                              default=None),
         "gate_score_mean": mean_of("gate_score"),
         "logit_max": logit_max,
         "log_z_mean": log_z,

@@ -9,7 +9,8 @@ A case record (``CaseRecord``)::
 
     schema_version, id, created_at, name, preset, schedule, stress, purpose, description, status,
     git {commit, branch, dirty}, env {python, torch, ..., device_name}, config (the resolved
-    ExperimentConfig), arms [ArmRecord ...], paired {arm: {figure: PairedFigure}}, timing,
+    ExperimentConfig), corpus (what the tokens are: kind, size, provenance; ``stability.data``),
+    arms [ArmRecord ...], paired {arm: {figure: PairedFigure}}, timing,
     and a key named after the stress case with its own results (record["lr_sweep"] ...).
 
 ``purpose`` says what the record may be used for: "regression" (a stress case or a plain pair run;
@@ -19,7 +20,8 @@ itself, e.g. a determinism re-run).
 
 An arm record (``ArmRecord``) is one arm at one seed: ``arm`` (its name, "baseline" is the
 reference), ``variant``, ``seed``, ``status`` (completed, diverged, killed, error, running),
-``diverged_at_step``, per-step ``series``, non-finite ``events``, heavy-probe snapshots in
+``diverged_at_step``, ``model`` (source, class, family: ``describe()`` of ``stability.models``),
+per-step ``series``, non-finite ``events``, heavy-probe snapshots in
 ``probes``, ``final`` figures (see ``stability.figures``), ``quant`` and ``timing``.
 """
 
@@ -78,6 +80,7 @@ class ArmRecord(TypedDict, total=False):
     num_parameters: int
     gate_parameters: int
     layer_names: list[str]
+    model: dict                 # what was trained: family, source, attention (stability.models)
     precision: dict             # the format: dtype, library, version, recipe, emulated (stability.precision)
     series: dict[str, list]
     events: list[dict]
@@ -102,6 +105,7 @@ class CaseRecord(TypedDict, total=False):
     git: dict
     env: dict
     config: dict
+    corpus: dict
     arms: list[ArmRecord]
     paired: dict[str, dict[str, PairedFigure]]
     timing: dict
@@ -288,9 +292,20 @@ def case_key(record: CaseRecord) -> str:
 IDENTITY_IGNORES = ("seeds", "run.seed", "run.device", "name", "preset")
 
 
+def _field_defaults() -> dict:
+    """Every config field at its dataclass default, flattened (dotted keys)."""
+    from stability.config import ExperimentConfig, to_dict
+
+    return flatten(to_dict(ExperimentConfig()))
+
+
 def comparable_config(config: dict) -> dict:
-    """The flattened config without the fields allowed to differ between comparable records."""
-    flat = {k: list(v) if isinstance(v, tuple) else v for k, v in flatten(config or {}).items()}
+    """The flattened config without the fields allowed to differ between comparable records.
+
+    A field the config lacks (a record or baseline written before the field existed) counts as its
+    default: new fields default to the behaviour the code had before them."""
+    flat = {**_field_defaults(), **flatten(config or {})}
+    flat = {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
     return {k: v for k, v in sorted(flat.items()) if k not in IDENTITY_IGNORES}
 
 

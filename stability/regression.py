@@ -470,7 +470,8 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, k
                 result.notes.append(f"case {key} is not in the baseline (new case): not compared; add it with "
                                     f"`stability baseline update`")
             continue
-        if base["fingerprint"] != case["fingerprint"]:
+        # the stored fingerprint, or one recomputed from the stored config (fields added since count as defaults)
+        if case["fingerprint"] not in (base["fingerprint"], config_fingerprint(base.get("config") or {})):
             result.errors.append(f"case {key}: the run config differs from the baseline's: "
                                  f"{config_diff(base.get('config', {}), case['config'])}")
             continue

@@ -54,8 +54,7 @@ import torch
 
 from stability import ao, precision
 from stability import config as cfg
-from stability.data import load_corpus
-from stability.experiment import ARMS, quantization_hook, run_pair
+from stability.experiment import ARMS, load_inputs, quantization_hook, run_pair
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.schedules import Standard, from_stress
 from stability.trainer import train
@@ -112,7 +111,8 @@ class _Case:
         self.kind = kind
         self.config = config
         self.record = new_case_record(config, schedule_name, description, stress=kind)
-        self.corpus = load_corpus(config.run.data, config.run.model.vocab_size, config.run.model.context)
+        self.corpus = load_inputs(config)
+        self.record["corpus"] = self.corpus.info
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def train(self, run: cfg.RunConfig, schedule, arm: str) -> dict:

@@ -187,6 +187,10 @@ def _tags(record: dict) -> dict[str, str]:
             "mlflow.note.content": describe(record)}
     tags.update({f"git.{k}": str(v) for k, v in git.items()})
     tags.update({f"env.{k}": str(v) for k, v in env.items()})
+    model = ((record.get("config") or {}).get("run") or {}).get("model") or {}
+    tags.update({"stability.model_source": "factory" if model.get("factory") else str(model.get("source", "harness")),
+                 "stability.model_family": str(model.get("family", "llama")),
+                 "stability.corpus": str((record.get("corpus") or {}).get("kind", ""))})
     if git.get("commit"):
         tags["mlflow.source.git.commit"] = git["commit"]
     if git.get("branch"):

@@ -23,7 +23,8 @@ import torch
 from stability import precision, probes
 from stability.config import RunConfig
 from stability.data import Corpus, eval_batches, get_batch, load_corpus, probe_batch
-from stability.model import GatedLM, next_token_loss
+from stability.model import next_token_loss
+from stability.models import build_model
 from stability.precision import PrecisionPolicy
 from stability.record import final_figures, new_arm_record
 from stability.schedules import Standard
@@ -44,7 +45,7 @@ def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
 
 
-def _install_fault(model: GatedLM, run: RunConfig, current_step: list[int]):
+def _install_fault(model: torch.nn.Module, run: RunConfig, current_step: list[int]):
     """A forward hook that turns block ``fault.layer``'s output NaN/Inf at ``fault.step``."""
     fault = run.fault
     if fault.kind not in ("nan", "inf"):
@@ -53,6 +54,8 @@ def _install_fault(model: GatedLM, run: RunConfig, current_step: list[int]):
 
     def hook(_module, _inputs, output):
         if current_step[0] == fault.step:
+            if isinstance(output, tuple):
+                return (output[0] * poison, *output[1:])
             return output * poison
         return output
 
@@ -60,7 +63,7 @@ def _install_fault(model: GatedLM, run: RunConfig, current_step: list[int]):
 
 
 @torch.no_grad()
-def evaluate(model: GatedLM, batches: list, policy: PrecisionPolicy) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, batches: list, policy: PrecisionPolicy) -> dict[str, float]:
     """Held-out mean loss (nats/token), perplexity and next-token accuracy over fixed batches."""
     was_training = model.training
     model.eval()
@@ -87,7 +90,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     precision.check(run.precision, run.device, run.data.batch_size * run.model.context)  # ConfigError: nothing ran
     corpus = corpus or load_corpus(run.data, run.model.vocab_size, run.model.context)
     torch.manual_seed(run.seed)
-    model = GatedLM(run.model, seed=run.seed).to(device)
+    model = build_model(run.model, run.seed).to(device)
     policy = PrecisionPolicy(run.precision, run.device)
     model = policy.prepare(model)
     policy.watch(model)  # counts overflow/underflow on the device (the own fp8 counts in its casts)
@@ -105,8 +108,8 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     fault_handle = _install_fault(model, run, current_step)
 
     record = new_arm_record(arm, run.model.gate.label, run.seed, schedule.name)
-    record.update(num_parameters=model.num_parameters(),
-                  gate_parameters=sum(p.numel() for p in model.gate_parameters()), layer_names=list(groups),
+    record.update(num_parameters=model.num_parameters(), gate_parameters=model.num_gate_parameters(),
+                  layer_names=list(groups), model=model.describe(),
                   precision={"dtype": run.precision.dtype, **policy.describe()})
     series = record["series"]
     initial_loss, above_initial, tokens_seen = None, 0, 0
@@ -225,5 +228,6 @@ def _nonfinite_event(model, policy, step, what, x, cfg_p) -> dict:
                 model(x)
         module = probes.first_nonfinite_module(model, forward)
         if module is not None:
-            event.update(what="activation" if what == "loss" else what, module=module, layer=probes.layer_of(module))
+            event.update(what="activation" if what == "loss" else what, module=module,
+                         layer=probes.layer_of(module, model.block_names))
     return event

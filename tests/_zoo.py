@@ -44,8 +44,8 @@ ZOO = (
          '    score = torch.sigmoid(logits) if gate.activation == "sigmoid" else F.silu(logits)\n    return target',
          '    score = logits if gate.activation == "sigmoid" else F.silu(logits)\n    return target'),)),
     Entry("rope_theta_x100", True, "RoPE base 100x larger than configured (positions barely rotate)", (
-        ("stability/model.py", "rope_tables(config.context, config.head_dim, config.rope_theta)",
-         "rope_tables(config.context, config.head_dim, config.rope_theta * 100)"),)),
+        ("stability/model.py", "rope_tables(config.context, config.rotary_dim, config.rope_theta)",
+         "rope_tables(config.context, config.rotary_dim, config.rope_theta * 100)"),)),
     Entry("init_std_x3", True, "weights initialised with 3x the configured standard deviation", (
         ("stability/model.py", "std = self.config.init_std", "std = self.config.init_std * 3"),)),
     Entry("fp16_loss_scaler_off", True, "fp16 trains without dynamic loss scaling", (

@@ -28,7 +28,7 @@ def reference_attention(module: Attention, x: torch.Tensor) -> torch.Tensor:
     cfg, gate = module.config, module.gate
     x = x.double()
     batch, seq, _ = x.shape
-    heads, kv_heads, dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    heads, kv_heads, dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_size
     w = {name: p.detach().double() for name, p in module.named_parameters()}
     act = (lambda t: 1 / (1 + torch.exp(-t))) if gate.activation == "sigmoid" else (lambda t: t / (1 + torch.exp(-t)))
     combine = (lambda t, g: t * act(g)) if gate.mode == "multiplicative" else (lambda t, g: t + act(g))
@@ -91,7 +91,7 @@ def make_attention(gate: GateConfig, backend: str = "torch", seed: int = 0) -> A
 def test_every_variant_matches_the_straightforward_computation(gate):
     attention = make_attention(gate)
     x = torch.randn(2, 9, BASE.d_model, generator=torch.Generator().manual_seed(1))
-    cos, sin = rope_tables(BASE.context, BASE.head_dim, BASE.rope_theta)
+    cos, sin = rope_tables(BASE.context, BASE.rotary_dim, BASE.rope_theta)
     got = attention(x, cos, sin).double()
     want = reference_attention(attention, x)
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (got - want).abs().max()
@@ -102,7 +102,7 @@ def test_every_variant_matches_the_straightforward_computation(gate):
                          ids=lambda g: g.label)
 def test_torch_and_explicit_backends_agree(gate):
     x = torch.randn(3, 16, BASE.d_model, generator=torch.Generator().manual_seed(2))
-    cos, sin = rope_tables(BASE.context, BASE.head_dim, BASE.rope_theta)
+    cos, sin = rope_tables(BASE.context, BASE.rotary_dim, BASE.rope_theta)
     fused = make_attention(gate, "torch")(x, cos, sin)
     explicit = make_attention(gate, "explicit")(x, cos, sin)
     assert torch.allclose(fused, explicit, atol=1e-5), (fused - explicit).abs().max()
@@ -111,7 +111,7 @@ def test_torch_and_explicit_backends_agree(gate):
 def test_gate_changes_the_output():
     """The gated variant must not silently compute the baseline."""
     x = torch.randn(2, 8, BASE.d_model, generator=torch.Generator().manual_seed(3))
-    cos, sin = rope_tables(BASE.context, BASE.head_dim, BASE.rope_theta)
+    cos, sin = rope_tables(BASE.context, BASE.rotary_dim, BASE.rope_theta)
     base = make_attention(GateConfig())(x, cos, sin)
     gated = make_attention(GateConfig(position="G1"))(x, cos, sin)
     assert (base - gated).abs().max() > 1e-3
@@ -121,7 +121,7 @@ def test_gate_changes_the_output():
 def test_extra_parameters_match_the_paper(granularity):
     """Qiu et al.: elementwise G1 adds d_model*H*D per layer, headwise adds d_model*H."""
     config = ModelConfig(d_model=64, n_layers=3, n_heads=4, n_kv_heads=2)
-    d_model, heads, dim = config.d_model, config.n_heads, config.head_dim
+    d_model, heads, dim = config.d_model, config.n_heads, config.head_size
     per_layer = d_model * heads * dim if granularity == "elementwise" else d_model * heads
     expected = per_layer * config.n_layers
     gated = GatedLM(replace(config, gate=GateConfig(position="G1", granularity=granularity)))

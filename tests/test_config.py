@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from stability.config import (
@@ -62,3 +64,26 @@ def test_overrides_file_must_exist_and_parse(tmp_path):
     good = tmp_path / "good.json"
     good.write_text('{"model": {"d_model": 32}, "steps": 5}')
     assert load_overrides(good) == {"model.d_model": 32, "steps": 5}
+
+
+def test_overrides_apply_in_any_order_and_a_lasting_error_still_names_its_field():
+    # d_model=64 is invalid next to the preset's 12 heads until n_heads=4 is applied after it
+    config = resolve("full", {"model.d_model": 64, "model.n_heads": 4, "model.n_kv_heads": 2})
+    assert (config.run.model.d_model, config.run.model.n_heads, config.run.model.n_kv_heads) == (64, 4, 2)
+    with pytest.raises(ConfigError, match=r"cannot hold together: model\.d_model=64 \(model\.n_heads=12 is invalid: "
+                                          r"expected a divisor of model\.d_model=64.*; model\.n_heads=5 "):
+        resolve("full", {"model.d_model": 64, "model.n_heads": 5})
+    with pytest.raises(ConfigError, match=r"^model\.n_heads=4 is invalid: expected a divisor of model\.d_model=66"):
+        resolve("full", {"model.n_heads": 4, "model.n_kv_heads": 2, "model.d_model": 66})
+
+
+def test_a_baseline_config_written_before_a_field_existed_compares_equal():
+    from stability.record import comparable_config, config_fingerprint
+
+    current = to_dict(resolve("smoke"))
+    old = json.loads(json.dumps(current))
+    for name in ("family", "source", "factory", "head_dim", "rope_fraction", "gate_in_q"):
+        del old["run"]["model"][name]  # fields added since
+    assert config_fingerprint(old) == config_fingerprint(current)
+    old["run"]["model"]["d_model"] = 96
+    assert comparable_config(old)["run.model.d_model"] == 96 and config_fingerprint(old) != config_fingerprint(current)

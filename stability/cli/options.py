@@ -44,11 +44,22 @@ def resolve_from_args(args) -> cfg.ExperimentConfig:
         overrides["quant_schemes"] = ",".join(cfg.QUANT_SCHEMES) if quant.strip() == "all" else quant
     config = cfg.resolve(args.preset, overrides)
     check_device(config.run.device)
+    check_backend(config.run.model.backend, config.run.device)
     from stability import precision
 
     run = config.run  # the format can train here: torchao importable, knows the recipe, has MX
     precision.check(run.precision, run.device, run.data.batch_size * run.model.context)
     return config
+
+
+def check_backend(backend: str, device: str) -> None:
+    """ConfigError when the Triton backend is asked for on the CPU outside the Triton interpreter."""
+    import os
+
+    if backend == "triton" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        raise cfg.ConfigError(f"model.backend='triton' is invalid with device={device!r}: expected "
+                              f"model.backend='torch' on the CPU (the Triton kernel runs on CUDA; TRITON_INTERPRET=1 "
+                              f"runs it in the slow interpreter)")
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:

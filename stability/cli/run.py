@@ -30,6 +30,11 @@ def cmd_run(args) -> int:
     print(f"stability run: preset {config.preset}, {len(config.seeds)} seed(s) x 2 arms "
           f"({config.baseline_gate.label} vs {config.gated_gate.label}), {steps} steps each, "
           f"device {config.run.device}", flush=True)
+    model, data = config.run.model, config.run.data
+    source = f"factory {model.factory}" if model.factory else (
+        f"hf ({model.hf_config})" if model.source == "hf" else f"harness ({model.family})")
+    print(f"model: {source}, corpus: {data.corpus}{f' (tokenizer {data.tokenizer})' if data.tokenizer else ''}",
+          flush=True)
     print(f"run directory: {run_dir}", flush=True)
 
     def save(record):  # after every arm: a killed run keeps what it measured
