@@ -174,11 +174,11 @@ def kurtosis(x: torch.Tensor) -> float:
     return (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else float("nan")
 
 
-@torch.no_grad()
 def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
     """All per-layer figures of ``model`` (a ``GatedLM``) on one probe batch (B, S).
 
-    Runs one forward through the explicit attention path with hooks, then removes them."""
+    Runs one forward (without autograd) through the explicit attention path with hooks, then
+    removes them."""
     n_layers = len(model.blocks)
     layers = [{} for _ in range(n_layers)]
     linear_inputs: dict[str, dict[str, float]] = {}
@@ -215,7 +215,8 @@ def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
     model.eval()
     model.set_observer(observe)
     try:
-        logits = model(tokens)
+        with torch.no_grad():
+            logits = model(tokens)
     finally:
         model.set_observer(None)
         model.train(was_training)
