@@ -306,7 +306,9 @@ def hand_arm(status: str = "diverged") -> dict:
             "skipped": [False] * (steps - 1) + [True],
         },
         "events": [{"step": 3, "kind": "loss"}],
-        "probes": [{"m_act_mean": 1.0, "m_act_max": 2.0, "f_attn_mean": 0.1, "sink_rate_mean": 0.0,
+        "probes": [{"m_act_mean": 0.0, "m_act_max": 0.0, "f_attn_mean": 0.0, "sink_rate_mean": 0.0,
+                    "max_attn_logit": 0.0, "gate_score_mean": None, "logit_max": 0.0, "log_z_mean": 0.0},
+                   {"m_act_mean": 1.0, "m_act_max": 2.0, "f_attn_mean": 0.1, "sink_rate_mean": 0.0,
                     "max_attn_logit": 3.0, "gate_score_mean": None, "logit_max": 4.0, "log_z_mean": 5.0},
                    {"m_act_mean": 10.0, "m_act_max": 20.0, "f_attn_mean": 0.5, "sink_rate_mean": 0.25,
                     "max_attn_logit": 30.0, "gate_score_mean": 0.2, "logit_max": 40.0, "log_z_mean": 6.0}],
@@ -360,8 +362,8 @@ def test_usable_value_drops_what_a_comparison_cannot_use():
 
 
 def test_arm_names_put_the_baseline_first_then_the_order_of_appearance():
-    arms = [{"arm": "gated"}, {"arm": "other"}, {"arm": "baseline"}, {"arm": "gated"}]
-    assert arm_names(arms) == ["baseline", "gated", "other"]
+    arms = [{"arm": "zeta"}, {"arm": "gated"}, {"arm": "baseline"}, {"arm": "zeta"}, {"arm": "alpha"}]
+    assert arm_names(arms) == ["baseline", "zeta", "gated", "alpha"]
 
 
 def paired_arm(arm: str, seed: int, status: str = "completed", **final) -> dict:
@@ -372,12 +374,13 @@ def test_paired_summary_by_hand():
     """heldout_loss baseline 1, 2, 3 and gated 2, 4, 6 in seeds 0-2: the interval of differences 1, 2, 3
     (2 +- 4.303 / sqrt(3)), p 0.25. Seed 3 has no gated arm: left out. accuracy is missing in the gated
     arm of seed 1: pairs of seeds 0 and 2 only (differences 0.1 and 0.3). A figure outside the table
-    ("note") and one that no arm measured (m_act_mean None everywhere) get no row."""
-    arms = [paired_arm("baseline", s, heldout_loss=float(s + 1), accuracy=0.5, m_act_mean=None, note=1.0)
+    ("note") and one that no arm measured (f_attn_mean None everywhere) get no row; the rows come in
+    name order."""
+    arms = [paired_arm("baseline", s, heldout_loss=float(s + 1), accuracy=0.5, f_attn_mean=None, note=1.0)
             for s in range(4)]
-    arms += [paired_arm("gated", 0, heldout_loss=2.0, accuracy=0.6, m_act_mean=None),
-             paired_arm("gated", 1, heldout_loss=4.0, m_act_mean=None),
-             paired_arm("gated", 2, heldout_loss=6.0, accuracy=0.8, m_act_mean=None)]
+    arms += [paired_arm("gated", 0, heldout_loss=2.0, accuracy=0.6, f_attn_mean=None, z_note=2.0),
+             paired_arm("gated", 1, heldout_loss=4.0, f_attn_mean=None),
+             paired_arm("gated", 2, heldout_loss=6.0, accuracy=0.8, f_attn_mean=None)]
     summary = paired_summary(arms)
     assert list(summary) == ["gated"] and list(summary["gated"]) == ["accuracy", "heldout_loss"]
     loss = summary["gated"]["heldout_loss"]
@@ -396,6 +399,14 @@ def test_paired_summary_keeps_a_figure_that_lost_every_pair():
     arms = [paired_arm("baseline", 0, heldout_loss=3.0), paired_arm("gated", 0, "diverged", heldout_loss=9.0)]
     row = paired_summary(arms)["gated"]["heldout_loss"]
     assert row["n"] == 0 and row["difference"] is None and row["seeds"] == []
+
+
+def test_paired_summary_of_arms_without_figures():
+    """An arm record may lack "final" (stopped before its first step): it pairs nothing."""
+    arms = [{"arm": "baseline", "seed": 0, "status": "killed"}, paired_arm("gated", 0, heldout_loss=2.0),
+            paired_arm("baseline", 1, heldout_loss=1.0), {"arm": "gated", "seed": 1, "status": "killed"}]
+    row = paired_summary(arms)["gated"]["heldout_loss"]
+    assert row["n"] == 0 and row["seeds"] == []
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -422,6 +433,7 @@ def test_warmup_then_cosine_by_hand():
     assert [warmup_cosine(s, no_warmup) for s in (0, 6)] == pytest.approx([1.0, 0.55])
     all_warmup = hand_run(**{"optim.warmup_steps": 12})   # nothing left to decay: the peak, then the floor
     assert [warmup_cosine(s, all_warmup) for s in (11, 12, 13)] == pytest.approx([1.0, 1.0, 0.1])
+    assert warmup_cosine(12, hand_run(**{"optim.lr": 0.5})) == pytest.approx(0.05)   # the floor is 0.1 * lr
 
 
 def test_exponential_ramp_by_hand():
@@ -430,6 +442,7 @@ def test_exponential_ramp_by_hand():
     run = hand_run(steps=5)
     assert [ramp.lr_at(s, run) for s in range(5)] == pytest.approx([1e-3, 1e-2, 1e-1, 1.0, 10.0])
     assert ramp.lr_at(0, hand_run(steps=1)) == pytest.approx(1e-3) and ramp.batch_size_at(3, run) == 8
+    assert [ramp.lr_at(s, hand_run(steps=2)) for s in (0, 1)] == pytest.approx([1e-3, 10.0])
 
 
 def test_batch_ramp_by_hand():
@@ -442,6 +455,7 @@ def test_batch_ramp_by_hand():
     assert BatchRamp(3, 32, "sqrt").lr_at(8, run) == pytest.approx(2 * 0.55)
     assert BatchRamp(3, 32, "none").lr_at(8, run) == pytest.approx(0.55)
     assert BatchRamp(3, 4, "linear").batch_size_at(9, run) == 8   # a cap below the batch size keeps the batch
+    assert [BatchRamp(1, 1024).batch_size_at(s, run) for s in (0, 1, 3, 5)] == [8, 16, 64, 256]   # 8 * 2^s
     assert lr_scale("sqrt", 9) == 3.0 and lr_scale("linear", 3) == 3.0 and lr_scale("none", 3) == 1.0
 
 
@@ -459,20 +473,28 @@ def test_shock_by_hand():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: ExponentialRamp(0.0, 1.0), r"ExponentialRamp.end_lr=\(0.0, 1.0\)"),
-    (lambda: ExponentialRamp(1.0, math.inf), r"ExponentialRamp.end_lr=\(1.0, inf\)"),
-    (lambda: BatchRamp(double_every=0), "BatchRamp.double_every=0"),
-    (lambda: BatchRamp(max_batch_size=0), "BatchRamp.max_batch_size=0"),
-    (lambda: BatchRamp(lr_rule="cube"), "BatchRamp.lr_rule='cube'"),
-    (lambda: Shock(kind="drop"), "Shock.kind='drop'"),
-    (lambda: Shock(at_step=-1), "Shock.at_step=-1"),
-    (lambda: Shock(factor=0.0), "Shock.factor=0.0"),
-    (lambda: Shock(factor=math.inf), "Shock.factor=inf"),
-    (lambda: lr_scale("cube", 2.0), "lr_rule='cube'"),
+    (lambda: ExponentialRamp(0.0, 1.0), ("ExponentialRamp.end_lr=(0.0, 1.0) is invalid: expected 0 < start_lr < "
+                                        "end_lr, both finite")),
+    (lambda: ExponentialRamp(1.0, 1.0), "ExponentialRamp.end_lr=(1.0, 1.0) is invalid"),
+    (lambda: ExponentialRamp(1.0, math.inf), "ExponentialRamp.end_lr=(1.0, inf) is invalid"),
+    (lambda: BatchRamp(double_every=0), "BatchRamp.double_every=0 is invalid: expected a positive integer"),
+    (lambda: BatchRamp(max_batch_size=0), "BatchRamp.max_batch_size=0 is invalid: expected a positive integer"),
+    (lambda: BatchRamp(lr_rule="cube"), ("BatchRamp.lr_rule='cube' is invalid: expected one of ('none', 'linear', "
+                                        "'sqrt')")),
+    (lambda: Shock(kind="drop"), "Shock.kind='drop' is invalid: expected one of ('jump', 'no_warmup')"),
+    (lambda: Shock(at_step=-1), "Shock.at_step=-1 is invalid: expected a non-negative step"),
+    (lambda: Shock(factor=0.0), "Shock.factor=0.0 is invalid: expected a positive finite factor"),
+    (lambda: Shock(factor=math.inf), "Shock.factor=inf is invalid"),
+    (lambda: lr_scale("cube", 2.0), "lr_rule='cube' is invalid: expected one of ('none', 'linear', 'sqrt')"),
 ])
 def test_schedules_reject_bad_settings_naming_the_field(make, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         make()
+
+
+def test_schedule_settings_at_their_limits_are_valid():
+    assert BatchRamp(double_every=1, max_batch_size=1).double_every == 1
+    assert Shock(at_step=0, factor=0.5).lr_at(0, hand_run()) == pytest.approx(0.125)   # an LR drop is a shock too
 
 
 def test_from_stress_builds_each_schedule_from_the_stress_settings():
@@ -508,6 +530,8 @@ def test_a_sweep_without_divergence_censors_the_critical_lr_one_grid_step_up():
     figures = sweep_figures([1e-3, 3e-3], [4.0, 5.0], [False, False], 6.0)
     assert figures["critical_lr"] == pytest.approx(9e-3) and figures["critical_lr_censored"] is True
     assert figures["lr_sensitivity"] == pytest.approx(0.5) and figures["best_lr"] == 1e-3
+    three = sweep_figures([1e-3, 1e-2, 3e-2], [4.0, 5.0, 5.5], [False] * 3, 6.0)   # the last grid step: x3
+    assert three["critical_lr"] == pytest.approx(9e-2)
     single = sweep_figures([0.01], [4.0], [False], 6.0)
     assert single["critical_lr"] == pytest.approx(0.02) and single["lr_sensitivity"] == 0.0
 
@@ -558,6 +582,10 @@ def test_ramp_figures_when_the_first_loss_already_diverged_or_none_did():
     assert done["ramp_censored"] is True and done["ramp_divergence_lr"] == 1e4 and done["ramp_divergence_step"] == 3
     assert done["ramp_best_lr"] == pytest.approx(1e-3) and done["ramp_best_loss"] == 3.0 and done["ramp_spikes"] == 1
     assert ramp_figures(ramp_arm([], "completed"), 1.2, 1, 1e4) == {}
+    rising = ramp_figures(ramp_arm([2.0, 3.0, 4.0], "completed"), 1.2, 2, 1e4)   # best at step 0: window [2]
+    assert rising["ramp_best_loss"] == 2.0 and rising["ramp_best_lr"] == pytest.approx(1e-3)
+    late = ramp_figures(ramp_arm([math.nan, 50.0], "diverged", 1), 1.2, 1, 1e4)   # nothing finite before the onset
+    assert late["ramp_divergence_step"] == 0 and late["ramp_best_loss"] == 50.0   # the best of all steps
 
 
 def test_ramp_onset_after_a_non_finite_initial_stretch():
@@ -569,9 +597,9 @@ def test_ramp_onset_after_a_non_finite_initial_stretch():
 
 def test_shock_figures_by_hand():
     """Shock at step 3, smoothing 2: pre-shock loss mean(2.2, 2.0) = 2.1. After: 3.0, 2.6, 2.2, 2.0,
-    1.9: rolling means (full windows of 2) 2.8, 2.4, 2.1 -> back at 2.1 after 4 steps; peak 3.0 before
-    recovery (the 2.0 and 1.9 after it are not counted), excess 0.9. Spikes after the shock: steps 4, 6."""
-    losses = [4.0, 3.0, 2.2, 2.0, 3.0, 2.6, 2.2, 2.0, 1.9]
+    3.5: rolling means (full windows of 2) 2.8, 2.4, 2.1 -> back at 2.1 after 4 steps; peak 3.0 before
+    recovery (the 3.5 after it is not counted), excess 0.9. Spikes after the shock: steps 4, 6."""
+    losses = [4.0, 3.0, 2.2, 2.0, 3.0, 2.6, 2.2, 2.0, 3.5]
     spikes = [False, True, False, True, True, False, True, False, False]
     figures = shock_figures(losses, spikes, shock_step=3, smoothing=2, status="completed")
     assert figures == {"shock_step": 3, "shock_pre_loss": pytest.approx(2.1), "shock_peak_excess": pytest.approx(0.9),
@@ -601,6 +629,8 @@ def test_shock_at_step_zero_and_windows_longer_than_what_is_left():
     assert stuck["shock_pre_loss"] == 3.0 and stuck["shock_recovery_steps"] == 2 and not stuck["shock_recovered"]
     back = shock_figures([3.0, 4.0, 1.5], [False] * 3, 0, 3, "completed")
     assert back["shock_recovery_steps"] == 2 and back["shock_recovered"] and back["shock_peak_excess"] == 1.0
+    nan_after = shock_figures([2.0, 2.0, math.nan], [False] * 3, 1, 2, "diverged")
+    assert nan_after["shock_peak_excess"] == math.inf and nan_after["shock_recovery_steps"] == 1
     nan_before = shock_figures([math.nan, math.nan, 4.0], [False] * 3, 1, 2, "completed")
     assert nan_before["shock_pre_loss"] is None and nan_before["shock_peak_excess"] is None
 
@@ -617,6 +647,7 @@ def test_loss_vs_tokens_by_hand():
     assert loss_vs_tokens(arm, points=50)[:2] == [[8, 1.0], [16, 2.0]]   # more points than steps: one per step
     assert loss_vs_tokens({"series": {"loss": [], "tokens": []}}) == []
     assert len(loss_vs_tokens({"series": {"loss": [1.0] * 120, "tokens": list(range(120))}})) == 40   # every 3
+    assert len(loss_vs_tokens({"series": {"loss": [1.0] * 51, "tokens": list(range(51))}})) == 26    # every 2
 
 
 def test_finite_means_a_real_finite_number():
@@ -677,7 +708,8 @@ def test_claims_table_states_each_verdict():
     record = claim_record(m_act_mean=(-2.0, -1.0), heldout_loss=(0.5, 1.5), accuracy=(-0.1, 0.1))
     record["paired"]["gated"]["critical_lr"] = {"baseline": 1.0, "treatment": 1.0, "difference": 0.0,
                                                 "ci_low": None, "ci_high": None, "p_value": None, "n": 1}
-    rows = claim_rows(record, ["m_act_mean", "heldout_loss", "accuracy", "critical_lr", "f_attn_mean"])
+    record["paired"]["gated"]["accuracy"]["n"] = 2   # two seeds are enough for an interval: undecided, not n<2
+    rows = claim_rows(record, ["f_attn_mean", "m_act_mean", "heldout_loss", "accuracy", "critical_lr"])
     lines = claims_table(rows, title="M-Act claim").splitlines()
     assert lines[0] == "M-Act claim"
     assert re.split(r"\s{2,}", lines[1]) == [
@@ -686,7 +718,7 @@ def test_claims_table_states_each_verdict():
     assert cells["m_act_mean"].split()[-1] == "yes" and "[-2, -1]" in cells["m_act_mean"]
     assert cells["heldout_loss"].split()[-1] == "NO"
     assert cells["accuracy"].split()[-1] == "undecided"
-    assert cells["critical_lr"].split()[-2:] == ["1", "n<2"]
+    assert cells["critical_lr"].split() == ["critical_lr", "higher", "1", "1", "0", "-", "-", "1", "n<2"]
     assert cells["f_attn_mean"].split() == ["f_attn_mean", "lower", "-", "-", "-", "-", "-", "0", "not", "measured"]
     assert cells["m_act_mean"].split()[1:5] == ["lower", "1", "2", "1"] and cells["m_act_mean"].split()[-3:-1] == \
         ["0.25", "3"]

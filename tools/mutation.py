@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,13 @@ TARGETS = {
     "record": Target("stability/record.py",
                      ("spike_score", "final_figures", "_finite_mean", "usable_value", "arm_names", "paired_summary"),
                      (HAND, "tests/test_probes.py", "tests/test_regression.py")),
-    "schedules": Target("stability/schedules.py", ("*",), ("tests/test_stress.py", HAND)),
+    # every LR and batch-size rule and its settings' checks; not describe() (prose)
+    "schedules": Target("stability/schedules.py",
+                        ("warmup_cosine", "Standard.lr_at", "Standard.batch_size_at", "ExponentialRamp.__post_init__",
+                         "ExponentialRamp.lr_at", "ExponentialRamp.batch_size_at", "lr_scale",
+                         "BatchRamp.__post_init__", "BatchRamp.batch_size_at", "BatchRamp.lr_at", "Shock.__post_init__",
+                         "Shock.shock_step", "Shock.lr_at", "Shock.batch_size_at", "from_stress"),
+                        ("tests/test_stress.py", HAND)),
     "stress": Target("stability/stress.py",
                      ("_finite", "_rolling_min_index", "sweep_figures", "reference_index", "update_before",
                       "ramp_figures", "loss_vs_tokens", "shock_figures"),
@@ -93,8 +99,42 @@ class Equivalent:
 EQUIVALENTS: tuple[Equivalent, ...] = ()
 
 
+@dataclass(frozen=True)
+class Slip:
+    """A mistake written by hand (mutmut has no operator for it: min for max, n for n - 1): in
+    ``module``, the text ``original`` (found exactly once) replaced by ``mutant``."""
+
+    module: str
+    what: str
+    original: str
+    mutant: str
+
+
+SLIPS = (
+    Slip("probes", "the spike std over n - 1 values", "/ len(self.history))", "/ (len(self.history) - 1))"),
+    Slip("probes", "the spike std over n + 1 values", "/ len(self.history))", "/ (len(self.history) + 1))"),
+    Slip("probes", "the spike std over the window size", "/ len(self.history))", "/ self.history.maxlen)"),
+    Slip("probes", "m_act_max the minimum over layers", '"m_act_max": max(', '"m_act_max": min('),
+    Slip("probes", "max_attn_logit the minimum over layers", '"max_attn_logit": max(', '"max_attn_logit": min('),
+    Slip("probes", "m_act_mean the largest layer's", 'values) / len(values) if values', 'max(values) if values'),
+    Slip("stats", "the t-interval with n degrees of freedom", "t_critical(n - 1)", "t_critical(n)"),
+    Slip("stats", "the sample std over n", "/ (n - 1)) if scale", "/ n) if scale"),
+    Slip("stats", "the standard error over sqrt(n - 1)", "/ math.sqrt(n)", "/ math.sqrt(n - 1)"),
+    Slip("regression", "the band from the current run's spread", "spread = sample_std(list(base.values()))",
+         "spread = sample_std(list(cur.values()))"),
+    Slip("record", "the lowest train loss the highest", '"min_train_loss": min(', '"min_train_loss": max('),
+    Slip("record", "the final train loss over the first 10 steps", "_finite_mean(losses[-10:])",
+         "_finite_mean(losses[:10])"),
+    Slip("stress", "the critical LR the largest failing LR", "critical, censored = min(failing), False",
+         "critical, censored = max(failing), False"),
+    Slip("stress", "LR sensitivity from the worst LR", "best = min(counted)", "best = max(counted)"),
+    Slip("quantize", "KL(quantized || full)", "(log_p.exp() * (log_p - log_q))", "(log_q.exp() * (log_q - log_p))"),
+)
+
+
 # ----------------------------------------------------------------------------- what mutmut sees
 
+PYTEST_ARGS = ["-n", "0", "-p", "no:cacheprovider"]
 SEPARATOR = "\u01c1"  # mutmut's class/method separator in mutant names
 
 
@@ -134,17 +174,24 @@ def mangled(module: str, function: str) -> str:
 
 # ----------------------------------------------------------------------------- one module
 
-def prepare(name: str, target: Target) -> Path:
-    """A fresh scratch copy for ``name``: the package (kernels/ in its installed place), the tests,
-    conftest.py, and pyproject.toml with this module's mutmut settings."""
-    work = SCRATCH / name
+def copy_tree(work: Path) -> Path:
+    """A fresh copy in ``work`` of what the tests import: the package (kernels/ in its installed
+    place, so nothing is read from the repository), the tests, conftest.py and pyproject.toml."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    shutil.copytree(ROOT / "stability", work / "stability", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "kernels", work / "stability" / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "stability", work / "stability", ignore=skip)
+    shutil.copytree(ROOT / "kernels", work / "stability" / "kernels", ignore=skip)
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=skip)
     shutil.copy2(ROOT / "conftest.py", work / "conftest.py")
-    text = (ROOT / "pyproject.toml").read_text()
+    shutil.copy2(ROOT / "pyproject.toml", work / "pyproject.toml")
+    return work
+
+
+def prepare(name: str, target: Target) -> Path:
+    """The scratch copy of ``name`` with this module's mutmut settings appended to pyproject.toml."""
+    work = copy_tree(SCRATCH / name)
+    text = (work / "pyproject.toml").read_text()
     if "mutmut" in tomllib.loads(text).get("tool", {}):
         raise SystemExit("pyproject.toml has a [tool.mutmut] table: the settings of each module come from "
                          "tools/mutation.py; remove it")
@@ -153,7 +200,7 @@ def prepare(name: str, target: Target) -> Path:
         "only_mutate": [target.path],
         "also_copy": ["conftest.py"],
         # one process per mutant; xdist off (the repository's addopts start workers)
-        "pytest_add_cli_args": ["-n", "0", "-p", "no:cacheprovider"],
+        "pytest_add_cli_args": PYTEST_ARGS,
         "pytest_add_cli_args_test_selection": list(target.tests),
         "use_git_change_detection": False,
     }
@@ -207,27 +254,34 @@ def changed_lines(diff: str) -> tuple[str, str]:
 
 @dataclass
 class Score:
+    """What happened to the mutants of one module."""
+
     module: str
     mutants: int = 0
     killed: int = 0
     timeout: int = 0
-    equivalent: int = 0
-    survivors: list = None
-    equivalents: list = None
-    not_mutated: list = None
-    missing: list = None
+    equivalents: list = field(default_factory=list)    # (mutant, function, original, mutated, why)
+    survivors: list = field(default_factory=list)      # (mutant, status, diff)
+    slips: list = field(default_factory=list)          # (what, outcome)
+    not_mutated: list = field(default_factory=list)
+    missing: list = field(default_factory=list)
 
     @property
     def score(self) -> float:
-        judged = self.mutants - self.equivalent
+        judged = self.mutants - len(self.equivalents)
         return (self.killed + self.timeout) / judged if judged else 1.0
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.survivors or self.missing or self.mutants == 0
+                    or any(outcome != "killed" for _, outcome in self.slips))
 
 
 def run_module(name: str, jobs: int) -> Score:
     target = TARGETS[name]
     module = target.path[:-3].replace("/", ".")
     mutated, not_mutated, missing = scope(name, target)
-    score = Score(name, survivors=[], equivalents=[], not_mutated=not_mutated, missing=missing)
+    score = Score(name, not_mutated=not_mutated, missing=missing)
     work = prepare(name, target)
     wanted = {mangled(module, f): f for f in mutated}
     print(f"{name}: mutating {len(mutated)} function(s) of {target.path} against {', '.join(target.tests)} "
@@ -250,33 +304,56 @@ def run_module(name: str, jobs: int) -> Score:
         equivalent = next((e for e in EQUIVALENTS if e.module == name and e.function == function
                            and e.original == original and e.mutant == changed), None)
         if equivalent is not None and outcomes[mutant] == "survived":
-            score.equivalent += 1
             score.equivalents.append((mutant, function, original, changed, equivalent.why))
         else:
             score.survivors.append((mutant, outcomes[mutant], diff))
     if score.mutants == 0:
         print(f"{name}: mutmut reported no mutant; see {work / 'mutmut.log'}", file=sys.stderr)
+    score.slips = run_slips(name)
     return score
+
+
+def run_slips(name: str) -> list[tuple[str, str]]:
+    """(what, outcome) of each hand-written slip of ``name``: "killed", "SURVIVED" or "not applied"."""
+    target, out = TARGETS[name], []
+    for slip in (s for s in SLIPS if s.module == name):
+        work = copy_tree(SCRATCH / f"{name}-slip")
+        path = work / target.path
+        text = path.read_text()
+        if text.count(slip.original) != 1:
+            out.append((slip.what, f"not applied ({slip.original!r} occurs {text.count(slip.original)} times)"))
+            continue
+        path.write_text(text.replace(slip.original, slip.mutant))
+        env = {**os.environ, "PYTHONPATH": str(work), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", *PYTEST_ARGS, *target.tests], cwd=work,
+                                env=env, capture_output=True, text=True, check=False)
+        out.append((slip.what, "killed" if result.returncode == 1 else
+                    "SURVIVED" if result.returncode == 0 else f"error (pytest exit {result.returncode})"))
+    shutil.rmtree(SCRATCH / f"{name}-slip", ignore_errors=True)
+    return out
 
 
 # ----------------------------------------------------------------------------- the report
 
 def report(scores: list[Score]) -> str:
-    header = ("module", "mutants", "killed", "timeout", "equivalent", "survived", "score")
-    rows = [header] + [(s.module, str(s.mutants), str(s.killed), str(s.timeout), str(s.equivalent),
-                        str(len(s.survivors)), f"{100 * s.score:.1f}%") for s in scores]
+    header = ("module", "mutants", "killed", "timeout", "equivalent", "survived", "score", "slips killed")
+    rows = [header] + [(s.module, str(s.mutants), str(s.killed), str(s.timeout), str(len(s.equivalents)),
+                        str(len(s.survivors)), f"{100 * s.score:.1f}%",
+                        f"{sum(o == 'killed' for _, o in s.slips)}/{len(s.slips)}") for s in scores]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    table = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
-    out = ["", "mutation score (killed + timeout) / (mutants - equivalent):", *table]
+    table = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    out = ["", "mutation score = (killed + timeout) / (mutants - equivalent); slips: mistakes written by hand",
+           *table]
     for s in scores:
-        for mutant, function, original, changed, why in s.equivalents:
-            out.append(f"equivalent {mutant} ({function}): {original!r} -> {changed!r}: {why}")
+        out += [f"{s.module}: equivalent {function}: {original} -> {changed}: {why}"
+                for _, function, original, changed, why in s.equivalents]
+        out += [f"{s.module}: slip '{what}': {outcome}" for what, outcome in s.slips if outcome != "killed"]
         if s.not_mutated:
             out.append(f"{s.module}: not mutated (decorated, mutmut skips them): {', '.join(s.not_mutated)}")
         if s.missing:
             out.append(f"{s.module}: listed in TARGETS but not in the module: {', '.join(s.missing)}")
         for mutant, status, diff in s.survivors:
-            out += ["", f"SURVIVED ({status}) {mutant}", diff.strip()]
+            out += ["", f"{s.module}: SURVIVED ({status}) {mutant}", diff.strip()]
     return "\n".join(out)
 
 
@@ -300,8 +377,7 @@ def main(argv=None) -> int:
         return 0
     scores = [run_module(name, args.jobs) for name in names]
     print(report(scores))
-    failed = any(s.survivors or s.missing or s.mutants == 0 for s in scores)
-    return 1 if failed else 0
+    return 1 if any(s.failed for s in scores) else 0
 
 
 if __name__ == "__main__":
