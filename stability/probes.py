@@ -187,13 +187,12 @@ def kurtosis(x: torch.Tensor) -> float:
     return (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else float("nan")
 
 
-@torch.no_grad()
 def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
     """All per-layer figures of ``model`` on one probe batch (B, S).
 
     ``model`` is a ``GatedLM`` or a ``stability.models.WrappedLM``: M-Act from the outputs of
     ``model.blocks``, the attention figures through ``model.set_observer`` (the explicit attention
-    path, or the eager probe attention of an HF model). Runs one forward with hooks, then removes them.
+    path, or the eager probe attention of an HF model). Runs one forward (without autograd) with hooks, then removes them.
     A figure the model cannot show (attention of a module without an observer) is None."""
     n_layers = len(model.blocks)
     layers = [{} for _ in range(n_layers)]
@@ -231,7 +230,8 @@ def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
     model.eval()
     model.set_observer(observe)
     try:
-        logits = model(tokens)
+        with torch.no_grad():
+            logits = model(tokens)
     finally:
         model.set_observer(None)
         model.train(was_training)

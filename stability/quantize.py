@@ -364,11 +364,11 @@ def relative_output_error(reference_out: torch.Tensor, quantized_out: torch.Tens
     return diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))
 
 
-@torch.no_grad()
 def output_kl(reference: nn.Module, quantized: nn.Module, tokens: torch.Tensor) -> float:
     """Mean over tokens of KL(p_reference || p_quantized) of the next-token distributions, in nats."""
-    log_p = reference(tokens).float().log_softmax(-1)
-    log_q = quantized(tokens).float().log_softmax(-1)
+    with torch.no_grad():
+        log_p = reference(tokens).float().log_softmax(-1)
+        log_q = quantized(tokens).float().log_softmax(-1)
     return (log_p.exp() * (log_p - log_q)).sum(-1).mean().item()
 
 

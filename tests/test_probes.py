@@ -127,3 +127,88 @@ def test_heavy_probes_on_a_model_with_a_planted_sink_and_massive_activation():
     assert set(after["linear_inputs"]) >= {"blocks.0.attn.q_proj", "blocks.1.mlp.w_down"}
     assert after["gate_score_mean"] is None  # a baseline model has no gate
     assert not any(b.attn.observer for b in model.blocks)
+
+
+def test_spike_detector_waits_for_ten_values_by_default():
+    detector = probes.SpikeDetector(window=20, k=1.0)
+    assert not any(detector.update(1.0) for _ in range(10))
+    assert detector.update(1.5)   # the 11th value is judged on the 10 before it
+
+
+def test_layer_groups_split_embeddings_blocks_and_the_rest():
+    model = nn.Module()
+    model.embed = nn.Embedding(3, 2)
+    model.blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2, bias=False)])
+    model.norm = nn.LayerNorm(2)
+    groups = probes.layer_groups(model)
+    assert list(groups) == ["embed", "layer0", "layer1", "head"]
+    assert groups["layer0"] == [model.blocks[0].weight, model.blocks[0].bias]
+    assert groups["layer1"] == [model.blocks[1].weight] and groups["embed"] == [model.embed.weight]
+    assert groups["head"] == [model.norm.weight, model.norm.bias]
+
+
+def test_grad_norms_stay_on_the_parameters_device():
+    a, b = nn.Parameter(torch.zeros(2, device="meta")), nn.Parameter(torch.zeros(1, device="meta"))
+    assert probes.grad_norms({"first": [a], "second": [b]}).device.type == "meta"   # no gradient yet
+    assert probes.grad_norms({"first": [a], "second": [b]}).shape == (3,)
+    a.grad, b.grad = torch.zeros(2, device="meta"), torch.zeros(1, device="meta")
+    assert probes.grad_norms({"first": [a], "second": [b]}).device.type == "meta"
+    cpu = nn.Parameter(torch.zeros(1))
+    assert probes.grad_norms({"first": [cpu], "second": []}).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_grad_norms_skip_parameters_without_a_gradient():
+    a, b, c = (nn.Parameter(torch.zeros(1)) for _ in range(3))
+    a.grad, c.grad = torch.tensor([6.0]), torch.tensor([8.0])
+    assert probes.grad_norms({"first": [a, b], "second": [c]}).tolist() == pytest.approx([10.0, 6.0, 8.0])
+
+
+def test_nonfinite_grad_modules_name_the_parameters_with_nan_or_inf_gradients():
+    model = nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1), nn.Linear(1, 1))
+    model[0].weight.grad = torch.tensor([[1.0]])
+    model[1].weight.grad = torch.tensor([[float("inf")]])
+    model[1].bias.grad = torch.tensor([float("nan")])
+    assert probes.nonfinite_grad_modules(model) == ["1.weight", "1.bias"]
+
+
+class Pair(nn.Module):
+    """A module whose output is a tuple (output, extra), like an attention layer returning its weights."""
+
+    def __init__(self, first: float, second: float):
+        super().__init__()
+        self.first, self.second = first, second
+
+    def forward(self, x):
+        return x * self.first, x * self.second
+
+
+def test_first_nonfinite_module_reads_the_first_element_of_a_tuple_output_and_every_row():
+    x = torch.ones(2, 3)
+    parent = nn.Module()
+    parent.extra_bad = Pair(1.0, float("nan"))   # only the extra element is non-finite: not an offender
+    parent.out_bad = Pair(float("inf"), 1.0)
+    assert probes.first_nonfinite_module(parent, lambda: parent.extra_bad(x)) is None
+    assert probes.first_nonfinite_module(parent, lambda: parent.out_bad(x)) == "out_bad"
+    rows = nn.Module()
+    rows.scale = nn.Linear(3, 3)
+    with torch.no_grad():
+        rows.scale.weight.fill_(1.0)
+        rows.scale.bias.fill_(0.0)
+    assert probes.first_nonfinite_module(rows, lambda: rows.scale(torch.tensor([[1.0, 1, 1], [1, float("inf"), 1]]))) \
+        == "scale"   # only the second row is non-finite
+
+
+def test_massive_activation_of_a_mostly_zero_residual_has_an_infinite_ratio():
+    residual = torch.zeros(1, 3, 4)
+    residual[0, 1, 2] = 5.0
+    assert probes.massive_activation(residual) == (5.0, math.inf)
+
+
+def test_first_token_share_needs_more_query_positions_than_it_leaves_out():
+    with pytest.raises(ValueError, match="probs has 1 query positions: F-Attn needs more than 1"):
+        probes.first_token_share(torch.ones(1, 2, 1, 1))   # 2 heads, 1 query
+    assert probes.first_token_share(torch.ones(1, 2, 1, 1), first_query=0).tolist() == [1.0, 1.0]
+
+
+def test_kurtosis_of_a_constant_is_nan():
+    assert math.isnan(probes.kurtosis(torch.full((5,), 3.0)))

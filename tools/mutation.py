@@ -1,0 +1,384 @@
+"""Mutation testing of the figure code: do the tests fail when the arithmetic is wrong?
+
+    python tools/mutation.py                 # every module of TARGETS, then the score table
+    python tools/mutation.py stats probes    # some modules
+    python tools/mutation.py --list          # the modules, the functions mutated and their tests
+
+For each module, mutmut (https://mutmut.readthedocs.io) makes every small change ("mutant") it
+knows to the functions listed in ``TARGETS`` (``<`` for ``<=``, ``n + 1`` for ``n - 1``, ``min``
+for ``max`` ...) and runs the tests of the module's selection that reach the changed function. A
+mutant is *killed* when a test fails (or runs out of time), *survives* when every test passes.
+A surviving mutant is either a gap in the tests or *equivalent*: a change that computes the same
+thing on every input the code can get. The equivalents judged by hand are listed in
+``EQUIVALENTS`` with the reason; they are matched by their diff (the original and the mutated
+line), so renumbered mutants keep their verdict.
+
+Each module runs in its own scratch copy ``.mutation/<module>/`` (the package, the tests and a
+pyproject.toml carrying that module's mutmut settings), from scratch every time. The table gives,
+per module, killed / (mutants - equivalents); every other survivor is printed with its diff and
+makes the exit status 1. The mutmut output of a module is in ``.mutation/<module>/mutmut.log``;
+``cd .mutation/<module> && mutmut show NAME`` shows a mutant.
+
+mutmut does not mutate decorated functions (``@property``, ``@torch.no_grad()``): keep figure
+arithmetic out of them (``--list`` names the listed functions it cannot reach).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRATCH = ROOT / ".mutation"
+HAND = "tests/test_figures_by_hand.py"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A module under mutation: its file, the functions mutated ("*": all; "Class.method") and the
+    test files run against it (fast: mutmut runs the ones that reach each mutated function)."""
+
+    path: str
+    functions: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+TARGETS = {
+    "probes": Target("stability/probes.py", ("*",), ("tests/test_probes.py", HAND)),
+    "stats": Target("stability/stats.py", ("*",), (HAND, "tests/test_regression.py")),
+    # the comparison and its verdicts; not the table/Markdown rendering, nor reading and writing files
+    "regression": Target("stability/regression.py",
+                         ("paired_arm", "regression_records", "_check_usable", "case_values", "make_baseline",
+                          "resolve_tolerances", "_mean", "compare_values", "_paired_values", "_status_rows",
+                          "_compare_case", "check"),
+                         ("tests/test_regression.py", HAND)),
+    "record": Target("stability/record.py",
+                     ("spike_score", "final_figures", "_finite_mean", "usable_value", "arm_names", "paired_summary"),
+                     (HAND, "tests/test_probes.py", "tests/test_regression.py")),
+    # every LR and batch-size rule and its settings' checks; not describe() (prose)
+    "schedules": Target("stability/schedules.py",
+                        ("warmup_cosine", "Standard.lr_at", "Standard.batch_size_at", "ExponentialRamp.__post_init__",
+                         "ExponentialRamp.lr_at", "ExponentialRamp.batch_size_at", "lr_scale",
+                         "BatchRamp.__post_init__", "BatchRamp.batch_size_at", "BatchRamp.lr_at", "Shock.__post_init__",
+                         "Shock.shock_step", "Shock.lr_at", "Shock.batch_size_at", "from_stress"),
+                        ("tests/test_stress.py", HAND)),
+    "stress": Target("stability/stress.py",
+                     ("_finite", "_rolling_min_index", "sweep_figures", "reference_index", "update_before",
+                      "ramp_figures", "loss_vs_tokens", "shock_figures"),
+                     ("tests/test_stress.py", HAND)),
+    "claims": Target("stability/claims.py", ("*",), ("tests/test_stress.py", HAND)),
+    "quantize": Target("stability/quantize.py",
+                       ("fake_quant_int8", "FakeQuantLinear.forward", "linear_input_stats", "_capture_inputs",
+                        "relative_output_error", "output_kl", "per_linear_damage", "_cast_counts",
+                        "quant_figures"),
+                       ("tests/test_quantize.py", HAND)),
+}
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    """A mutant judged equivalent: in ``function`` of ``module``, the line ``original`` (stripped)
+    mutated into ``mutant``, and why no input the code can get tells them apart."""
+
+    module: str
+    function: str
+    original: str
+    mutant: str
+    why: str
+
+
+EQUIVALENTS: tuple[Equivalent, ...] = ()
+
+
+@dataclass(frozen=True)
+class Slip:
+    """A mistake written by hand (mutmut has no operator for it: min for max, n for n - 1): in
+    ``module``, the text ``original`` (found exactly once) replaced by ``mutant``."""
+
+    module: str
+    what: str
+    original: str
+    mutant: str
+
+
+SLIPS = (
+    Slip("probes", "the spike std over n - 1 values", "/ len(self.history))", "/ (len(self.history) - 1))"),
+    Slip("probes", "the spike std over n + 1 values", "/ len(self.history))", "/ (len(self.history) + 1))"),
+    Slip("probes", "the spike std over the window size", "/ len(self.history))", "/ self.history.maxlen)"),
+    Slip("probes", "m_act_max the minimum over layers", '"m_act_max": max(', '"m_act_max": min('),
+    Slip("probes", "max_attn_logit the minimum over layers", '"max_attn_logit": max(', '"max_attn_logit": min('),
+    Slip("probes", "m_act_mean the largest layer's", 'values) / len(values) if values', 'max(values) if values'),
+    Slip("stats", "the t-interval with n degrees of freedom", "t_critical(n - 1)", "t_critical(n)"),
+    Slip("stats", "the sample std over n", "/ (n - 1)) if scale", "/ n) if scale"),
+    Slip("stats", "the standard error over sqrt(n - 1)", "/ math.sqrt(n)", "/ math.sqrt(n - 1)"),
+    Slip("regression", "the band from the current run's spread", "spread = sample_std(list(base.values()))",
+         "spread = sample_std(list(cur.values()))"),
+    Slip("record", "the lowest train loss the highest", '"min_train_loss": min(', '"min_train_loss": max('),
+    Slip("record", "the final train loss over the first 10 steps", "_finite_mean(losses[-10:])",
+         "_finite_mean(losses[:10])"),
+    Slip("stress", "the critical LR the largest failing LR", "critical, censored = min(failing), False",
+         "critical, censored = max(failing), False"),
+    Slip("stress", "LR sensitivity from the worst LR", "best = min(counted)", "best = max(counted)"),
+    Slip("quantize", "KL(quantized || full)", "(log_p.exp() * (log_p - log_q))", "(log_q.exp() * (log_q - log_p))"),
+)
+
+
+# ----------------------------------------------------------------------------- what mutmut sees
+
+PYTEST_ARGS = ["-n", "0", "-p", "no:cacheprovider"]
+SEPARATOR = "\u01c1"  # mutmut's class/method separator in mutant names
+
+
+def functions_in(path: Path) -> dict[str, bool]:
+    """Top-level functions and methods of a module ("Class.method") -> whether mutmut can mutate it
+    (it skips decorated functions other than static and class methods)."""
+    tree = ast.parse(path.read_text())
+    found: dict[str, bool] = {}
+
+    def mutable(node) -> bool:
+        names = [d.id for d in node.decorator_list if isinstance(d, ast.Name)]
+        return not node.decorator_list or (len(node.decorator_list) == 1 and names in (["staticmethod"],
+                                                                                        ["classmethod"]))
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = mutable(node)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[f"{node.name}.{item.name}"] = mutable(item)
+    return found
+
+
+def scope(name: str, target: Target) -> tuple[list[str], list[str], list[str]]:
+    """(functions mutated, listed functions mutmut cannot mutate, listed functions that do not exist)."""
+    present = functions_in(ROOT / target.path)
+    listed = list(present) if target.functions == ("*",) else list(target.functions)
+    return ([f for f in listed if present.get(f)], [f for f in listed if f in present and not present[f]],
+            [f for f in listed if f not in present])
+
+
+def mangled(module: str, function: str) -> str:
+    """mutmut's name of a function: stability.stats.x_t_critical, stability.probes.xǁSpikeDetectorǁupdate."""
+    cls, _, func = function.rpartition(".")
+    return f"{module}.x{SEPARATOR}{cls}{SEPARATOR}{func}" if cls else f"{module}.x_{func}"
+
+
+# ----------------------------------------------------------------------------- one module
+
+def copy_tree(work: Path) -> Path:
+    """A fresh copy in ``work`` of what the tests import: the package (kernels/ in its installed
+    place, so nothing is read from the repository), the tests, conftest.py and pyproject.toml."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "stability", work / "stability", ignore=skip)
+    shutil.copytree(ROOT / "kernels", work / "stability" / "kernels", ignore=skip)
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=skip)
+    shutil.copy2(ROOT / "conftest.py", work / "conftest.py")
+    shutil.copy2(ROOT / "pyproject.toml", work / "pyproject.toml")
+    return work
+
+
+def prepare(name: str, target: Target) -> Path:
+    """The scratch copy of ``name`` with this module's mutmut settings appended to pyproject.toml."""
+    work = copy_tree(SCRATCH / name)
+    text = (work / "pyproject.toml").read_text()
+    if "mutmut" in tomllib.loads(text).get("tool", {}):
+        raise SystemExit("pyproject.toml has a [tool.mutmut] table: the settings of each module come from "
+                         "tools/mutation.py; remove it")
+    settings = {
+        "source_paths": ["stability/"],
+        "only_mutate": [target.path],
+        "also_copy": ["conftest.py"],
+        # one process per mutant; xdist off (the repository's addopts start workers)
+        "pytest_add_cli_args": PYTEST_ARGS,
+        "pytest_add_cli_args_test_selection": list(target.tests),
+        "use_git_change_detection": False,
+    }
+    lines = ["", "[tool.mutmut]"] + [f"{key} = {toml_value(value)}" for key, value in settings.items()]
+    (work / "pyproject.toml").write_text(text + "\n".join(lines) + "\n")
+    return work
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    return f'"{value}"'
+
+
+def mutmut(work: Path, *args: str, log=None) -> str:
+    """Run mutmut in ``work`` (one thread per process: the forked workers never share a thread pool)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, text=True,
+                            stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    return result.stdout or ""
+
+
+DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+names = json.load(sys.stdin)
+print(json.dumps({name: get_diff_for_mutant(name) for name in names}))
+"""
+
+
+def diffs(work: Path, names: list[str]) -> dict[str, str]:
+    """The diff of each mutant in ``names``, in one process (``mutmut show`` per mutant costs seconds)."""
+    if not names:
+        return {}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run([sys.executable, "-c", DIFFS], cwd=work, env=env, input=json.dumps(names), text=True,
+                            capture_output=True, check=False)
+    if result.returncode == 0:
+        return json.loads(result.stdout)
+    return {name: mutmut(work, "show", name) for name in names}   # another mutmut version: its command
+
+
+def changed_lines(diff: str) -> tuple[str, str]:
+    """The removed and the added line of a one-line mutant's diff (stripped)."""
+    removed = [line[1:].strip() for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return " / ".join(removed), " / ".join(added)
+
+
+@dataclass
+class Score:
+    """What happened to the mutants of one module."""
+
+    module: str
+    mutants: int = 0
+    killed: int = 0
+    timeout: int = 0
+    equivalents: list = field(default_factory=list)    # (mutant, function, original, mutated, why)
+    survivors: list = field(default_factory=list)      # (mutant, status, diff)
+    slips: list = field(default_factory=list)          # (what, outcome)
+    not_mutated: list = field(default_factory=list)
+    missing: list = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        judged = self.mutants - len(self.equivalents)
+        return (self.killed + self.timeout) / judged if judged else 1.0
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.survivors or self.missing or self.mutants == 0
+                    or any(outcome != "killed" for _, outcome in self.slips))
+
+
+def run_module(name: str, jobs: int) -> Score:
+    target = TARGETS[name]
+    module = target.path[:-3].replace("/", ".")
+    mutated, not_mutated, missing = scope(name, target)
+    score = Score(name, not_mutated=not_mutated, missing=missing)
+    work = prepare(name, target)
+    wanted = {mangled(module, f): f for f in mutated}
+    print(f"{name}: mutating {len(mutated)} function(s) of {target.path} against {', '.join(target.tests)} "
+          f"(log: {(work / 'mutmut.log').relative_to(ROOT)})", flush=True)
+    with open(work / "mutmut.log", "w") as log:
+        mutmut(work, "run", "--max-children", str(jobs), *[f"{m}__mutmut_*" for m in wanted], log=log)
+    listing = mutmut(work, "results", "--all", "true")
+    outcomes = {}
+    for line in listing.splitlines():
+        match = re.match(r"\s*(\S+__mutmut_\d+): (.+)$", line)
+        if match and match.group(1).partition("__mutmut_")[0] in wanted:
+            outcomes[match.group(1)] = match.group(2)
+    score.mutants = len(outcomes)
+    score.killed = sum(status == "killed" for status in outcomes.values())
+    score.timeout = sum(status == "timeout" for status in outcomes.values())
+    left = [m for m, status in outcomes.items() if status not in ("killed", "timeout")]
+    for mutant, diff in diffs(work, left).items():
+        function = wanted[mutant.partition("__mutmut_")[0]]
+        original, changed = changed_lines(diff)
+        equivalent = next((e for e in EQUIVALENTS if e.module == name and e.function == function
+                           and e.original == original and e.mutant == changed), None)
+        if equivalent is not None and outcomes[mutant] == "survived":
+            score.equivalents.append((mutant, function, original, changed, equivalent.why))
+        else:
+            score.survivors.append((mutant, outcomes[mutant], diff))
+    if score.mutants == 0:
+        print(f"{name}: mutmut reported no mutant; see {work / 'mutmut.log'}", file=sys.stderr)
+    score.slips = run_slips(name)
+    return score
+
+
+def run_slips(name: str) -> list[tuple[str, str]]:
+    """(what, outcome) of each hand-written slip of ``name``: "killed", "SURVIVED" or "not applied"."""
+    target, out = TARGETS[name], []
+    for slip in (s for s in SLIPS if s.module == name):
+        work = copy_tree(SCRATCH / f"{name}-slip")
+        path = work / target.path
+        text = path.read_text()
+        if text.count(slip.original) != 1:
+            out.append((slip.what, f"not applied ({slip.original!r} occurs {text.count(slip.original)} times)"))
+            continue
+        path.write_text(text.replace(slip.original, slip.mutant))
+        env = {**os.environ, "PYTHONPATH": str(work), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", *PYTEST_ARGS, *target.tests], cwd=work,
+                                env=env, capture_output=True, text=True, check=False)
+        out.append((slip.what, "killed" if result.returncode == 1 else
+                    "SURVIVED" if result.returncode == 0 else f"error (pytest exit {result.returncode})"))
+    shutil.rmtree(SCRATCH / f"{name}-slip", ignore_errors=True)
+    return out
+
+
+# ----------------------------------------------------------------------------- the report
+
+def report(scores: list[Score]) -> str:
+    header = ("module", "mutants", "killed", "timeout", "equivalent", "survived", "score", "slips killed")
+    rows = [header] + [(s.module, str(s.mutants), str(s.killed), str(s.timeout), str(len(s.equivalents)),
+                        str(len(s.survivors)), f"{100 * s.score:.1f}%",
+                        f"{sum(o == 'killed' for _, o in s.slips)}/{len(s.slips)}") for s in scores]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    out = ["", "mutation score = (killed + timeout) / (mutants - equivalent); slips: mistakes written by hand",
+           *table]
+    for s in scores:
+        out += [f"{s.module}: equivalent {function}: {original} -> {changed}: {why}"
+                for _, function, original, changed, why in s.equivalents]
+        out += [f"{s.module}: slip '{what}': {outcome}" for what, outcome in s.slips if outcome != "killed"]
+        if s.not_mutated:
+            out.append(f"{s.module}: not mutated (decorated, mutmut skips them): {', '.join(s.not_mutated)}")
+        if s.missing:
+            out.append(f"{s.module}: listed in TARGETS but not in the module: {', '.join(s.missing)}")
+        for mutant, status, diff in s.survivors:
+            out += ["", f"{s.module}: SURVIVED ({status}) {mutant}", diff.strip()]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", metavar="MODULE", help=f"some of {', '.join(TARGETS)} (default: all)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
+    parser.add_argument("--list", action="store_true", help="print the modules, functions and tests; run nothing")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.modules if m not in TARGETS]
+    if unknown:
+        parser.error(f"unknown module(s) {unknown}: expected some of {list(TARGETS)}")
+    names = args.modules or list(TARGETS)
+    if args.list:
+        for name in names:
+            mutated, not_mutated, missing = scope(name, TARGETS[name])
+            print(f"{name}: {TARGETS[name].path}\n  mutated: {', '.join(mutated)}\n  tests: "
+                  f"{', '.join(TARGETS[name].tests)}")
+            if not_mutated or missing:
+                print(f"  not mutated (decorated): {', '.join(not_mutated) or '-'}; missing: {', '.join(missing) or '-'}")
+        return 0
+    scores = [run_module(name, args.jobs) for name in names]
+    print(report(scores))
+    return 1 if any(s.failed for s in scores) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
