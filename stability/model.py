@@ -78,9 +78,16 @@ class GatedLM(nn.Module):
             values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * scale
             param.copy_(values.to(param.device, param.dtype))
 
+    def set_positions(self, length: int, theta: float | None = None) -> None:
+        """Rebuild the rotary tables for ``length`` positions with base ``theta`` (default model.rope_theta):
+        the length-extrapolation probe reads sequences longer than the training context this way."""
+        cos, sin = rope_tables(length, self.config.head_dim, theta or self.config.rope_theta)
+        self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.shape[1] > self.config.context:
-            raise ValueError(f"sequence length {tokens.shape[1]} exceeds model.context={self.config.context}")
+        if tokens.shape[1] > self.rope_cos.shape[0]:
+            raise ValueError(f"sequence length {tokens.shape[1]} exceeds the {self.rope_cos.shape[0]} positions of "
+                             f"the rotary tables (model.context={self.config.context})")
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, self.rope_cos, self.rope_sin)
@@ -104,3 +111,9 @@ class GatedLM(nn.Module):
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy (nats per token) of logits (B, S, V) against targets (B, S), in fp32."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """Mean squared log-partition ``mean(logsumexp(logits)^2)`` over positions of (B, S, V) logits, in fp32:
+    the auxiliary loss of PaLM (Chowdhery et al. 2022), added with a small coefficient (``optim.z_loss``)."""
+    return torch.logsumexp(logits.float(), dim=-1).pow(2).mean()

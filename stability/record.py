@@ -37,14 +37,14 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from stability import figures as fig
-from stability.config import flatten
+from stability.config import BASELINE_ARM, flatten
 from stability.stats import paired_difference
 
 SCHEMA_VERSION = 2
 PURPOSES = ("regression", "claim", "fault", "selfcheck")
 ARM_STATUSES = ("running", "completed", "diverged", "killed", "error")
 USABLE_STATUSES = ("completed", "diverged")
-REFERENCE_ARM = "baseline"
+REFERENCE_ARM = BASELINE_ARM
 SERIES_KEYS = ("step", "lr", "batch_size", "tokens", "loss", "grad_norm", "layer_grad_norm", "loss_scale",
                "loss_spike", "grad_spike", "nonfinite", "skipped")
 

@@ -53,8 +53,7 @@ from dataclasses import replace
 import torch
 
 from stability import config as cfg
-from stability.data import load_corpus
-from stability.experiment import ARMS, quantization_hook, run_pair
+from stability.experiment import after_training, load_checked_corpus, run_pair
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.schedules import Standard, from_stress
 from stability.trainer import train
@@ -111,12 +110,11 @@ class _Case:
         self.kind = kind
         self.config = config
         self.record = new_case_record(config, schedule_name, description, stress=kind)
-        self.corpus = load_corpus(config.run.data, config.run.model.vocab_size, config.run.model.context)
+        self.corpus = load_checked_corpus(config)
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def train(self, run: cfg.RunConfig, schedule, arm: str) -> dict:
-        arm_record = train(run, schedule, corpus=self.corpus, arm=arm,
-                           on_trained=quantization_hook(run, self.config.quant_schemes))
+        arm_record = train(run, schedule, corpus=self.corpus, arm=arm, on_trained=after_training(run, self.config))
         self.runs.append(arm_record["timing"])
         return arm_record
 
@@ -126,7 +124,7 @@ class _Case:
         per arm: arm, seed, status, diverged_at_step, the figures and the extras."""
         per_arm = []
         for seed in self.config.seeds:
-            for arm in ARMS:
+            for arm in self.config.arm_names:
                 run = self.config.arm_config(arm, seed)
                 arm_record = self.train(run, schedule, arm)
                 figures, extras = figures_of(run, arm_record)
@@ -186,7 +184,7 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
                      f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}")
         per_arm, runs = [], []
         for seed in config.seeds:
-            for arm in ARMS:
+            for arm in config.arm_names:
                 base = config.arm_config(arm, seed)
                 records = []
                 for lr in grid:
@@ -307,7 +305,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
                      f"the same run in {', '.join(precisions)}")
         runs = []
         for seed in config.seeds:
-            for arm in ARMS:
+            for arm in config.arm_names:
                 base = config.arm_config(arm, seed)
                 by_precision = {}
                 for p in precisions:
