@@ -94,7 +94,7 @@ def _arm_label(arm: dict) -> str:
 
 
 def plot_curves(record: dict) -> bytes:
-    """Training loss and global grad norm per step, both arms (and all seeds) on one figure."""
+    """Training loss and global grad norm per step, every arm (and all seeds) on one figure."""
     fig, (ax_loss, ax_grad) = _new_figure()
     seeds = sorted({a.get("seed") for a in record["arms"]}, key=str)
     for arm in record["arms"]:
@@ -138,7 +138,7 @@ def plot_lr_sweep(record: dict, points: dict) -> bytes:
 
 
 def plot_loss_vs_lr(record: dict) -> bytes:
-    """Loss against the learning rate of each step (an LR range test), both arms."""
+    """Loss against the learning rate of each step (an LR range test), every arm."""
     fig, (ax,) = _new_figure(5.5, 3.4, 1)
     seeds = sorted({a.get("seed") for a in record["arms"]}, key=str)
     for arm in record["arms"]:
@@ -174,7 +174,7 @@ def _nanmean(values) -> float:
 
 
 def plot_layers(record: dict) -> bytes | None:
-    """F-Attn (first-token attention share) and M-Act (max |activation|) per layer, both arms."""
+    """F-Attn (first-token attention share) and M-Act (max |activation|) per layer, every arm."""
     f_attn, m_act = _layer_figures(record, "f_attn"), _layer_figures(record, "m_act")
     if not f_attn and not m_act:
         return None

@@ -14,7 +14,9 @@ Nothing here keeps state between calls: the config (including its ``stress`` set
 whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
 CPU intra-op threads are set from ``stress.threads`` for the duration of a case and restored.
 
-Every record is a ``stability.record`` case record: ``arms`` (one entry per arm and seed, with
+Every case trains every arm of the config (``config.arm_names``: the baseline and its treatment arms,
+``arms=...``), seed by seed. Every record is a ``stability.record`` case record: ``arms`` (one entry
+per arm and seed, with
 ``arm``, ``seed``, ``status``, ``final`` ...) and ``paired`` (per treatment arm and figure: baseline,
 treatment, difference, 95% interval, p). The case-specific results sit under a key named after the
 case (``record["lr_sweep"]`` ...), and the key figures of each case are added to the arms' ``final``
@@ -170,7 +172,7 @@ def reference_index(lrs: tuple[float, ...], lr: float) -> int:
 
 
 def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
-    """Train both arms at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
+    """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
 
     ``record["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
     sweep figures, and a compact summary of every run. The ``arms`` entries are the runs at the grid
@@ -387,7 +389,7 @@ def run_shock(config: cfg.ExperimentConfig) -> dict:
 # ----------------------------------------------------------------------------- the plain pair
 
 def run_standard(config: cfg.ExperimentConfig) -> dict:
-    """The plain baseline/gated pair at the preset's settings (``stability run`` trains the same)."""
+    """The plain pair (every arm of the config) at the preset's settings (``stability run`` trains the same)."""
     with cpu_threads(config.stress.threads):
         return run_pair(config)
 
