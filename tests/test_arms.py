@@ -13,14 +13,23 @@ from _stability_records import edited, pair_record
 from stability import config as cfg
 from stability import regression as reg
 from stability import report
+from stability.claims import claim_rows, claims_table
 from stability.config import ConfigError, ExperimentConfig, from_dict, resolve, to_dict
 from stability.experiment import run_pair
 from stability.model import GatedLM, z_loss
+from stability.stress import cpu_threads
 from stability.trainer import train
 
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 16,
         "data.batch_size": 4, "data.builtin_bytes": 20_000, "probes.every": 5, "probes.eval_batches": 1,
         "probes.probe_batch_size": 2, "steps": 6, "seeds": "0"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, as the stress cases use: tiny models gain nothing from more."""
+    with cpu_threads(1):
+        yield
 
 
 # ----------------------------------------------------------------------------- the syntax
@@ -162,7 +171,7 @@ def test_run_pair_trains_every_arm_per_seed_and_pairs_each_with_the_baseline():
     assert all(0.5 <= s < 1.0 for s in scores)   # the floored gate never closes below one half
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def three_arms():
     return pair_record(arms="gated,gated_floored")
 
@@ -180,7 +189,23 @@ def test_the_check_judges_every_arm_and_its_paired_difference(three_arms):
     assert not any(arm.startswith("gated-") or arm == "gated" for arm, _ in regressed)
 
 
-def test_a_baseline_with_other_arms_than_the_record_is_compared_where_they_meet(three_arms):
+def test_a_control_is_claimed_against_another_arm_and_may_claim_a_worse_figure(three_arms):
+    """The floored gate against the gate: a claim that the floor takes the M-Act reduction back."""
+    record = three_arms
+    for arm in record["arms"]:
+        if arm["arm"] == "gated_floored":
+            arm["final"]["m_act_mean"] = arm["final"]["m_act_mean"] * 2 + arm["seed"]
+    rows = claim_rows(record, ["m_act_mean", "heldout_loss"], arm="gated_floored", reference="gated", expect="worse")
+    m_act = rows[0]
+    assert m_act["reference"] == "gated" and m_act["holds"] is True and m_act["ci_low"] > 0
+    assert m_act["baseline"] == pytest.approx(sum(a["final"]["m_act_mean"] for a in record["arms"]
+                                                  if a["arm"] == "gated") / 3)
+    as_better = claim_rows(record, ["m_act_mean"], arm="gated_floored", reference="gated")[0]
+    assert as_better["holds"] is False   # the same interval read as "the floor helps" fails
+    assert "gated_floored-gated" in claims_table(rows, arm="gated_floored", reference="gated")
+
+
+def test_a_baseline_of_other_arms_is_a_config_difference_naming_the_arms(three_arms):
     baseline = reg.make_baseline([pair_record()])
     result = reg.check([three_arms], baseline)
     assert result.exit_code == 2 and "run config differs" in result.errors[0] and "arms" in result.errors[0]

@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from stability.cli import main
+from stability.stress import cpu_threads
 
 FAST = ["--set", "steps=8", "--set", "probes.every=4", "--set", "probes.eval_batches=1", "--set", "seeds=0", "--quiet"]
 
@@ -60,7 +61,8 @@ def test_five_arms_make_one_record_and_one_parent_with_a_child_per_arm_and_seed(
     uri = f"sqlite:///{workdir}/mlflow.db"
     args = ["run", "--preset", "smoke", "--tracking-uri", uri, "--experiment", "arms", *FAST, "--set", "seeds=0,1",
             "--set", "arms=controls", "--set", "extrapolation.factors=2", "--set", "extrapolation.eval_batches=1"]
-    assert main(args) == 0
+    with cpu_threads(1):
+        assert main(args) == 0
     out = capsys.readouterr().out
     assert "2 seed(s) x 5 arms" in out and "gated_floored (G1-elementwise-floor0.5)" in out
     records = _records(workdir)

@@ -13,12 +13,20 @@ from stability.data import eval_batches, load_corpus
 from stability.extrapolation import check_corpus, evaluate_lengths, extrapolation_figures, ntk_theta
 from stability.model import GatedLM
 from stability.precision import PrecisionPolicy
+from stability.stress import cpu_threads
 from stability.trainer import evaluate
 
 CONFIG = resolve("smoke", {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1,
                            "model.context": 16, "data.batch_size": 2, "data.builtin_bytes": 20_000,
                            "probes.probe_batch_size": 2, "extrapolation.factors": "2,4",
                            "extrapolation.eval_batches": 2})
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, as the stress cases use: tiny models gain nothing from more."""
+    with cpu_threads(1):
+        yield
 
 
 def frequencies(theta: float, head_dim: int) -> torch.Tensor:
