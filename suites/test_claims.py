@@ -55,3 +55,22 @@ def test_claim_gate_lowers_massive_activations_on_held_out_seeds(device, trackin
     for arm in record["arms"]:
         by_seed.setdefault(arm["seed"], {})[arm["arm"]] = arm["final"]["m_act_mean"]
     assert all(v["gated"] < v["baseline"] for v in by_seed.values()), by_seed
+
+
+# reports/controls.md, regime "controls_ci_150": the ci_150 regime above with the five arms of arms=controls
+# (baseline, G1, G1 headwise, G1 floored at 0.5, G2) and the extrapolation probe at 2x and 4x the context.
+CONTROLS_REGIME = {**M_ACT_REGIME, "arms": "controls", "extrapolation.factors": "2,4",
+                   "extrapolation.eval_batches": 4, "name": "claim-controls"}
+CONTROLS_DISCOVERY_SEEDS = (0, 1, 2, 3, 4, 5)
+CONTROLS_HELD_OUT_SEEDS = (200, 201, 202, 203, 204, 205)
+# The hypotheses, fixed from the discovery seeds before the held-out seeds were run (reports/controls.md):
+# (name, arm, reference arm, figure, expected: "better" or "worse" than the reference)
+CONTROLS_HYPOTHESES = (
+    ("H1", "gated_floored", "gated", "m_act_mean", "worse"),            # the floor takes M-Act back
+    ("H2", "gated_floored", "gated", "extrap_gap_plain_x4", "worse"),   # ... and extrapolates worse
+    ("H3", "gated_headwise", "baseline", "m_act_mean", "better"),
+    ("H4", "gated_value", "baseline", "m_act_mean", "better"),
+    ("H5", "gated", "baseline", "m_act_mean", "better"),
+    ("H6", "gated_value", "gated", "heldout_loss", "better"),
+    ("H7", "gated_value", "baseline", "extrap_gap_plain_x4", "better"),
+)
