@@ -23,6 +23,7 @@ def cmd_run(args) -> int:
     from stability.pipeline import keep
     from stability.record import write_record
     from stability.rundir import ensure_run_dir, new_run_dir
+    from stability.stress import cpu_threads
 
     config = resolve_from_args(args)
     run_dir = new_run_dir(args.out, "run")
@@ -35,8 +36,9 @@ def cmd_run(args) -> int:
     def save(record):  # after every arm: a killed run keeps what it measured
         write_record(record, ensure_run_dir(run_dir, "run"))
 
-    record = run_pair(config, on_arm_done=save,
-                      on_step=None if args.quiet else progress_printer(steps, max(1, steps // 10)))
+    with cpu_threads(config.stress.threads):  # the threads of the "standard" stress case: the same figures
+        record = run_pair(config, on_arm_done=save,
+                          on_step=None if args.quiet else progress_printer(steps, max(1, steps // 10)))
     keep(record, run_dir, args.tracking_uri, args.experiment, track=not args.no_track, plots=False)
     print(f"record: {record['record_path']}")
     tracking = record.get("tracking")
