@@ -70,8 +70,8 @@ class GateConfig:
     "G5" after the output projection. granularity: "elementwise" (one logit per
     channel) or "headwise" (one logit per head). shared_heads: one set of gate
     logits shared by all heads instead of head-specific ones. floor: the lowest value the
-    gate can take, score = floor + (1 - floor) * sigmoid(logit); the paper's control with
-    floor 0.5 (a gate that cannot close below one half) brings the attention sink back.
+    gate can take, score = floor + (1 - floor) * sigmoid(logit); with floor 0.5 (a gate that cannot
+    close below one half) the attention sink came back in the paper's models (its control).
     """
 
     position: str = "none"
