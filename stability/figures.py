@@ -139,6 +139,16 @@ FIGURES: dict[str, Figure] = _table(
            floor=0.01, rel_floor=0.25),
     Figure("quant_*_kl", "lower", "nats", "KL(full || quantized) of the next-token distributions", floor=1e-3,
            rel_floor=0.5),
+    # the length-extrapolation probe per RoPE and length factor: extrap_<figure>_<plain|ntk>_x<factor>
+    Figure("extrap_loss_*", "lower", "nats/token", "held-out loss at this multiple of the training context",
+           floor=0.02, rel_floor=0.005),
+    Figure("extrap_gap_*", "lower", "nats/token",
+           "held-out loss at this multiple of the training context minus the loss at the training context",
+           floor=0.02, rel_floor=0.05),
+    Figure("extrap_f_attn_*", "lower", "probability", "F-Attn at this multiple of the training context",
+           floor=0.02),
+    Figure("extrap_sink_rate_*", "lower", "fraction of heads", "sink rate at this multiple of the training context",
+           floor=0.1),
 )
 
 

@@ -39,14 +39,14 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from stability import figures as fig
-from stability.config import flatten
+from stability.config import BASELINE_ARM, flatten
 from stability.stats import paired_difference
 
 SCHEMA_VERSION = 2
 PURPOSES = ("regression", "claim", "fault", "selfcheck")
 ARM_STATUSES = ("running", "completed", "diverged", "killed", "error")
 USABLE_STATUSES = ("completed", "diverged")
-REFERENCE_ARM = "baseline"
+REFERENCE_ARM = BASELINE_ARM
 SERIES_KEYS = ("step", "lr", "batch_size", "tokens", "loss", "grad_norm", "layer_grad_norm", "loss_scale",
                "loss_spike", "grad_spike", "nonfinite", "skipped")
 
@@ -234,26 +234,28 @@ def arm_names(arms: list[ArmRecord]) -> list[str]:
     return sorted(names, key=lambda n: n != REFERENCE_ARM)
 
 
-def paired_summary(arms: list[ArmRecord]) -> dict[str, dict[str, PairedFigure]]:
+def paired_summary(arms: list[ArmRecord], reference: str = REFERENCE_ARM) -> dict[str, dict[str, PairedFigure]]:
     """For each arm other than the baseline, per figure with a table entry: the paired difference
-    arm - baseline over the seeds where both have a usable value (95% t-interval, sign-flip p)."""
+    arm - baseline over the seeds where both have a usable value (95% t-interval, sign-flip p).
+    ``reference`` names another arm to compare with instead (e.g. the floored gate against the gate);
+    the ``baseline`` field of each summary then holds that arm's mean."""
     by_seed: dict[int, dict[str, ArmRecord]] = {}
     for arm in arms:
         by_seed.setdefault(arm["seed"], {})[arm["arm"]] = arm
-    names = [n for n in arm_names(arms) if n != REFERENCE_ARM]
+    names = [n for n in arm_names(arms) if n != reference]
     out: dict[str, dict[str, PairedFigure]] = {}
     for name in names:
-        seeds = [s for s in sorted(by_seed) if REFERENCE_ARM in by_seed[s] and name in by_seed[s]]
-        present = {k for s in seeds for side in (REFERENCE_ARM, name) for k in by_seed[s][side].get("final", {})}
+        seeds = [s for s in sorted(by_seed) if reference in by_seed[s] and name in by_seed[s]]
+        present = {k for s in seeds for side in (reference, name) for k in by_seed[s][side].get("final", {})}
         table = {}
         for figure in sorted(present, key=lambda n: (fig.figure(n) is None, n)):
             if fig.figure(figure) is None:
                 continue
-            pairs = [(s, usable_value(by_seed[s][REFERENCE_ARM], figure), usable_value(by_seed[s][name], figure))
+            pairs = [(s, usable_value(by_seed[s][reference], figure), usable_value(by_seed[s][name], figure))
                      for s in seeds]
             pairs = [(s, b, t) for s, b, t in pairs if b is not None and t is not None]
             if not pairs and all(by_seed[s][side].get("final", {}).get(figure) is None
-                                 for s in seeds for side in (REFERENCE_ARM, name)):
+                                 for s in seeds for side in (reference, name)):
                 continue
             summary = paired_difference([b for _, b, _ in pairs], [t for _, _, t in pairs])
             table[figure] = {"n": summary["n"], "baseline": summary["baseline"], "treatment": summary["treatment"],

@@ -14,7 +14,9 @@ Nothing here keeps state between calls: the config (including its ``stress`` set
 whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
 CPU intra-op threads are set from ``stress.threads`` for the duration of a case and restored.
 
-Every record is a ``stability.record`` case record: ``arms`` (one entry per arm and seed, with
+Every case trains every arm of the config (``config.arm_names``: the baseline and its treatment arms,
+``arms=...``), seed by seed. Every record is a ``stability.record`` case record: ``arms`` (one entry
+per arm and seed, with
 ``arm``, ``seed``, ``status``, ``final`` ...) and ``paired`` (per treatment arm and figure: baseline,
 treatment, difference, 95% interval, p). The case-specific results sit under a key named after the
 case (``record["lr_sweep"]`` ...), and the key figures of each case are added to the arms' ``final``
@@ -54,7 +56,7 @@ import torch
 
 from stability import ao, precision
 from stability import config as cfg
-from stability.experiment import ARMS, load_inputs, quantization_hook, run_pair
+from stability.experiment import after_training, load_inputs, run_pair
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.schedules import Standard, from_stress
 from stability.trainer import train
@@ -116,8 +118,7 @@ class _Case:
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def train(self, run: cfg.RunConfig, schedule, arm: str) -> dict:
-        arm_record = train(run, schedule, corpus=self.corpus, arm=arm,
-                           on_trained=quantization_hook(run, self.config.quant_schemes))
+        arm_record = train(run, schedule, corpus=self.corpus, arm=arm, on_trained=after_training(run, self.config))
         self.runs.append(arm_record["timing"])
         return arm_record
 
@@ -127,7 +128,7 @@ class _Case:
         per arm: arm, seed, status, diverged_at_step, the figures and the extras."""
         per_arm = []
         for seed in self.config.seeds:
-            for arm in ARMS:
+            for arm in self.config.arm_names:
                 run = self.config.arm_config(arm, seed)
                 arm_record = self.train(run, schedule, arm)
                 figures, extras = figures_of(run, arm_record)
@@ -173,7 +174,7 @@ def reference_index(lrs: tuple[float, ...], lr: float) -> int:
 
 
 def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
-    """Train both arms at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
+    """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
 
     ``record["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
     sweep figures, and a compact summary of every run. The ``arms`` entries are the runs at the grid
@@ -187,7 +188,7 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
                      f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}")
         per_arm, runs = [], []
         for seed in config.seeds:
-            for arm in ARMS:
+            for arm in config.arm_names:
                 base = config.arm_config(arm, seed)
                 records = []
                 for lr in grid:
@@ -326,7 +327,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
                      + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""))
         runs, sources = [], {}
         for seed in config.seeds:
-            for arm in ARMS:
+            for arm in config.arm_names:
                 base = config.arm_config(arm, seed)
                 by_precision = {}
                 for p in precisions:
@@ -410,7 +411,7 @@ def run_shock(config: cfg.ExperimentConfig) -> dict:
 # ----------------------------------------------------------------------------- the plain pair
 
 def run_standard(config: cfg.ExperimentConfig) -> dict:
-    """The plain baseline/gated pair at the preset's settings (``stability run`` trains the same)."""
+    """The plain pair (every arm of the config) at the preset's settings (``stability run`` trains the same)."""
     with cpu_threads(config.stress.threads):
         return run_pair(config)
 

@@ -1,7 +1,8 @@
 """The copy of a record in MLflow (the JSON record, written first by the caller, is the source of truth).
 
 ``log_to_mlflow`` sends a case record: one parent run per stress case, one child run per arm and
-seed, params flattened from the config, per-step metrics in batches, tags with the git commit and
+seed (as many arms as the record holds; each child carries its arm's definition as ``arm.*``
+params), params flattened from the config, per-step metrics in batches, tags with the git commit and
 versions, and whatever artifact files the caller made (the record itself, plots, the report; this
 module renders nothing). A store that cannot be reached never loses anything: the JSON stays, the
 failure is returned (and reported once by the caller), and ``stability upload`` can send the file
@@ -166,11 +167,11 @@ def describe(record: dict) -> str:
     config = record.get("config") or {}
     run = config.get("run") or {}
     model, optim, precision = run.get("model") or {}, run.get("optim") or {}, run.get("precision") or {}
-    gated = config.get("gated_gate") or {}
+    variants = dict.fromkeys(f"{a['arm']} ({a.get('variant')})" for a in record.get("arms") or [])
     fault = run.get("fault") or {}
     parts = [f"{record.get('preset')}/{record.get('name')}: schedule {record.get('schedule')}"
              + (f" ({record['description']})" if record.get("description") else ""),
-             f"softmax vs gated {gated.get('position')}-{gated.get('granularity')}",
+             "arms " + (", ".join(variants) or ", ".join(a.get("name", "?") for a in config.get("arms") or [])),
              (f"{model.get('n_layers')}L d{model.get('d_model')}, {precision.get('dtype')}, "
               f"peak lr {optim.get('lr')}, {run.get('steps')} steps, seeds {config.get('seeds')}")]
     if fault.get("kind") not in (None, "none"):
@@ -209,6 +210,14 @@ def _numbers(mapping, prefix: str) -> dict[str, float]:
     return out
 
 
+def arm_params(record: dict, name: str) -> dict[str, str]:
+    """The arm's definition from the record's config, as params: {"arm.gate.position": "G1", ...}."""
+    for arm in (record.get("config") or {}).get("arms") or []:
+        if isinstance(arm, dict) and arm.get("name") == name:
+            return {f"arm.{k}": v for k, v in params_of({k: v for k, v in arm.items() if k != "name"}).items()}
+    return {}
+
+
 def _arm_metrics(arm: dict, now: int):
     from mlflow.entities import Metric
 
@@ -225,6 +234,11 @@ def _arm_metrics(arm: dict, now: int):
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     metrics.append(Metric(f"probe.{key}.layer{index}", float(value), now, step))
     metrics += [Metric(k, v, now, 0) for k, v in _finite_metrics(arm.get("final") or {}, "final.").items()]
+    for point in (arm.get("extrapolation") or {}).get("points") or []:  # curves: step = sequence length
+        for key in ("heldout_loss", "f_attn", "sink_rate"):
+            value = point.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                metrics.append(Metric(f"extrap.{key}.{point['rope']}", float(value), now, int(point["length"])))
     quant = arm.get("quant") or {}  # quant.<scheme>.<figure> (and quant.full_precision.<figure>)
     metrics += [Metric(k, v, now, 0) for k, v in _numbers(
         {"full_precision": quant.get("full_precision"), **(quant.get("schemes") or {})}, "quant").items()]
@@ -300,7 +314,8 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                                                                    if arm.get("stop_reason") else "")})
                     _log_batched(client, child.info.run_id, metrics=_arm_metrics(arm, now),
                                  params=[Param("arm", arm["arm"]), Param("variant", str(arm.get("variant"))),
-                                         Param("seed", str(arm["seed"]))])
+                                         Param("seed", str(arm["seed"]))] + [
+                                     Param(k, v) for k, v in arm_params(record, arm["arm"]).items()])
                     _retry(client.set_terminated, child.info.run_id, status=arm_status(arm))
                     children[f"{arm['arm']}-seed{arm['seed']}"] = child.info.run_id
                 for path, artifact_dir in files:

@@ -23,7 +23,7 @@ import torch
 from stability import precision, probes
 from stability.config import RunConfig
 from stability.data import Corpus, eval_batches, get_batch, load_corpus, probe_batch
-from stability.model import next_token_loss
+from stability.model import next_token_loss, z_loss
 from stability.models import build_model
 from stability.precision import PrecisionPolicy
 from stability.record import final_figures, new_arm_record
@@ -107,7 +107,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     current_step = [-1]
     fault_handle = _install_fault(model, run, current_step)
 
-    record = new_arm_record(arm, run.model.gate.label, run.seed, schedule.name)
+    record = new_arm_record(arm, run.variant, run.seed, schedule.name)
     record.update(num_parameters=model.num_parameters(), gate_parameters=model.num_gate_parameters(),
                   layer_names=list(groups), model=model.describe(),
                   precision={"dtype": run.precision.dtype, **policy.describe()})
@@ -141,8 +141,8 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
             x, y = get_batch(corpus, "train", step, batch_size, run.model.context, run.seed, run.data.bos, device)
             with policy.autocast():
                 logits = model(x)
-            loss = next_token_loss(logits, y)
-            policy.backward(loss)
+            loss = next_token_loss(logits, y)  # the logged loss: cross-entropy only, comparable across arms
+            policy.backward(loss + run.optim.z_loss * z_loss(logits) if run.optim.z_loss else loss)
             policy.unscale_(optimizer)
             norms = grad_norms()
             figures = torch.cat([loss.detach().float().reshape(1), norms]).tolist()  # the one sync per step

@@ -1,12 +1,14 @@
 """The ``stability`` command: every parser and command lives in this package; libraries hold none.
 
-    stability run      --preset smoke [--set FIELD=VALUE ...] [--config file.toml]   train a pair
+    stability run      --preset smoke [--set FIELD=VALUE ...] [--config file.toml]   train the arms
+                       (--set arms=controls: baseline, G1, G1 headwise, floored G1, G2)
     stability stress   [KIND ...] --preset smoke                                    the stress cases
     stability check    --baseline reports/baselines/smoke-cpu.json [RUN_DIR]        the merge check
     stability baseline update [RUN_DIR] --out reports/baselines/smoke-cpu.json
     stability report   [RUN_DIR] --out reports/report.html [--baseline ...]
     stability upload   RECORD ...                                                   send to MLflow later
     stability presets
+    stability arms                                                                  the named arms
 
 Exit codes: 0 done (check: nothing regressed), 1 an arm failed with an error (check: a figure
 regressed), 2 bad input (the message names the value and what was expected), 130 interrupted.

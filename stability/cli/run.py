@@ -1,4 +1,4 @@
-"""``stability run`` (train a baseline/gated pair) and ``stability presets``."""
+"""``stability run`` (train the baseline and its treatment arms) and ``stability presets``."""
 
 from __future__ import annotations
 
@@ -23,13 +23,14 @@ def cmd_run(args) -> int:
     from stability.pipeline import keep
     from stability.record import write_record
     from stability.rundir import ensure_run_dir, new_run_dir
+    from stability.stress import cpu_threads
 
     config = resolve_from_args(args)
     run_dir = new_run_dir(args.out, "run")
     steps = config.run.steps
-    print(f"stability run: preset {config.preset}, {len(config.seeds)} seed(s) x 2 arms "
-          f"({config.baseline_gate.label} vs {config.gated_gate.label}), {steps} steps each, "
-          f"device {config.run.device}", flush=True)
+    arms = ", ".join(f"{name} ({config.arm_config(name, 0).variant})" for name in config.arm_names)
+    print(f"stability run: preset {config.preset}, {len(config.seeds)} seed(s) x {len(config.arm_names)} arms "
+          f"[{arms}], {steps} steps each, device {config.run.device}", flush=True)
     model, data = config.run.model, config.run.data
     source = f"factory {model.factory}" if model.factory else (
         f"hf ({model.hf_config})" if model.source == "hf" else f"harness ({model.family})")
@@ -40,8 +41,9 @@ def cmd_run(args) -> int:
     def save(record):  # after every arm: a killed run keeps what it measured
         write_record(record, ensure_run_dir(run_dir, "run"))
 
-    record = run_pair(config, on_arm_done=save,
-                      on_step=None if args.quiet else progress_printer(steps, max(1, steps // 10)))
+    with cpu_threads(config.stress.threads):  # the threads of the "standard" stress case: the same figures
+        record = run_pair(config, on_arm_done=save,
+                          on_step=None if args.quiet else progress_printer(steps, max(1, steps // 10)))
     keep(record, run_dir, args.tracking_uri, args.experiment, track=not args.no_track, plots=False)
     print(f"record: {record['record_path']}")
     tracking = record.get("tracking")
@@ -67,13 +69,26 @@ def cmd_presets(args) -> int:
     return 0
 
 
+def cmd_arms(args) -> int:
+    """The named arms (``--set arms=NAME,...``) and the named sets of them."""
+    base = cfg.resolve("smoke").run
+    for name, arm in cfg.NAMED_ARMS.items():
+        print(f"{name:20s} {arm.apply(base).variant}")
+    print()
+    for name, members in cfg.ARM_SETS.items():
+        print(f"{name:20s} baseline, {', '.join(members)}")
+    return 0
+
+
 def add_parsers(sub) -> None:
-    run = sub.add_parser("run", help="train a baseline/gated pair and record it")
+    run = sub.add_parser("run", help="train the baseline and its treatment arms (--set arms=...) and record them")
     add_config_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
     run.add_argument("--quant", metavar="SCHEMES",
-                     help=f"post-training quantization schemes to evaluate on both arms: a comma list of "
+                     help=f"post-training quantization schemes to evaluate on every arm: a comma list of "
                           f"{', '.join(cfg.QUANT_SCHEMES)}, or 'all' (sets quant_schemes)")
     run.set_defaults(func=cmd_run)
     presets = sub.add_parser("presets", help="print the named presets")
     presets.set_defaults(func=cmd_presets)
+    arms = sub.add_parser("arms", help="print the named arms and arm sets (--set arms=...)")
+    arms.set_defaults(func=cmd_arms)
