@@ -218,6 +218,8 @@ class ModelConfig:
             _check(self.gate.position == "G1", "gated_gate.position", self.gate.position,
                    "'G1' with model.source='hf' (the gate is injected before each attention's o_proj)")
         _check_strength(self.attn_softcap, "model.attn_softcap", "cap")
+        _check(not self.attn_softcap or (self.source == "harness" and not self.factory), "model.attn_softcap",
+               self.attn_softcap, "0 unless the model is the harness's own (model.source='harness', no factory)")
         if self.attn_softcap:
             _check(self.backend != "triton", "model.attn_softcap", self.attn_softcap,
                    "0 with model.backend='triton' (the fused kernel has no soft-cap): use backend 'torch'")

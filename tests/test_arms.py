@@ -97,6 +97,8 @@ def test_arms_from_a_toml_file(tmp_path):
     ({"arms": "gated,gated_floored,gated"}, "'gated' used twice"),
     ({"arms": "controls,gated_value"}, "'gated_value' used twice"),
     ({"arms": "gated,bogus"}, "'bogus' is not a named arm"),
+    ({"model.source": "hf", "arms": "softcap"}, "model.attn_softcap=50.0 is invalid: expected 0 unless the model is"),
+    ({"model.family": "gpt2", "extrapolation.factors": "2"}, "extrapolation.factors=(2.0,) is invalid: expected ()"),
     ({"arms.gated.bogus": "1"}, "'arms.gated.bogus' is not a config field"),
     ({"arms.gated.gate.flor": "0.5"}, "'arms.gated.gate.flor' is not a config field"),
     ({"arms.gated.name": "other"}, "'arms.gated.name' is not settable"),

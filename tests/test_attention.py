@@ -120,7 +120,7 @@ def test_soft_capped_scores_match_the_straightforward_computation(gate):
         attention.q_proj.weight.mul_(30)
         attention.k_proj.weight.mul_(30)
     x = torch.randn(2, 9, BASE.d_model, generator=torch.Generator().manual_seed(4))
-    cos, sin = rope_tables(BASE.context, BASE.head_dim, BASE.rope_theta)
+    cos, sin = rope_tables(BASE.context, BASE.rotary_dim, BASE.rope_theta)
     got = attention(x, cos, sin).double()
     assert torch.allclose(got, reference_attention(attention, x), atol=2e-5, rtol=1e-4)
     uncapped = replace(attention.config, attn_softcap=0.0)
@@ -134,7 +134,7 @@ def test_a_floored_gate_never_closes_below_its_floor():
     attention.observer = lambda name, tensor: seen.append(tensor) if name == "gate_score" else None
     with torch.no_grad():
         attention.gate_proj.weight.mul_(-50)  # logits far below 0: a plain sigmoid would be ~0
-        attention(torch.randn(2, 9, BASE.d_model), *rope_tables(BASE.context, BASE.head_dim, BASE.rope_theta))
+        attention(torch.randn(2, 9, BASE.d_model), *rope_tables(BASE.context, BASE.rotary_dim, BASE.rope_theta))
     assert seen and seen[0].min() >= 0.5 and seen[0].min() < 0.5 + 1e-3
 
 
