@@ -10,6 +10,7 @@ The trainer talks to one ``PrecisionPolicy`` and never asks which format is acti
     policy.unscale_(optimizer)                    # grads back to true units before clipping / grad norm
     ran = policy.step(optimizer, grads_finite)    # fp16: skip the step and halve the scale on inf/NaN
     stats = policy.pop_stats()                    # overflow / underflow fractions, loss-scale drops
+    state = policy.state_dict()                   # loss scale, counters, fp8 amax histories (checkpoints)
 
 FP8 follows the Transformer Engine recipe with per-tensor scaling: e4m3 (max 448) for the
 forward operands of every Linear (input activation and weight), e5m2 (max 57344) for the
@@ -281,6 +282,7 @@ class PrecisionPolicy:
         self._scale_drops = 0     # loss-scale reductions since the last pop_stats
         self._unscaled = False    # whether the current grads were already divided by the scale
         self._hooks: list = []
+        self._fp8_states: list[_Fp8State] = []   # in model.modules() order (prepare)
 
     # -- model and forward ---------------------------------------------------------------
 
@@ -294,7 +296,32 @@ class PrecisionPolicy:
                 module.__class__ = _fp8_class(type(module))
                 module.fp8_state = _Fp8State(self.config.fp8_scaling == "delayed", self.config.fp8_history,
                                              self.real_fp8, self.tally)
+                self._fp8_states.append(module.fp8_state)
         return model
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything that carries over from one step to the next: loss scale and its counters, the
+        pending overflow/underflow tally and the fp8 amax histories (copies; tensors stay on device)."""
+        counts = self.tally._counts
+        return {"scale": self._scale, "clean_steps": self._clean_steps, "scale_drops": self._scale_drops,
+                "tally_values": self.tally.values, "tally_counts": None if counts is None else counts.clone(),
+                "fp8": [{"history": {k: v.clone() for k, v in state._history.items()}, "calls": dict(state._calls)}
+                        for state in self._fp8_states]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict`` output (the model must have been ``prepare``d the same way)."""
+        if len(state["fp8"]) != len(self._fp8_states):
+            raise ValueError(f"precision state has {len(state['fp8'])} fp8 layers, this model {len(self._fp8_states)}")
+        self._scale, self._clean_steps = float(state["scale"]), int(state["clean_steps"])
+        self._scale_drops = int(state["scale_drops"])
+        self.tally.values = int(state["tally_values"])
+        counts = state["tally_counts"]
+        self.tally._counts = None if counts is None else counts.to(self.device).clone()
+        for saved, target in zip(state["fp8"], self._fp8_states):
+            target._history = {k: v.to(self.device).clone() for k, v in saved["history"].items()}
+            target._calls = dict(saved["calls"])
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """torch.autocast for bf16 / fp16; a do-nothing context for fp32 and fp8."""

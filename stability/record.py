@@ -45,8 +45,8 @@ PURPOSES = ("regression", "claim", "fault", "selfcheck")
 ARM_STATUSES = ("running", "completed", "diverged", "killed", "error")
 USABLE_STATUSES = ("completed", "diverged")
 REFERENCE_ARM = "baseline"
-SERIES_KEYS = ("step", "lr", "batch_size", "tokens", "loss", "grad_norm", "layer_grad_norm", "loss_scale",
-               "loss_spike", "grad_spike", "nonfinite", "skipped")
+SERIES_KEYS = ("step", "lr", "batch_size", "tokens", "loss", "grad_norm", "layer_grad_norm", "update_norm",
+               "layer_update_norm", "loss_scale", "loss_spike", "grad_spike", "update_spike", "nonfinite", "skipped")
 
 
 class RecordError(ValueError):
@@ -198,6 +198,11 @@ def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
         "diverged": diverged,
         "divergence_step": arm["diverged_at_step"] if diverged else steps_planned,
     }
+    if "update_norm" in series:  # records written before the update-norm probe have none
+        finite_updates = [v for v in series["update_norm"] if v is not None and math.isfinite(v)]
+        final.update({"update_spike_score": spike_score(series["update_spike"]),
+                      "update_spikes": sum(series["update_spike"]),
+                      "max_update_norm": max(finite_updates, default=float("nan"))})
     if arm["probes"]:
         last = arm["probes"][-1]
         final.update({key: last[key] for key in PROBE_FIGURES})
@@ -285,12 +290,14 @@ def case_key(record: CaseRecord) -> str:
 
 
 IDENTITY_IGNORES = ("seeds", "run.seed", "run.device", "name", "preset")
+IDENTITY_IGNORED_SECTIONS = ("run.checkpoint.",)   # how a run is kept, never what it measures
 
 
 def comparable_config(config: dict) -> dict:
     """The flattened config without the fields allowed to differ between comparable records."""
     flat = {k: list(v) if isinstance(v, tuple) else v for k, v in flatten(config or {}).items()}
-    return {k: v for k, v in sorted(flat.items()) if k not in IDENTITY_IGNORES}
+    return {k: v for k, v in sorted(flat.items())
+            if k not in IDENTITY_IGNORES and not k.startswith(IDENTITY_IGNORED_SECTIONS)}
 
 
 def config_fingerprint(config: dict) -> str:
