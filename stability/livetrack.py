@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import queue
 import threading
 import time
@@ -38,6 +39,8 @@ class LiveTracker:
 
     def __init__(self, uri: str | None = None, experiment: str | None = None, flush_seconds: float = 2.0,
                  max_queue: int = 20_000, patience_seconds: float = 30.0):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")   # fail in seconds, not MLflow's minutes
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         self.uri = tracking.resolve_tracking_uri(uri)
         self.experiment = experiment
         self.flush_seconds = flush_seconds
@@ -58,9 +61,11 @@ class LiveTracker:
                    _now_ms(), resumed))
 
     def arm_started(self, record: dict, arm: dict, first_step: int = 0) -> None:
-        """Start (or, for an arm resumed after ``first_step`` > 0, continue) the arm's child run now."""
+        """Start (or, for an arm resumed after ``first_step`` > 0, continue) the arm's child run, at the arm's
+        start time."""
+        start, _ = tracking.arm_times(arm)
         self._put(("arm", record["id"], {k: v for k, v in arm.items() if k not in ("series", "probes")},
-                   _now_ms(), first_step))
+                   start or _now_ms(), first_step))
 
     def step(self, record: dict, arm: dict, row: dict) -> None:
         """Queue the step's metrics (``tracking.STEP_METRICS``); also notices a store that stopped answering."""
@@ -92,18 +97,21 @@ class LiveTracker:
             return {"status": "not tracked", "uri": self.uri, "error": self.failed}
         return {"status": "live", "uri": self.uri}
 
-    def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until everything queued so far is sent (at most ``timeout`` s); False when it was not."""
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued so far is sent (at most ``timeout`` s, default the patience); False
+        when it was not."""
         if self.failed:
             return False
+        timeout = self.patience_seconds if timeout is None else timeout
         done = threading.Event()
         self._put(("flush", done))
         if not done.wait(timeout) and not self.failed:
             self._fail(f"the tracking store took more than {timeout:.0f} s to take the queued metrics")
         return not self.failed
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float | None = None) -> None:
         self.flush(timeout)
+        timeout = self.patience_seconds if timeout is None else timeout
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(STOP)
         self._thread.join(timeout=1.0 if self.failed else timeout)

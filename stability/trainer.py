@@ -181,6 +181,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
             detectors[name].history.extend(history)
     started = time.perf_counter()
     wall_before = record.get("timing", {}).get("wall_seconds", 0.0)  # of the run this one resumes
+    record["timing"] = {"started_at": loop["started_at"], "wall_seconds": wall_before}
 
     def take_probes(step: int) -> None:
         t0 = time.perf_counter()
@@ -193,7 +194,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
 
     def checkpoint(step: int) -> None:
         loop["detectors"] = {name: list(d.history) for name, d in detectors.items()}
-        record["timing"] = {"wall_seconds": wall_before + time.perf_counter() - started}
+        record["timing"]["wall_seconds"] = wall_before + time.perf_counter() - started
         hooks.checkpoints.save(arm_state(step, model, optimizer, policy, loop, hooks.identity))
 
     if hooks.on_start:

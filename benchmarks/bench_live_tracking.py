@@ -1,0 +1,141 @@
+"""What live tracking costs a training step: the same arm trained with and without it, side by side.
+
+    python benchmarks/bench_live_tracking.py [--repeats 3] [--smoke-steps 200] [--large-steps 40]
+
+Two settings: the ``smoke`` preset's model (a CPU step of a few ms: the worst case, where a fixed
+per-step cost weighs most), and a larger model whose CPU step takes about as long as a step of the
+``full`` preset on a GPU (some 100 ms: a ~124M-parameter model, 32 x 1024 tokens per step, bf16 on an
+H100/H200 class GPU at 30-40% of its peak). For each, the gated arm is trained in three ways, in ABCCBA
+order, ``--repeats`` times, in one process on one thread:
+
+* ``plain``:       ``train()`` with no session (no files, no tracking)
+* ``files``:       a session: per-step file, checkpoints, record after the run (no MLflow)
+* ``live mlflow``: the same session plus live tracking into a SQLite store (a fresh copy per run)
+
+A step's time is the wall time between two consecutive steps (everything the loop does, callbacks
+included), without the heavy-probe steps; the table shows the mean over all repeats, and the
+overhead relative to ``plain``. ``tracker.step`` is also timed alone (what the training thread pays
+per step; the sending happens in the background thread). Prints a table; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+# a CPU stand-in for one step of the GPU preset: about 100 ms on one thread of a 2020s server core
+LARGE = {"model.d_model": 384, "model.n_layers": 4, "model.n_heads": 6, "model.n_kv_heads": 2,
+         "model.context": 256, "data.batch_size": 8, "data.builtin_bytes": 1_000_000}
+
+
+def migrated_store(folder: Path) -> Path:
+    from mlflow.tracking import MlflowClient
+
+    path = folder / "template.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def step_times(run, mode: str, workdir: Path, template: Path) -> tuple[list[float], list[float]]:
+    """Train ``run`` once in ``mode``; (seconds between consecutive non-probe steps, tracker.step seconds)."""
+    from stability.livetrack import LiveTracker
+    from stability.record import new_case_record
+    from stability.schedules import Standard
+    from stability.session import Session
+    from stability.trainer import train
+
+    stamps: list[tuple[int, float]] = []
+    inside: list[float] = []
+
+    def clock(step, row):
+        stamps.append((step, time.perf_counter()))
+
+    hooks, session, tracker = None, None, None
+    if mode != "plain":
+        folder = Path(tempfile.mkdtemp(dir=workdir))
+        if mode == "live mlflow":
+            shutil.copy(template, folder / "m.db")
+            tracker = LiveTracker(f"sqlite:///{folder / 'm.db'}")
+        session = Session(folder / "run", tracker=tracker)
+        from stability.config import ExperimentConfig
+
+        case = new_case_record(ExperimentConfig(run=run, preset="bench", name="bench"), "standard")
+        hooks = session.arm_hooks(case, run, Standard(), "gated")
+        if tracker is not None:
+            measured = hooks.on_step
+
+            def timed(step, row):
+                t0 = time.perf_counter()
+                measured(step, row)
+                inside.append(time.perf_counter() - t0)   # includes the per-step file line
+            hooks.on_step = timed
+    record = train(run, arm="gated", on_step=clock, hooks=hooks)
+    if session is not None:
+        session.arm_done(case, record)
+        session.close()
+    every = run.probes.every
+    gaps = [t1 - t0 for (s0, t0), (s1, t1) in itertools.pairwise(stamps) if s1 % every != 0 and s0 % every != 0]
+    return gaps, inside
+
+
+def measure(name: str, run, repeats: int, workdir: Path, template: Path) -> list[tuple]:
+    modes = ("plain", "files", "live mlflow")
+    gaps = {m: [] for m in modes}
+    inside: list[float] = []
+    step_times(replace(run, steps=min(run.steps, 10)), "plain", workdir, template)   # warm up
+    for _ in range(repeats):
+        for mode in (*modes, *reversed(modes)):
+            got, spent = step_times(run, mode, workdir, template)
+            gaps[mode] += got
+            inside += spent
+    plain = statistics.fmean(gaps["plain"])
+    rows = []
+    for mode in modes:
+        mean = statistics.fmean(gaps[mode])
+        rows.append((name, mode, f"{len(gaps[mode])}", f"{mean * 1e3:.2f}",
+                     f"{statistics.median(gaps[mode]) * 1e3:.2f}",
+                     "-" if mode == "plain" else f"{100 * (mean - plain) / plain:+.1f}%"))
+    rows.append((name, "tracker.step + file line", f"{len(inside)}", f"{statistics.fmean(inside) * 1e3:.3f}",
+                 f"{statistics.median(inside) * 1e3:.3f}", f"{100 * statistics.fmean(inside) / plain:.2f}% of a step"))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="ABCCBA cycles per setting")
+    parser.add_argument("--smoke-steps", type=int, default=200)
+    parser.add_argument("--large-steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+
+    import mlflow
+
+    from stability.config import resolve
+
+    smoke = resolve("smoke", {"steps": args.smoke_steps, "probes.every": 50}).arm_config("gated", 0)
+    large = resolve("smoke", {**LARGE, "steps": args.large_steps, "probes.every": 20}).arm_config("gated", 0)
+    with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
+        workdir = Path(tmp)
+        template = migrated_store(workdir)
+        rows = measure("smoke", smoke, args.repeats, workdir, template)
+        rows += measure("large (GPU-like step)", large, args.repeats, workdir, template)
+    print(f"torch {torch.__version__}, mlflow {mlflow.__version__}, 1 thread, {args.repeats} ABCCBA repeats; "
+          f"step = wall time between consecutive non-probe steps")
+    header = ("setting", "mode", "steps", "mean ms/step", "median ms/step", "overhead vs plain")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
