@@ -11,6 +11,8 @@ A case record (``CaseRecord``)::
     git {commit, branch, dirty}, env {python, torch, ..., device_name}, config (the resolved
     ExperimentConfig), arms [ArmRecord ...], paired {arm: {figure: PairedFigure}}, timing,
     and a key named after the stress case with its own results (record["lr_sweep"] ...).
+    Written by a training command (``stability.session``) also: runs (every run trained, in order:
+    name, status, steps, start/end, final figures, its per-step file), replay_bundles, checkpoint_dir.
 
 ``purpose`` says what the record may be used for: "regression" (a stress case or a plain pair run;
 the only kind the regression check and a baseline accept), "claim" (evidence for a paper claim,
@@ -20,7 +22,9 @@ itself, e.g. a determinism re-run).
 An arm record (``ArmRecord``) is one arm at one seed: ``arm`` (its name, "baseline" is the
 reference), ``variant``, ``seed``, ``status`` (completed, diverged, killed, error, running),
 ``diverged_at_step``, per-step ``series``, non-finite ``events``, heavy-probe snapshots in
-``probes``, ``final`` figures (see ``stability.figures``), ``quant`` and ``timing``.
+``probes``, ``final`` figures (see ``stability.figures``), ``quant`` and ``timing`` (seconds, and
+``started_at`` / ``ended_at`` in seconds since the epoch); with a session also ``run_name`` (arm,
+seed and the swept LR or precision: the MLflow child run's name) and ``run_key``.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ class ArmRecord(TypedDict, total=False):
     final: dict[str, Any]
     quant: dict
     timing: dict[str, float]
+    run_name: str
+    run_key: str
 
 
 class CaseRecord(TypedDict, total=False):
@@ -104,6 +110,9 @@ class CaseRecord(TypedDict, total=False):
     arms: list[ArmRecord]
     paired: dict[str, dict[str, PairedFigure]]
     timing: dict
+    runs: list[dict]
+    replay_bundles: list[dict]
+    checkpoint_dir: str
 
 
 # ----------------------------------------------------------------------------- builders

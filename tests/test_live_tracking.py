@@ -7,6 +7,7 @@ import json
 import shutil
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -144,8 +145,12 @@ def test_a_silent_store_never_holds_training_up_and_degrades_with_one_message(tm
     try:
         tracker = LiveTracker(uri, flush_seconds=0.2, patience_seconds=1.0)
         session = Session(tmp_path / "run", tracker=tracker)
-        record = run_pair(resolve("smoke", TINY), session=session)   # every store call hangs meanwhile
-        assert server.held   # the tracker did connect: its calls went unanswered, not refused
+        record = run_pair(resolve("smoke", TINY), session=session)
+        for _ in range(600):                       # the sending process starts in its own time
+            if server.held:
+                break
+            time.sleep(0.1)
+        assert server.held   # it did connect: its calls go unanswered, not refused
         keep(record, tmp_path / "run", uri, plots=False, session=session)
         session.close()
     finally:
