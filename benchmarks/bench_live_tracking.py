@@ -16,17 +16,20 @@ As in a real command, one tracker serves all runs of a setting: its sending proc
 (and has created its first run) before the first timed step, so the one-time start (a Python
 process importing MLflow, some seconds of CPU) is left out; over a long run it is nothing.
 
-A step's time is the wall time between two consecutive steps (everything the loop does, callbacks
-included), without the heavy-probe steps; the table shows the mean over all repeats, and the
-overhead relative to ``plain``. The session's per-step callback (per-step file line and
-``tracker.step``) is also timed alone: what the training process pays per step; the sending happens
-in the other process. Prints a table; asserts nothing.
+A step's time is measured between two consecutive steps (everything the loop does, callbacks
+included), without the heavy-probe steps, twice: wall time, and the CPU time of the training
+process (all its threads; what a step costs the process even when a loaded machine takes the CPU
+away from it now and then). The table shows means and medians over all repeats and the overheads
+relative to ``plain``; also the session's per-step callback alone (per-step file line and
+``tracker.step``: what the training process pays per step) and the CPU time of the sending process
+per step (spent on another core). Prints a table; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import shutil
 import statistics
 import sys
@@ -58,11 +61,11 @@ def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], lis
     from stability.session import Session
     from stability.trainer import train
 
-    stamps: list[tuple[int, float]] = []
+    stamps: list[tuple[int, float, float]] = []
     inside: list[float] = []
 
     def clock(step, row):
-        stamps.append((step, time.perf_counter()))
+        stamps.append((step, time.perf_counter(), time.process_time()))
 
     hooks, session = None, None
     if mode != "plain":
@@ -84,8 +87,15 @@ def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], lis
         if session.tracker is not None:
             session.tracker.flush()    # between runs, not timed
     every = run.probes.every
-    gaps = [t1 - t0 for (s0, t0), (s1, t1) in itertools.pairwise(stamps) if s1 % every != 0 and s0 % every != 0]
+    gaps = [(t1 - t0, c1 - c0) for (s0, t0, c0), (s1, t1, c1) in itertools.pairwise(stamps)
+            if s1 % every != 0 and s0 % every != 0]
     return gaps, inside
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(name: str, run, repeats: int, workdir: Path, template: Path) -> list[tuple]:
@@ -98,24 +108,36 @@ def measure(name: str, run, repeats: int, workdir: Path, template: Path) -> list
     shutil.copy(template, folder / "m.db")
     tracker = LiveTracker(f"sqlite:///{folder / 'm.db'}")
     step_times(replace(run, steps=min(run.steps, 10)), "live mlflow", workdir, tracker)  # start it; warm up
+    sender_cpu, live_steps = 0.0, 0
     for _ in range(repeats):
         for mode in (*modes, *reversed(modes)):
+            before = cpu_seconds(tracker._process.pid)
             got, spent = step_times(run, mode, workdir, tracker)
+            if mode == "live mlflow":
+                sender_cpu += cpu_seconds(tracker._process.pid) - before
+                live_steps += run.steps
             gaps[mode] += got
             inside += spent
     failed = tracker.failed
     tracker.close()
     if failed:
         raise SystemExit(f"live tracking failed during the benchmark: {failed}")
-    plain = statistics.fmean(gaps["plain"])
+    def stats(mode):
+        wall = [w for w, _ in gaps[mode]]
+        cpu = [c for _, c in gaps[mode]]
+        return statistics.fmean(wall), statistics.median(wall), statistics.fmean(cpu)
+
+    plain = stats("plain")
     rows = []
     for mode in modes:
-        mean = statistics.fmean(gaps[mode])
-        rows.append((name, mode, f"{len(gaps[mode])}", f"{mean * 1e3:.2f}",
-                     f"{statistics.median(gaps[mode]) * 1e3:.2f}",
-                     "-" if mode == "plain" else f"{100 * (mean - plain) / plain:+.1f}%"))
-    rows.append((name, "its per-step callback", f"{len(inside)}", f"{statistics.fmean(inside) * 1e3:.3f}",
-                 f"{statistics.median(inside) * 1e3:.3f}", f"{100 * statistics.fmean(inside) / plain:.2f}% of a step"))
+        mean, median, cpu = stats(mode)
+        rows.append((name, mode, f"{len(gaps[mode])}", f"{mean * 1e3:.2f}", f"{median * 1e3:.2f}", f"{cpu * 1e3:.2f}",
+                     "-" if mode == "plain" else f"{100 * (median - plain[1]) / plain[1]:+.1f}%",
+                     "-" if mode == "plain" else f"{100 * (cpu - plain[2]) / plain[2]:+.1f}%"))
+    rows.append((name, "  its per-step callback", f"{len(inside)}", f"{statistics.fmean(inside) * 1e3:.3f}",
+                 f"{statistics.median(inside) * 1e3:.3f}", "", f"{100 * statistics.median(inside) / plain[1]:.2f}%", ""))
+    rows.append((name, "  sending process (other core)", f"{live_steps}", "", "", f"{sender_cpu / live_steps * 1e3:.3f}",
+                 "", f"{100 * sender_cpu / live_steps / plain[2]:.2f}%"))
     return rows
 
 
@@ -124,6 +146,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="ABCCBA cycles per setting")
     parser.add_argument("--smoke-steps", type=int, default=200)
     parser.add_argument("--large-steps", type=int, default=40)
+    parser.add_argument("--settings", default="smoke,large", help="which settings to measure (comma list)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -136,11 +159,15 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
         workdir = Path(tmp)
         template = migrated_store(workdir)
-        rows = measure("smoke", smoke, args.repeats, workdir, template)
-        rows += measure("large (GPU-like step)", large, args.repeats, workdir, template)
+        rows = []
+        if "smoke" in args.settings:
+            rows += measure("smoke", smoke, args.repeats, workdir, template)
+        if "large" in args.settings:
+            rows += measure("large (GPU-like step)", large, args.repeats, workdir, template)
     print(f"torch {torch.__version__}, mlflow {mlflow.__version__}, 1 thread, {args.repeats} ABCCBA repeats; "
           f"step = wall time between consecutive non-probe steps")
-    header = ("setting", "mode", "steps", "mean ms/step", "median ms/step", "overhead vs plain")
+    header = ("setting", "mode", "steps", "wall ms/step (mean)", "wall ms/step (median)", "CPU ms/step (mean)",
+              "median wall vs plain", "CPU vs plain")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths), *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))

@@ -8,7 +8,8 @@
     tracker.runs_of(record)                             # the run ids, for ``log_to_mlflow(live=...)``
     tracker.close()
 
-The training process only puts small tuples into a bounded queue (``put_nowait``). A separate
+The training process collects each step's metrics in a list and, every ``BATCH_SECONDS``, puts the
+list into a bounded queue (``put_nowait``): one hand-over per half second, not per step. A separate
 process (``multiprocessing`` "spawn", so MLflow's Python never competes with the training loop for
 the interpreter lock) takes them out, groups the metrics of about ``flush_seconds`` of training
 per run and sends them with ``log_batch`` (SQLite stores under the same file lock as
@@ -31,6 +32,7 @@ import time
 from stability import tracking
 
 POLL_SECONDS = 0.5   # how often the training side looks at what the sender reported
+BATCH_SECONDS = 0.5  # how often the training side hands the steps collected so far to the sender
 
 
 class LiveTracker:
@@ -52,6 +54,8 @@ class LiveTracker:
         self._max_queue = max_queue
         self._flushed = -1
         self._polled = 0.0
+        self._steps: list[tuple] = []     # (record id, child run name, step, metrics, time) not handed over yet
+        self._handed = 0.0
         context = multiprocessing.get_context("spawn")
         self._queue = context.Queue(maxsize=max_queue)
         self._events = context.Queue()
@@ -90,7 +94,16 @@ class LiveTracker:
         metrics = {k: float(row[k]) for k in tracking.STEP_METRICS
                    if isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)
                    and math.isfinite(row[k])}
-        self._put(("metrics", record["id"], tracking.child_name(arm), int(row["step"]), metrics, _now_ms()))
+        self._steps.append((record["id"], tracking.child_name(arm), int(row["step"]), metrics, _now_ms()))
+        if now - self._handed > BATCH_SECONDS:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Put the steps collected so far into the queue as one item."""
+        self._handed = time.monotonic()
+        if self._steps:
+            steps, self._steps = self._steps, []
+            self._put(("metrics", steps))
 
     def arm_ended(self, record: dict, arm: dict) -> None:
         self._put(("arm_end", record["id"], _light(arm)))
@@ -147,6 +160,8 @@ class LiveTracker:
     def _put(self, item) -> None:
         if self.failed:
             return
+        if item[0] != "metrics" and self._steps:
+            self._hand_over()      # keep the order: the steps before what follows them
         try:
             self._queue.put_nowait(item)
         except queue.Full:
@@ -251,10 +266,10 @@ class _Sender:
     def add_metrics(self, item, pending) -> None:
         from mlflow.entities import Metric
 
-        _, record_id, child, step, metrics, stamp = item
-        run_id = (self.runs.get(record_id) or {}).get("child_run_ids", {}).get(child)
-        if run_id is not None:
-            pending.setdefault(run_id, []).extend(Metric(k, v, stamp, step) for k, v in metrics.items())
+        for record_id, child, step, metrics, stamp in item[1]:
+            run_id = (self.runs.get(record_id) or {}).get("child_run_ids", {}).get(child)
+            if run_id is not None:
+                pending.setdefault(run_id, []).extend(Metric(k, v, stamp, step) for k, v in metrics.items())
 
     def send(self, pending) -> None:
         client = self.connect() if pending else None

@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 import traceback
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +69,7 @@ class ArmHooks:
 def stop_after_step():
     """While it is active, the first Ctrl-C (SIGINT) only sets ``.requested``: the loop stops after the step
     in flight. A second Ctrl-C raises KeyboardInterrupt at once. Outside the main thread: no change."""
-    flag = type("StopRequest", (), {"requested": False})()
+    flag = types.SimpleNamespace(requested=False)
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
