@@ -412,6 +412,30 @@ class FaultConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """How a long run is kept safe; none of it changes a measured figure (the regression check ignores it).
+
+    every: write a checkpoint of the arm (model, optimiser, loss scaler, data position, RNG states, the
+        record so far) every ``every`` steps, and always when the arm is stopped (Ctrl-C); 0 = only then.
+    replay_first / replay_worst: replay bundles of flagged steps (loss spike, gradient spike, non-finite)
+        per case: the first ``replay_first`` and the worst ``replay_worst`` of the rest (0 and 0: none).
+    replay_optimizer: also put the optimiser state into a bundle (about twice the model's size again), so
+        the replay applies the update too and reports its norm.
+    """
+
+    every: int = 200
+    replay_first: int = 2
+    replay_worst: int = 2
+    replay_optimizer: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("every", "replay_first", "replay_worst"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, f"checkpoint.{name}",
+                   value, "a non-negative integer")
+
+
+@dataclass(frozen=True)
 class StressConfig:
     """Settings of the stress cases (``stability.stress``) and their schedules (``stability.schedules``).
 
@@ -486,6 +510,7 @@ class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     steps: int = 200
     seed: int = 0
     device: str = "cpu"
@@ -709,6 +734,7 @@ def _smoke() -> ExperimentConfig:
             data=DataConfig(batch_size=8, builtin_bytes=300_000),
             optim=OptimConfig(lr=3e-3, warmup_steps=10),
             probes=ProbeConfig(every=25, spike_window=30, diverge_patience=15, eval_batches=4),
+            checkpoint=CheckpointConfig(every=50),
             steps=60,
         ),
         seeds=(0, 1, 2),  # the fewest a regression baseline takes (its noise comes from the seed spread)
@@ -733,6 +759,7 @@ def _ci() -> ExperimentConfig:
             data=DataConfig(batch_size=8, builtin_bytes=1_000_000),
             optim=OptimConfig(lr=1e-2, warmup_steps=30, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=0.0),
             probes=ProbeConfig(every=100, spike_window=50, eval_batches=8),
+            checkpoint=CheckpointConfig(every=100),
             steps=300,
         ),
         seeds=(0, 1, 2),  # three seeds: intervals over seeds, and what a regression baseline needs
@@ -757,6 +784,7 @@ def _full() -> ExperimentConfig:
             optim=OptimConfig(lr=1e-3, warmup_steps=200),
             precision=PrecisionConfig(dtype="bf16"),
             probes=ProbeConfig(every=250, spike_window=200, spike_k=6.0, eval_batches=32, probe_batch_size=8),
+            checkpoint=CheckpointConfig(every=500),
             steps=5000,
             device="cuda",
         ),

@@ -72,6 +72,13 @@ FIGURES: dict[str, Figure] = _table(
     Figure("steps_completed", None, "steps", "steps trained before the arm stopped", kind="run"),
     Figure("max_grad_norm", "lower", "L2 norm", "largest global gradient norm before clipping", floor=0.5,
            rel_floor=0.5),
+    Figure("update_spike_score", "lower", "% of steps",
+           "steps whose optimiser update norm ||W_after - W_before|| is >= k std above the rolling mean",
+           kind="run", floor=2.0),
+    Figure("update_spikes", "lower", "count", "steps flagged by the update-norm spike score", kind="run",
+           floor=2.0, rel_floor=0.5),
+    Figure("max_update_norm", "lower", "L2 norm", "largest global optimiser update norm ||W_after - W_before||",
+           kind="run", floor=0.05, rel_floor=0.5),
     # heavy probes of the final model (probe batch, explicit attention path)
     Figure("m_act_mean", "lower", "|activation|",
            "max |value| of each block's residual output, mean over layers (Qiu et al. Table 4)", floor=1.0,

@@ -56,10 +56,9 @@ import torch
 
 from stability import ao, precision
 from stability import config as cfg
-from stability.experiment import after_training, load_inputs, run_pair
+from stability.experiment import load_inputs, run_pair, train_arm
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.schedules import Standard, from_stress
-from stability.trainer import train
 
 CASES_ORDER = cfg.STRESS_CASES
 
@@ -106,19 +105,22 @@ def run_summary(arm_record: dict, **extra) -> dict:
 
 
 class _Case:
-    """Shared bookkeeping of a stress case: the record, the corpus, the per-run timings."""
+    """Shared bookkeeping of a stress case: the record, the corpus, the per-run timings, the session
+    (``stability.experiment.train_arm``: record on disk after every run, resume, Ctrl-C)."""
 
-    def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str):
+    def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
+                 session=None):
         self.started = time.perf_counter()
         self.kind = kind
         self.config = config
+        self.session = session
         self.record = new_case_record(config, schedule_name, description, stress=kind)
         self.corpus = load_inputs(config)
         self.record["corpus"] = self.corpus.info
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def train(self, run: cfg.RunConfig, schedule, arm: str) -> dict:
-        arm_record = train(run, schedule, corpus=self.corpus, arm=arm, on_trained=after_training(run, self.config))
+        arm_record = train_arm(self.record, self.config, run, schedule, self.corpus, arm, self.session)
         self.runs.append(arm_record["timing"])
         return arm_record
 
@@ -173,7 +175,7 @@ def reference_index(lrs: tuple[float, ...], lr: float) -> int:
     return min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i]) - math.log(lr)))
 
 
-def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
+def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None) -> dict:
     """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
 
     ``record["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
@@ -185,7 +187,7 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
     ref = reference_index(grid, config.run.optim.lr)
     with cpu_threads(config.stress.threads):
         case = _Case("lr_sweep", config, "lr_sweep",
-                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}")
+                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session)
         per_arm, runs = [], []
         for seed in config.seeds:
             for arm in config.arm_names:
@@ -244,12 +246,12 @@ def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr
                 losses[max(0, best - smoothing + 1):best + 1])) if best is not None else None}
 
 
-def run_lr_ramp(config: cfg.ExperimentConfig) -> dict:
+def run_lr_ramp(config: cfg.ExperimentConfig, session=None) -> dict:
     """One LR range test per arm and seed: exponential LR from ``ramp_start_lr`` to ``ramp_end_lr``."""
     schedule = from_stress("lr_ramp", config)
     stress = config.stress
     with cpu_threads(stress.threads):
-        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe())
+        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe(), session)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
         case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
@@ -273,7 +275,7 @@ def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
     return out
 
 
-def run_batch_ramp(config: cfg.ExperimentConfig) -> dict:
+def run_batch_ramp(config: cfg.ExperimentConfig, session=None) -> dict:
     """Batch doubling every ``batch_double_every`` steps up to ``batch_max_size``, LR by ``batch_lr_rule``."""
     stress = config.stress
     if stress.batch_max_size < config.run.data.batch_size:
@@ -281,7 +283,7 @@ def run_batch_ramp(config: cfg.ExperimentConfig) -> dict:
                               f"data.batch_size={config.run.data.batch_size}")
     schedule = from_stress("batch_ramp", config)
     with cpu_threads(stress.threads):
-        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe())
+        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session)
 
         def figures_of(_run, arm_record):
             series = arm_record["series"]
@@ -311,7 +313,7 @@ def ladder_skips(config: cfg.ExperimentConfig) -> dict[str, str]:
     return skipped
 
 
-def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
+def run_precision_ladder(config: cfg.ExperimentConfig, session=None) -> dict:
     """The same run (reference LR, Standard schedule) at every precision of ``stress.precisions``.
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
@@ -324,7 +326,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
     with cpu_threads(config.stress.threads):
         case = _Case("precision_ladder", config, "precision_ladder",
                      f"the same run in {', '.join(precisions)}"
-                     + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""))
+                     + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session)
         runs, sources = [], {}
         for seed in config.seeds:
             for arm in config.arm_names:
@@ -391,7 +393,7 @@ def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoo
             "shock_recovered": recovered, "shock_spikes": sum(spikes[shock_step + 1:])}
 
 
-def run_shock(config: cfg.ExperimentConfig) -> dict:
+def run_shock(config: cfg.ExperimentConfig, session=None) -> dict:
     """An LR shock: ``shock_factor`` x the LR from ``shock_step`` on ("jump"), or no warmup ("no_warmup")."""
     stress = config.stress
     schedule = from_stress("shock", config)
@@ -399,7 +401,7 @@ def run_shock(config: cfg.ExperimentConfig) -> dict:
         raise cfg.ConfigError(f"stress.shock_step={stress.shock_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
-        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe())
+        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
@@ -410,10 +412,10 @@ def run_shock(config: cfg.ExperimentConfig) -> dict:
 
 # ----------------------------------------------------------------------------- the plain pair
 
-def run_standard(config: cfg.ExperimentConfig) -> dict:
+def run_standard(config: cfg.ExperimentConfig, session=None) -> dict:
     """The plain pair (every arm of the config) at the preset's settings (``stability run`` trains the same)."""
     with cpu_threads(config.stress.threads):
-        return run_pair(config)
+        return run_pair(config, session=session)
 
 
 # ----------------------------------------------------------------------------- by name
@@ -422,8 +424,9 @@ CASES = {"standard": run_standard, "lr_sweep": run_sweep, "lr_ramp": run_lr_ramp
          "precision_ladder": run_precision_ladder, "shock": run_shock}
 
 
-def run_case(kind: str, config: cfg.ExperimentConfig) -> dict:
-    """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record."""
+def run_case(kind: str, config: cfg.ExperimentConfig, session=None) -> dict:
+    """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record. ``session``:
+    record after every run, per-step files, checkpoints, resume (``stability.experiment.train_arm``)."""
     if kind not in CASES:
         raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
-    return CASES[kind](config)
+    return CASES[kind](config, session=session)

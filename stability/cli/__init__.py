@@ -7,6 +7,7 @@
     stability baseline update [RUN_DIR] --out reports/baselines/smoke-cpu.json
     stability report   [RUN_DIR] --out reports/report.html [--baseline ...]
     stability upload   RECORD ...                                                   send to MLflow later
+    stability replay   BUNDLE                                                       re-run one flagged step
     stability presets
     stability arms                                                                  the named arms
 
@@ -25,11 +26,11 @@ from stability.record import RecordError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from stability.cli import check, report, run, stress, upload
+    from stability.cli import check, replay, report, run, stress, upload
 
     parser = argparse.ArgumentParser(prog="stability", description="Numerical-stability harness for gated attention.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (run, stress, check, report, upload):
+    for module in (run, stress, check, report, upload, replay):
         module.add_parsers(sub)
     return parser
 

@@ -6,27 +6,43 @@ import json
 import sys
 
 from stability import config as cfg
-from stability.cli.options import add_config_options, resolve_from_args
+from stability.cli.options import add_config_options, resolve_session
 from stability.table import paired_table, quant_table
 
 
-def progress_printer(total_steps: int, every: int):
-    def show(arm, seed, step, figures):
-        if step % every == 0 or step == total_steps - 1:
-            print(f"  [{arm:8s} seed {seed}] step {step + 1:5d}/{total_steps}  loss {figures['loss']:.4f}  "
-                  f"lr {figures['lr']:.2e}  grad-norm {figures['grad_norm']:.3g}", flush=True)
-    return show
+def make_session(args, label: str, run_dir, checkpoint_dir, resume):
+    """The session of a training command: records, per-step files and checkpoints in the run directory,
+    live MLflow tracking unless --no-track / --no-live, progress lines unless --quiet."""
+    from stability.session import Session
+
+    tracker = None
+    if not args.no_track and not args.no_live:
+        from stability.livetrack import LiveTracker
+
+        tracker = LiveTracker(args.tracking_uri, args.experiment)
+    return Session(run_dir, label=label, tracker=tracker, checkpoint_dir=checkpoint_dir,
+                   progress=not getattr(args, "quiet", False), resume=resume, lock=True)
+
+
+def print_tracking(record: dict) -> None:
+    """Where the record went in MLflow, or (once per store) why it did not."""
+    from stability.tracking import report_failure, runs_url
+
+    tracking = record.get("tracking")
+    if tracking and tracking["status"] == "tracked":
+        print(f"mlflow: {tracking['uri']} experiment {tracking['experiment']!r} parent run "
+              f"{tracking['parent_run_id']}; in `mlflow ui`: "
+              f"{runs_url('http://127.0.0.1:5000', tracking['experiment_id'])}")
+    elif tracking:
+        report_failure(tracking, record.get("record_path"))
 
 
 def cmd_run(args) -> int:
-    from stability.experiment import run_pair
-    from stability.pipeline import keep
-    from stability.record import write_record
-    from stability.rundir import ensure_run_dir, new_run_dir
+    from stability.experiment import Interrupted, run_pair
+    from stability.pipeline import keep, stopped_record
     from stability.stress import cpu_threads
 
-    config = resolve_from_args(args)
-    run_dir = new_run_dir(args.out, "run")
+    config, run_dir, resume, checkpoint_dir = resolve_session(args, "run")
     steps = config.run.steps
     arms = ", ".join(f"{name} ({config.arm_config(name, 0).variant})" for name in config.arm_names)
     print(f"stability run: preset {config.preset}, {len(config.seeds)} seed(s) x {len(config.arm_names)} arms "
@@ -36,29 +52,34 @@ def cmd_run(args) -> int:
         f"hf ({model.hf_config})" if model.source == "hf" else f"harness ({model.family})")
     print(f"model: {source}, corpus: {data.corpus}{f' (tokenizer {data.tokenizer})' if data.tokenizer else ''}",
           flush=True)
-    print(f"run directory: {run_dir}", flush=True)
-
-    def save(record):  # after every arm: a killed run keeps what it measured
-        write_record(record, ensure_run_dir(run_dir, "run"))
-
-    with cpu_threads(config.stress.threads):  # the threads of the "standard" stress case: the same figures
-        record = run_pair(config, on_arm_done=save,
-                          on_step=None if args.quiet else progress_printer(steps, max(1, steps // 10)))
-    keep(record, run_dir, args.tracking_uri, args.experiment, track=not args.no_track, plots=False)
+    print(f"run directory: {run_dir}" + (" (continuing an interrupted run; --fresh starts a new one)"
+                                          if resume else ""), flush=True)
+    session = make_session(args, "run", run_dir, checkpoint_dir, resume)
+    try:
+        try:
+            with cpu_threads(config.stress.threads):  # the threads of the "standard" stress case: the same figures
+                record = run_pair(config, session=session)
+        except KeyboardInterrupt as stop:
+            record = stopped_record(stop, session)
+            if record is None:
+                raise
+            keep(record, run_dir, args.tracking_uri, args.experiment, track=not args.no_track, plots=False,
+                 session=session)
+            print(f"interrupted: the record so far is {record['record_path']}; continue with "
+                  f"`stability run --resume {run_dir}`", file=sys.stderr)
+            print_tracking(record)
+            raise Interrupted(record) from None
+        keep(record, run_dir, args.tracking_uri, args.experiment, track=not args.no_track, plots=False,
+             session=session)
+    finally:
+        session.close()
     print(f"record: {record['record_path']}")
-    tracking = record.get("tracking")
-    if tracking and tracking["status"] == "tracked":
-        print(f"mlflow: {tracking['uri']} experiment {tracking['experiment']!r} parent run {tracking['parent_run_id']}")
-    elif tracking:
-        print(f"mlflow: NOT TRACKED ({tracking['error']}); the record above holds everything, send it later with "
-              f"`stability upload {record['record_path']}`", file=sys.stderr)
+    print_tracking(record)
     print()
     print(paired_table(record))
     if quant_table(record):
         print()
         print(quant_table(record))
-    if record["status"] == "killed":
-        return 130
     return 1 if record["status"] == "error" else 0
 
 
