@@ -348,7 +348,7 @@ class PrecisionPolicy:
             recipe = "torch.autocast" + (f" + torch.amp.GradScaler(init {config.init_loss_scale:g}, growth "
                                          f"{config.growth_factor:g} every {config.growth_interval}, backoff "
                                          f"{config.backoff_factor:g})" if self.scaling else "")
-            return {"library": "torch", "version": torch.__version__, "recipe": recipe, "emulated": False}
+            return {"library": "torch", "version": str(torch.__version__), "recipe": recipe, "emulated": False}
         if dtype == "fp8" and config.fp8_recipe == "own":
             return {"library": "stability", "version": library_version("stability"),
                     "recipe": f"own fp8, per-tensor {config.fp8_scaling} scaling"
@@ -364,7 +364,7 @@ class PrecisionPolicy:
                     "recipe": f"MX mx_mm, blocks of {ao.MX_BLOCK}, e8m0 scales (rceil), e4m3 inputs and "
                               f"gradients, {weights} weights", "emulated": not real,
                     "high_precision_linears": self.high_precision}
-        return {"library": "torch", "version": torch.__version__, "recipe": "fp32", "emulated": False}
+        return {"library": "torch", "version": str(torch.__version__), "recipe": "fp32", "emulated": False}
 
     # -- checkpoints -----------------------------------------------------------------------
 

@@ -152,7 +152,7 @@ def env_info(device: str) -> dict:
 
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") \
         and torch.cuda.is_available() else platform.processor() or platform.machine()
-    return {"python": platform.python_version(), "torch": torch.__version__, "triton": library_version("triton"),
+    return {"python": platform.python_version(), "torch": str(torch.__version__), "triton": library_version("triton"),
             "bitsandbytes": library_version("bitsandbytes"), "mlflow": library_version("mlflow"),
             "transformers": library_version("transformers"), "torchao": library_version("torchao"), "device": device,
             "device_name": name, "threads": torch.get_num_threads()}
