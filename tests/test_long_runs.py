@@ -86,6 +86,32 @@ def test_a_resumed_run_continues_bit_for_bit(interrupted, reference, tmp_path):
     assert not list(run_dir.glob("checkpoints/**/*.pt"))
 
 
+@pytest.mark.parametrize("precision", [
+    {"precision.dtype": "fp16", "precision.init_loss_scale": 2.0 ** 16, "precision.growth_interval": 4},
+    {"precision.dtype": "fp8", "precision.fp8_recipe": "own", "precision.fp8_scaling": "delayed"},
+], ids=["fp16-gradscaler", "fp8-own-delayed"])
+def test_a_resumed_low_precision_run_continues_bit_for_bit(precision, tmp_path):
+    """What the precision carries from step to step (GradScaler's scale and growth tracker, the own
+    fp8's amax histories) is in the checkpoint: the resumed run's losses and loss scales are the
+    uninterrupted run's."""
+    torch.set_num_threads(1)
+    config = tiny(**precision)
+    expected = run_pair(config)
+    run_dir = tmp_path / "run"
+
+    def ctrl_c(arm, seed, step, figures):
+        if arm == "gated" and step == 9:
+            signal.raise_signal(signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        run_pair(config, session=Session(run_dir, label="run"), on_step=ctrl_c)
+    record = run_pair(config, session=Session(run_dir, resume=Resume.load(run_dir)))
+    got = record["arms"][1]
+    assert got["timing"]["resumed_at_step"] == 10
+    assert got["series"]["loss"] == expected["arms"][1]["series"]["loss"]
+    assert got["series"]["loss_scale"] == expected["arms"][1]["series"]["loss_scale"]
+
+
 # ----------------------------------------------------------------------------- bad resume input
 
 @pytest.fixture()
