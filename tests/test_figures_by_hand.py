@@ -713,7 +713,7 @@ def test_claims_table_states_each_verdict():
     lines = claims_table(rows, title="M-Act claim").splitlines()
     assert lines[0] == "M-Act claim"
     assert re.split(r"\s{2,}", lines[1]) == [
-        "figure", "better", "baseline", "gated", "gated-baseline", "95% CI", "sign-flip p", "n", "at least as good"]
+        "figure", "claimed", "baseline", "gated", "gated-baseline", "95% CI", "sign-flip p", "n", "holds"]
     cells = {line.split()[0]: line for line in lines[3:]}
     assert cells["m_act_mean"].split()[-1] == "yes" and "[-2, -1]" in cells["m_act_mean"]
     assert cells["heldout_loss"].split()[-1] == "NO"
