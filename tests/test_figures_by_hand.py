@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from stability import probes
+from stability import regression as reg
 from stability.claims import claim_rows, claims_table, held_out
 from stability.config import ConfigError, resolve
 from stability.quantize import (
@@ -204,14 +205,16 @@ def test_sample_std_divides_by_n_minus_one_and_survives_huge_values():
 
 
 class Emit(nn.Module):
-    """A block whose output (the residual stream after it) is a fixed tensor."""
+    """A block whose output (the residual stream after it) is a fixed tensor, or the tuple (output,
+    extra) as the blocks of Hugging Face models return it."""
 
-    def __init__(self, output: torch.Tensor):
+    def __init__(self, output: torch.Tensor, extra: torch.Tensor | None = None):
         super().__init__()
         self.register_buffer("output", output)
+        self.extra = extra
 
     def forward(self, _x):
-        return self.output
+        return self.output if self.extra is None else (self.output, self.extra)
 
 
 class HandModel(nn.Module):
@@ -219,18 +222,21 @@ class HandModel(nn.Module):
     logits and gate scores handed to the observer, one Linear (the head) fed a fixed input, and fixed
     output logits: every figure of ``heavy_probes`` is known by hand."""
 
-    def __init__(self, gated: bool = True):
+    def __init__(self, gated: bool = True, attention: bool = True):
         super().__init__()
         self.blocks = nn.ModuleList([
-            # |values| seven 1s and a 4: max 4, median 1 (ratio 4)
-            Emit(torch.tensor([[[1.0, -1.0], [1.0, 1.0], [1.0, 1.0], [-4.0, 1.0]]])),
-            # |values| seven 2s and a 10: max 10, median 2 (ratio 5)
-            Emit(torch.tensor([[[2.0, 2.0], [2.0, -2.0], [10.0, 2.0], [2.0, 2.0]]])),
+            # a batch of 2 sequences; |values| seven 1s and a 4: max 4, median 1 (ratio 4) (the first
+            # sequence alone: max 1)
+            Emit(torch.tensor([[[1.0, -1.0], [1.0, 1.0]], [[1.0, 1.0], [-4.0, 1.0]]])),
+            # a tuple (residual, extra); |values| seven 2s and a 10: max 10, median 2 (ratio 5)
+            Emit(torch.tensor([[[2.0, 2.0], [2.0, -2.0], [10.0, 2.0], [2.0, 2.0]]]), extra=torch.zeros(1, 4, 2)),
         ])
         self.head = nn.Linear(2, 2)
         sink = torch.tensor([[1.0, 0, 0, 0], [0.6, 0.4, 0, 0], [0.3, 0.3, 0.4, 0], [0.3, 0.2, 0.2, 0.3]])
+        faint = torch.tensor([[1.0, 0, 0, 0], [0.1, 0.9, 0, 0], [0.1, 0.4, 0.5, 0], [0.1, 0, 0, 0.9]])
         local = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0.5, 0.5, 0], [0, 0, 0, 1.0]])
-        self.probs = [torch.stack([sink, local])[None], torch.stack([sink, sink])[None]]   # (1, 2, 4, 4)
+        self.probs = [torch.stack([sink, faint])[None], torch.stack([sink, local])[None]]   # (1, 2, 4, 4)
+        self.attention = attention
         future = ~torch.ones(4, 4, dtype=torch.bool).tril()
         self.attn_logits = [torch.full((1, 2, 4, 4), -1.0).masked_fill(future, float("-inf")) for _ in range(2)]
         self.attn_logits[0][0, 1, 3, 2] = 3.0    # the largest unmasked logit of layer 0
@@ -247,7 +253,7 @@ class HandModel(nn.Module):
         x = tokens
         for index, block in enumerate(self.blocks):
             x = block(x)
-            if self.observer is not None:
+            if self.observer is not None and self.attention:
                 self.observer(index, "attn_logits", self.attn_logits[index])
                 self.observer(index, "attn_probs", self.probs[index])
                 if self.gates is not None:
@@ -258,9 +264,11 @@ class HandModel(nn.Module):
 
 def test_heavy_probes_figures_of_known_activations_and_attention_maps():
     """Per layer: M-Act 4 and 10 (ratios 4 and 5): mean 7, max 10. F-Attn (queries 1..3 on token 0):
-    the sink head 0.6, 0.3, 0.3 -> 0.4, the local head 0 -> layer 0 0.2, layer 1 (two sink heads) 0.4,
-    mean 0.3. alpha_0 (queries 0..3): sink head 2.2 / 4 = 0.55 > 0.3, local head 1 / 4 = 0.25 -> sink
-    rate 0.5 and 1.0, mean 0.75. Attention logit max 3 and 7.5 -> 7.5. Gate scores 0.3 and 0.2 -> 0.25.
+    the sink head 0.6, 0.3, 0.3 -> 0.4, the faint head 0.1, the local head 0 -> layer 0 (sink, faint)
+    0.25, layer 1 (sink, local) 0.2, mean 0.225. alpha_0 (queries 0..3, query 0 included): sink head
+    2.2 / 4 = 0.55 > 0.3, faint head 1.3 / 4 = 0.325 > 0.3 (without query 0 it would be 0.1), local head
+    1 / 4 = 0.25 -> sink rate 1.0 and 0.5, mean 0.75. Attention logit max 3 and 7.5 -> 7.5. Gate scores
+    0.3 and 0.2 -> 0.25.
     Output logits all 0 but one -5 in 2 classes: max |logit| 5, log Z log 2 at three positions and
     log(1 + e^-5) at one. Head input [0, 0, 0, 4]: centred [-1, -1, -1, 3], variance 3, fourth moment
     21, kurtosis 21 / 9; infinity norm 4."""
@@ -270,9 +278,9 @@ def test_heavy_probes_figures_of_known_activations_and_attention_maps():
     assert [layer["m_act"] for layer in layers] == [4.0, 10.0]
     assert [layer["m_act_ratio"] for layer in layers] == [4.0, 5.0]
     assert out["m_act_mean"] == 7.0 and out["m_act_max"] == 10.0
-    assert [layer["f_attn"] for layer in layers] == pytest.approx([0.2, 0.4])
-    assert out["f_attn_mean"] == pytest.approx(0.3)
-    assert [layer["sink_rate"] for layer in layers] == [0.5, 1.0] and out["sink_rate_mean"] == 0.75
+    assert [layer["f_attn"] for layer in layers] == pytest.approx([0.25, 0.2])
+    assert out["f_attn_mean"] == pytest.approx(0.225)
+    assert [layer["sink_rate"] for layer in layers] == [1.0, 0.5] and out["sink_rate_mean"] == 0.75
     assert [layer["max_attn_logit"] for layer in layers] == [3.0, 7.5] and out["max_attn_logit"] == 7.5
     assert [layer["gate_score"] for layer in layers] == pytest.approx([0.3, 0.2])
     assert out["gate_score_mean"] == pytest.approx(0.25)
@@ -286,6 +294,34 @@ def test_heavy_probes_figures_of_known_activations_and_attention_maps():
 def test_heavy_probes_without_a_gate_have_no_gate_score():
     out = probes.heavy_probes(HandModel(gated=False).eval(), torch.zeros(1, 4, dtype=torch.long))
     assert out["gate_score_mean"] is None and all("gate_score" not in layer for layer in out["layers"])
+
+
+def test_heavy_probes_of_a_model_that_shows_no_attention():
+    """No observer call (attention the probes cannot see): the attention and gate figures are None, M-Act
+    stays."""
+    out = probes.heavy_probes(HandModel(attention=False), torch.zeros(1, 4, dtype=torch.long))
+    assert (out["f_attn_mean"], out["sink_rate_mean"], out["max_attn_logit"]) == (None, None, None)
+    assert out["m_act_max"] == 10.0 and out["layers"] == [{"m_act": 4.0, "m_act_ratio": 4.0},
+                                                          {"m_act": 10.0, "m_act_ratio": 5.0}]
+
+
+def test_layer_of_and_layer_groups_with_block_names():
+    """A wrapped model names its blocks ("inner.layers.1"): a module below block i, or block i itself,
+    is in layer i; "inner.layers.10" is not below "inner.layers.1" (the prefix ends with a dot)."""
+    names = [f"inner.layers.{i}" for i in range(11)]
+    assert probes.layer_of("inner.layers.1.attn.q_proj", names) == 1
+    assert probes.layer_of("inner.layers.1", names) == 1 and probes.layer_of("inner.layers.10.mlp", names) == 10
+    assert probes.layer_of("inner.norm", names) is None and probes.layer_of("blocks.0.attn", names) is None
+    model = nn.Module()
+    model.inner = nn.Module()
+    model.inner.embed_tokens = nn.Embedding(3, 2)
+    model.inner.layers = nn.ModuleList([nn.Linear(2, 2, bias=False) for _ in range(11)])
+    model.blocks = nn.ModuleList([nn.Linear(2, 2, bias=False)])   # not the named blocks: in "head"
+    model.block_names = names
+    groups = probes.layer_groups(model)
+    assert list(groups) == ["embed"] + [f"layer{i}" for i in range(11)] + ["head"]
+    assert groups["layer1"] == [model.inner.layers[1].weight] and groups["layer10"] == [model.inner.layers[10].weight]
+    assert groups["head"] == [model.blocks[0].weight] and groups["embed"] == [model.inner.embed_tokens.weight]
 
 
 # ----------------------------------------------------------------------------- the record's figures
@@ -407,6 +443,128 @@ def test_paired_summary_of_arms_without_figures():
             paired_arm("baseline", 1, heldout_loss=1.0), {"arm": "gated", "seed": 1, "status": "killed"}]
     row = paired_summary(arms)["gated"]["heldout_loss"]
     assert row["n"] == 0 and row["seeds"] == []
+
+
+# ----------------------------------------------------------------------------- the merge check's band
+
+
+def test_the_band_and_verdict_of_one_figure_by_hand():
+    """heldout_loss (lower is better, floor 0.02, rel_floor 0.005), baseline seeds 3.0, 3.2, 3.4: mean
+    3.2, sample std 0.2. Paired (same seeds, now 3.5, 3.7, 3.9): delta 0.5, standard error 0.2 * sqrt(2/3)
+    = 0.16330, band max(0.02, 0.016, 3 * 0.16330 = 0.48990) -> 0.5 is worse by more: regressed. With
+    k = 1 the band is 0.16330; with a tolerance floor of 1.0 it is 1.0 (ok); rel_floor 0.5 -> 1.6.
+    Unpaired (new seeds 3 and 4 at 3.0, 3.1): delta 3.05 - 3.2 = -0.15, error 0.2 * sqrt(1/3 + 1/2) =
+    0.18257, band 0.54772: ok. The baseline's seeds plus a new one: unpaired too (3/4), delta 0."""
+    base = {"0": 3.0, "1": 3.2, "2": 3.4}
+    worse = {"0": 3.5, "1": 3.7, "2": 3.9}
+    error = 0.2 * math.sqrt(2 / 3)
+    assert reg.compare_values(base, worse, "heldout_loss") == (
+        "regressed", pytest.approx(3.2), pytest.approx(3.7), pytest.approx(0.5), pytest.approx(3 * error),
+        "paired n=3", "")
+    assert reg.compare_values(base, worse, "heldout_loss", k=1.0)[4] == pytest.approx(error)
+    assert reg.compare_values(base, worse, "heldout_loss", tolerance={"k": 1.0})[4] == pytest.approx(error)
+    assert reg.compare_values(base, worse, "heldout_loss", tolerance={"floor": 1.0})[::4] == ("ok", 1.0)
+    assert reg.compare_values(base, worse, "heldout_loss", tolerance={"rel_floor": 0.5})[4] == pytest.approx(1.6)
+    assert reg.compare_values(base, {"3": 3.0, "4": 3.1}, "heldout_loss") == (
+        "ok", pytest.approx(3.2), pytest.approx(3.05), pytest.approx(-0.15),
+        pytest.approx(3 * 0.2 * math.sqrt(1 / 3 + 1 / 2)), "unpaired 3/2", "")
+    extra = reg.compare_values(base, {**base, "3": 3.2}, "heldout_loss")
+    assert extra[0] == "ok" and extra[3] == pytest.approx(0.0) and extra[5] == "unpaired 3/4"
+
+
+def test_a_change_exactly_the_size_of_the_band_is_ok():
+    """Baseline 1.0 in every seed (no spread), floor 0.5, rel_floor 0: the band is 0.5. A move of exactly
+    0.5 either way is within it (ok), one of 0.625 is not: lower is better for heldout_loss (regressed
+    up, improved down), higher for accuracy (the opposite)."""
+    tolerance = {"floor": 0.5, "rel_floor": 0.0}
+    base = {"0": 1.0, "1": 1.0, "2": 1.0}
+
+    def verdict(name, now):
+        return reg.compare_values(base, {s: now for s in base}, name, tolerance=tolerance)[0]
+    assert [verdict("heldout_loss", v) for v in (1.5, 0.5, 1.625, 0.375)] == ["ok", "ok", "regressed", "improved"]
+    assert [verdict("accuracy", v) for v in (1.5, 0.5, 1.625, 0.375)] == ["ok", "ok", "improved", "regressed"]
+
+
+def test_a_figure_new_missing_or_lost_by_hand():
+    """No finite baseline value: "new" when the records have one, else "ok" (nothing to compare). No
+    value in the records: "missing" (not measured), but "regressed" when a seed the baseline had finite
+    is now None (lost). Seeds 1 and 2 lost, seed 0 unchanged: regressed, named, with the paired band
+    of seed 0 (floor 0.02 > 0.005 * 3)."""
+    assert reg.compare_values({"0": None}, {"0": 3.0}, "heldout_loss") == (
+        "new", None, 3.0, None, None, "", "no finite baseline value")
+    assert reg.compare_values({"0": None}, {}, "heldout_loss") == ("ok", None, None, None, None, "", "")
+    assert reg.compare_values({"0": 3.0}, {}, "heldout_loss") == (
+        "missing", 3.0, None, None, None, "", "not in the records")
+    assert reg.compare_values({"0": 3.0}, {"1": None}, "heldout_loss")[0] == "missing"   # not a seed it had
+    assert reg.compare_values({"0": 3.0, "1": 3.0}, {"0": None, "1": None}, "heldout_loss") == (
+        "regressed", 3.0, None, None, None, "", "no finite value now")
+    base = {"0": 3.0, "1": 3.0, "2": 3.0}
+    assert reg.compare_values(base, {"0": 3.0, "1": None, "2": None}, "heldout_loss") == (
+        "regressed", 3.0, 3.0, 0.0, 0.02, "paired n=1", "no finite value now in seed(s) 1, 2")
+
+
+def test_paired_values_by_hand():
+    """gated - baseline per seed where both arms have a value; a seed the baseline arm lacks is left out."""
+    arms = {"baseline": {"figures": {"x": {"0": 1.0, "1": 2.0, "2": None}}},
+            "gated": {"figures": {"x": {"0": 1.5, "1": None, "2": 3.0, "3": 4.0}}}}
+    assert reg._paired_values(arms, "gated", "x") == {"0": 0.5, "1": None, "2": None}
+    assert reg._paired_values(arms, "gated", "y") == {} and reg._paired_values(arms, "other", "x") == {}
+    assert reg._paired_values({}, "gated", "x") == {}
+    assert reg._paired_values({"baseline": {}, "gated": {}}, "gated", "x") == {}
+
+
+def hand_case(**arms) -> dict:
+    """A case of ``case_values``: arm -> (status per seed, divergence step per seed, figures)."""
+    return {"arms": {name: {"status": status, "diverged_at_step": steps, "figures": figures}
+                     for name, (status, steps, figures) in arms.items()}}
+
+
+def test_a_case_compared_arm_by_arm_and_paired_by_hand():
+    """Arms: baseline, old (only in the baseline: a note), gated, new (only in the records: a note).
+    baseline: heldout_loss 3.0 in seeds 0, 1 then and now: delta 0, band the floor 0.02 (> 0.005 * 3);
+    accuracy only now: new. gated: seed 1 completed then, diverged at step 7 now (a status row); its
+    held-out loss (2.9, seed 0 only now) is unchanged; perplexity and accuracy only now: new. Paired
+    gated - baseline: heldout_loss -0.1 in both seeds then, seed 0 now: ok with the floor 0.02 (>
+    0.005 * 0.1); perplexity has no baseline arm value on either side: no row; accuracy 0.6 - 0.5 = 0.1
+    now, nothing then: new."""
+    done = {"0": "completed", "1": "completed"}
+    base = hand_case(baseline=(done, {}, {"heldout_loss": {"0": 3.0, "1": 3.0}}), old=(done, {}, {}),
+                     gated=(done, {}, {"heldout_loss": {"0": 2.9, "1": 2.9}}))
+    case = hand_case(baseline=(done, {}, {"heldout_loss": {"0": 3.0, "1": 3.0}, "accuracy": {"0": 0.5, "1": 0.5}}),
+                     gated=({"0": "completed", "1": "diverged"}, {"0": None, "1": 7},
+                            {"heldout_loss": {"0": 2.9}, "perplexity": {"0": 18.0}, "accuracy": {"0": 0.6}}),
+                     new=(done, {}, {}))
+    result = reg.CheckResult()
+    reg._compare_case(result, "c/standard", base, case, {}, 3.0)
+    assert result.notes == ["case c/standard: arm old is only in the baseline: not compared",
+                            "case c/standard: arm new is only in the records: not compared"]
+    rows = [(r.arm, r.figure, r.better, r.baseline, r.current, r.delta, r.band, r.verdict, r.mode, r.note)
+            for r in result.rows]
+    assert all(r.case == "c/standard" for r in result.rows)
+    assert rows == [
+        ("baseline", "heldout_loss", "lower", 3.0, 3.0, 0.0, 0.02, "ok", "paired n=2", ""),
+        ("baseline", "accuracy", "higher", None, 0.5, None, None, "new", "", "no finite baseline value"),
+        ("gated", "status", "completed", None, None, None, None, "regressed", "",
+         "seed 1 diverged at step 7; the baseline completed"),
+        ("gated", "heldout_loss", "lower", 2.9, 2.9, 0.0, 0.02, "ok", "paired n=1", ""),
+        ("gated", "perplexity", "lower", None, 18.0, None, None, "new", "", "no finite baseline value"),
+        ("gated", "accuracy", "higher", None, 0.6, None, None, "new", "", "no finite baseline value"),
+        ("gated-baseline", "heldout_loss", "lower", pytest.approx(-0.1), pytest.approx(-0.1), 0.0, 0.02, "ok",
+         "paired n=1", ""),
+        ("gated-baseline", "accuracy", "higher", None, pytest.approx(0.1), None, None, "new", "",
+         "no finite baseline value"),
+    ]
+
+
+def test_status_rows_only_for_a_seed_that_completed_then_and_diverged_now():
+    then = {"status": {"0": "completed", "1": "diverged", "2": "completed", "3": "completed"}}
+    now = {"status": {"0": "completed", "1": "diverged", "2": "diverged", "4": "diverged"},
+           "diverged_at_step": {"2": 5, "4": 1}}
+    rows = reg._status_rows("c/standard", "gated", then, now)
+    assert [r.as_dict() for r in rows] == [
+        {"case": "c/standard", "arm": "gated", "figure": "status", "better": "completed", "baseline": None,
+         "current": None, "delta": None, "band": None, "verdict": "regressed", "mode": "",
+         "note": "seed 2 diverged at step 5; the baseline completed"}]
 
 
 # ----------------------------------------------------------------------------- schedules

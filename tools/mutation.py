@@ -55,11 +55,11 @@ class Target:
 TARGETS = {
     "probes": Target("stability/probes.py", ("*",), ("tests/test_probes.py", HAND)),
     "stats": Target("stability/stats.py", ("*",), (HAND, "tests/test_regression.py")),
-    # the comparison and its verdicts; not the table/Markdown rendering, nor reading and writing files
+    # the values compared, the band and the verdicts; not the input checks and their messages, the baseline
+    # document, the table/Markdown rendering, nor reading and writing files
     "regression": Target("stability/regression.py",
-                         ("paired_arm", "regression_records", "_check_usable", "case_values", "make_baseline",
-                          "resolve_tolerances", "_mean", "compare_values", "_paired_values", "_status_rows",
-                          "_compare_case", "check"),
+                         ("case_values", "_mean", "compare_values", "_paired_values", "_status_rows",
+                          "_compare_case"),
                          ("tests/test_regression.py", HAND)),
     "record": Target("stability/record.py",
                      ("spike_score", "final_figures", "_finite_mean", "usable_value", "arm_names", "paired_summary"),
@@ -96,7 +96,40 @@ class Equivalent:
     why: str
 
 
-EQUIVALENTS: tuple[Equivalent, ...] = ()
+EQUIVALENTS: tuple[Equivalent, ...] = (
+    Equivalent("stats", "t_critical", 'return T_975[max(usable)] if usable else float("nan")',
+               'return T_975[max(usable)] if usable else float("NAN")',
+               'float() reads "nan" in any case: the same NaN'),
+    Equivalent("stats", "sign_flip_p_value", "rng = random.Random(0)", "rng = random.Random(1)",
+               "another fixed seed: as deterministic and as good an estimate of the exact p (the tests pin the "
+               "estimate to the exact p within its sampling error, not to one seed's draws)"),
+    Equivalent("stats", "sign_flip_p_value",
+               "extreme = sum(abs(sum(d if rng.random() < 0.5 else -d for d in differences)) >= observed - 1e-12",
+               "extreme = sum(abs(sum(d if rng.random() <= 0.5 else -d for d in differences)) >= observed - 1e-12",
+               "random() returns exactly 0.5 with probability 2^-53 per draw: the seeded draws never do"),
+    Equivalent("probes", "massive_activation", 'return peak, peak / median if median > 0 else float("inf")',
+               'return peak, peak / median if median > 0 else float("INF")', 'float() reads "inf" in any case'),
+    Equivalent("probes", "kurtosis", 'return (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else float("nan")',
+               'return (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else float("NAN")',
+               'float() reads "nan" in any case'),
+    Equivalent("probes", "kurtosis", 'return (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else float("nan")',
+               'return (centred.pow(4).mean() / var.pow(2)).item() if (var > 0) or True else float("nan")',
+               "a variance is never negative, and at 0 the fourth moment is 0 too: 0 / 0 is NaN in torch, the "
+               "value of the other branch"),
+    Equivalent("probes", "kurtosis", 'return (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else float("nan")',
+               'return (centred.pow(4).mean() / var.pow(2)).item() if var >= 0 else float("nan")',
+               "at variance 0 the tensor division 0 / 0 gives the same NaN as the other branch"),
+    Equivalent("probes", "first_token_share", "if probs.shape[-2] <= first_query:", "if probs.shape[+2] <= first_query:",
+               "probs is (B, H, S, S): dimension 2 is dimension -2"),
+    Equivalent("probes", "first_token_share",
+               'raise ValueError(f"probs has {probs.shape[-2]} query positions: F-Attn needs more than {first_query}")',
+               'raise ValueError(f"probs has {probs.shape[+2]} query positions: F-Attn needs more than {first_query}")',
+               "probs is (B, H, S, S): dimension 2 is dimension -2"),
+    Equivalent("probes", "heavy_probes",
+               'layers[layer]["f_attn"] = first_token_share(tensor, first_query=1).mean().item()',
+               'layers[layer]["f_attn"] = first_token_share(tensor, ).mean().item()',
+               "first_query=1 is the default: the call is the same"),
+)
 
 
 @dataclass(frozen=True)
