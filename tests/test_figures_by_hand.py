@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+from _stability_records import pair_record
 from torch import nn
 
 from stability import probes
@@ -29,7 +30,14 @@ from stability.quantize import (
     quant_figures,
     relative_output_error,
 )
-from stability.record import PROBE_FIGURES, arm_names, final_figures, paired_summary, usable_value
+from stability.record import (
+    PROBE_FIGURES,
+    RecordError,
+    arm_names,
+    final_figures,
+    paired_summary,
+    usable_value,
+)
 from stability.schedules import (
     BatchRamp,
     ExponentialRamp,
@@ -554,6 +562,23 @@ def test_a_case_compared_arm_by_arm_and_paired_by_hand():
         ("gated-baseline", "accuracy", "higher", None, pytest.approx(0.1), None, None, "new", "",
          "no finite baseline value"),
     ]
+
+
+def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case():
+    """Two records of case smoke/standard (seeds 0 and 1): both ids kept, in order. A third with 31 steps
+    instead of 60 is named as record #3 with the field that differs; seed 1 twice, as record #3 too."""
+    first, second = pair_record(seeds=(0,)), pair_record(seeds=(1,))
+    first["id"], second["id"] = "first", "second"
+    assert reg.case_values([first, second])["smoke/standard"]["records"] == ["first", "second"]
+    other = {**pair_record(seeds=(2,), steps=31), "id": "third"}
+    with pytest.raises(RecordError) as error:
+        reg.case_values([first, second, other])
+    assert str(error.value) == ("record #3 (smoke/standard, id third): case smoke/standard appears with two different "
+                                "configs among the records (run.steps: baseline 60, record 31)")
+    with pytest.raises(RecordError) as error:
+        reg.case_values([first, second, {**second, "id": "again"}])
+    assert str(error.value) == ("record #3 (smoke/standard, id again): case smoke/standard arm baseline seed 1 appears "
+                                "twice among the records (pass one run directory, or records of distinct seeds)")
 
 
 def test_status_rows_only_for_a_seed_that_completed_then_and_diverged_now():
