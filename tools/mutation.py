@@ -33,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,6 +299,7 @@ class Score:
     slips: list = field(default_factory=list)          # (what, outcome)
     not_mutated: list = field(default_factory=list)
     missing: list = field(default_factory=list)
+    seconds: float = 0.0                               # wall time of the mutants and the slips
 
     @property
     def score(self) -> float:
@@ -311,6 +313,7 @@ class Score:
 
 
 def run_module(name: str, jobs: int) -> Score:
+    start = time.monotonic()
     target = TARGETS[name]
     module = target.path[:-3].replace("/", ".")
     mutated, not_mutated, missing = scope(name, target)
@@ -343,6 +346,7 @@ def run_module(name: str, jobs: int) -> Score:
     if score.mutants == 0:
         print(f"{name}: mutmut reported no mutant; see {work / 'mutmut.log'}", file=sys.stderr)
     score.slips = run_slips(name)
+    score.seconds = time.monotonic() - start
     return score
 
 
@@ -369,10 +373,11 @@ def run_slips(name: str) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- the report
 
 def report(scores: list[Score]) -> str:
-    header = ("module", "mutants", "killed", "timeout", "equivalent", "survived", "score", "slips killed")
+    header = ("module", "mutants", "killed", "timeout", "equivalent", "survived", "score", "slips killed", "minutes")
     rows = [header] + [(s.module, str(s.mutants), str(s.killed), str(s.timeout), str(len(s.equivalents)),
                         str(len(s.survivors)), f"{100 * s.score:.1f}%",
-                        f"{sum(o == 'killed' for _, o in s.slips)}/{len(s.slips)}") for s in scores]
+                        f"{sum(o == 'killed' for _, o in s.slips)}/{len(s.slips)}", f"{s.seconds / 60:.1f}")
+                       for s in scores]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     table = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     out = ["", "mutation score = (killed + timeout) / (mutants - equivalent); slips: mistakes written by hand",
