@@ -875,6 +875,12 @@ def test_claim_verdicts_at_the_edges_of_the_margin():
     assert higher_holds[0]["holds"] is True
 
 
+def test_a_claim_with_half_an_interval_is_undecided():
+    """A record (edited by hand, or from another tool) with one end of the interval missing: no verdict,
+    even when the end it has would decide (high -1 <= margin 0 for a lower-is-better figure)."""
+    rows = claim_rows(claim_record(m_act_mean=(None, -1.0), accuracy=(1.0, None)), ["m_act_mean", "accuracy"])
+    assert [row["holds"] for row in rows] == [None, None]
+
 def test_claims_of_another_arm_missing_figures_and_undirected_ones():
     record = claim_record(m_act_mean=(-2.0, -1.0), gate_score_mean=(0.1, 0.2))
     record["paired"]["other"] = {"m_act_mean": {**record["paired"]["gated"]["m_act_mean"], "ci_low": 1.0,

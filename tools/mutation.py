@@ -130,6 +130,9 @@ EQUIVALENTS: tuple[Equivalent, ...] = (
                'layers[layer]["f_attn"] = first_token_share(tensor, first_query=1).mean().item()',
                'layers[layer]["f_attn"] = first_token_share(tensor, ).mean().item()',
                "first_query=1 is the default: the call is the same"),
+    Equivalent("stress", "shock_figures", "horizon = after[:recovery] if recovery else after",
+               "horizon = after[:recovery] if (recovery) or True else after",
+               "recovery is None or at least 1: after[:None] is all of after, the other branch"),
 )
 
 
