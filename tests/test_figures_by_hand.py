@@ -418,9 +418,9 @@ def test_paired_summary_by_hand():
     """heldout_loss baseline 1, 2, 3 and gated 2, 4, 6 in seeds 0-2: the interval of differences 1, 2, 3
     (2 +- 4.303 / sqrt(3)), p 0.25. Seed 3 has no gated arm: left out. accuracy is missing in the gated
     arm of seed 1: pairs of seeds 0 and 2 only (differences 0.1 and 0.3). A figure outside the table
-    ("note") and one that no arm measured (f_attn_mean None everywhere) get no row; the rows come in
-    name order."""
-    arms = [paired_arm("baseline", s, heldout_loss=float(s + 1), accuracy=0.5, f_attn_mean=None, note=1.0)
+    ("comment", named before the figures after it) and one that no arm measured (f_attn_mean None
+    everywhere) get no row; the rows come in name order."""
+    arms = [paired_arm("baseline", s, heldout_loss=float(s + 1), accuracy=0.5, f_attn_mean=None, comment=1.0)
             for s in range(4)]
     arms += [paired_arm("gated", 0, heldout_loss=2.0, accuracy=0.6, f_attn_mean=None, z_note=2.0),
              paired_arm("gated", 1, heldout_loss=4.0, f_attn_mean=None),
