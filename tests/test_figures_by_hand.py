@@ -23,6 +23,7 @@ from stability.quantize import (
     HEAD,
     FakeQuantLinear,
     _cast_counts,
+    damage,
     fake_quant_int8,
     linear_input_stats,
     output_kl,
@@ -1048,6 +1049,13 @@ def test_cast_counts_by_hand():
     assert _cast_counts([FakeQuantLinear(nn.Linear(2, 2), None, None)], None) == {"activation_zeroed_fraction": 0.0}
     assert _cast_counts([nn.Linear(2, 2)], Cast()) == {"overflow_fraction": 0.25, "underflow_fraction": 0.5}
     assert _cast_counts([], None) == {}
+
+
+def test_damage_is_quantized_minus_full_precision():
+    """Loss 3.0 -> 3.5 (damage +0.5), perplexity 20 -> 33 (+13), accuracy 0.5 -> 0.25 (-0.25)."""
+    full = {"heldout_loss": 3.0, "perplexity": 20.0, "accuracy": 0.5}
+    assert damage({"heldout_loss": 3.5, "perplexity": 33.0, "accuracy": 0.25}, full) == {
+        "damage_loss": 0.5, "damage_perplexity": 13.0, "damage_accuracy": -0.25}
 
 
 def test_quant_figures_flatten_the_schemes_that_ran():

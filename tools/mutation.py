@@ -79,7 +79,7 @@ TARGETS = {
     "claims": Target("stability/claims.py", ("*",), ("tests/test_stress.py", HAND)),
     "quantize": Target("stability/quantize.py",
                        ("fake_quant_int8", "FakeQuantLinear.forward", "linear_input_stats", "_capture_inputs",
-                        "relative_output_error", "output_kl", "per_linear_damage", "_cast_counts",
+                        "relative_output_error", "output_kl", "per_linear_damage", "damage", "_cast_counts",
                         "quant_figures"),
                        ("tests/test_quantize.py", HAND)),
 }
