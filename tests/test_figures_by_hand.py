@@ -965,14 +965,15 @@ def test_fake_quant_linear_by_hand():
 
 class HandLM(nn.Module):
     """A GatedLM in miniature: embeddings (token 1 is [0, 4], token 0 is zero), one block with two
-    Linears reading the same input (q and k: weight 2I and I), an identity final norm and a tied head."""
+    Linears reading the same input (q: weight 2I; k: weight I, bias (1, -1), its output unused), an
+    identity final norm and a tied head."""
 
     def __init__(self):
         super().__init__()
         self.embed = nn.Embedding(2, 2)
         block = nn.Module()
         block.q = nn.Linear(2, 2, bias=False)
-        block.k = nn.Linear(2, 2, bias=False)
+        block.k = nn.Linear(2, 2)
         self.blocks = nn.ModuleList([block])
         self.norm = nn.Identity()
         self.lm_head = None
@@ -980,6 +981,7 @@ class HandLM(nn.Module):
             self.embed.weight.copy_(torch.tensor([[0.0, 0.0], [0.0, 4.0]]))
             block.q.weight.copy_(2 * torch.eye(2))
             block.k.weight.copy_(torch.eye(2))
+            block.k.bias.copy_(torch.tensor([1.0, -1.0]))
 
     def forward(self, tokens):
         x = self.embed(tokens)
@@ -991,7 +993,8 @@ def test_per_linear_input_stats_and_damage_by_hand():
     """Tokens [0, 0, 0, 1]: q and k read [0]*7 + [4]: mean 0.5, centred seven -0.5 and one 3.5,
     variance 14/8, fourth moment 150.5/8, kurtosis 18.8125 / 3.0625 = 43/7, infinity norm 4. The head
     reads q's output (doubled: same kurtosis, infinity norm 8). Damage: a "quantized" q with twice the
-    weight is off by ||2Wx - Wx|| / ||Wx|| = 1; a head with 1.5 times the weight by 0.5; k unchanged by 0."""
+    weight is off by ||2Wx - Wx|| / ||Wx|| = 1; a head with 1.5 times the weight by 0.5; k unchanged
+    (weight and bias) by 0."""
     model = HandLM().eval()
     tokens = torch.tensor([[0, 0, 0, 1]])
     stats = linear_input_stats(model, tokens, ["blocks.0.q", "blocks.0.k", HEAD])
@@ -999,14 +1002,20 @@ def test_per_linear_input_stats_and_damage_by_hand():
                      "blocks.0.k": {"kurtosis": pytest.approx(43 / 7), "inf_norm": 4.0},
                      HEAD: {"kurtosis": pytest.approx(43 / 7), "inf_norm": 8.0}}
     assert set(linear_input_stats(model, tokens)) == {"blocks.0.q", "blocks.0.k"}   # the block Linears by default
-    doubled, same, head = nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False)
+    doubled, same, head = nn.Linear(2, 2, bias=False), nn.Linear(2, 2), nn.Linear(2, 2, bias=False)
     with torch.no_grad():
         doubled.weight.copy_(4 * torch.eye(2))
         same.weight.copy_(torch.eye(2))
+        same.bias.copy_(model.blocks[0].k.bias)
         head.weight.copy_(1.5 * model.embed.weight)
-    damage = per_linear_damage(model, {"blocks.0.q": doubled, "blocks.0.k": same, HEAD: head}, tokens)
-    assert damage == {"blocks.0.q": pytest.approx(1.0), "blocks.0.k": 0.0, HEAD: pytest.approx(0.5)}
+    errors = per_linear_damage(model, {"blocks.0.q": doubled, "blocks.0.k": same, HEAD: head}, tokens)
+    assert errors == {"blocks.0.q": pytest.approx(1.0), "blocks.0.k": 0.0, HEAD: pytest.approx(0.5)}
     assert not model.norm._forward_hooks and not model.blocks[0].q._forward_pre_hooks
+    plain = nn.Sequential(nn.Linear(2, 2))   # no LM head (none asked): only the Linears named
+    with torch.no_grad():
+        plain[0].weight.copy_(torch.eye(2))
+        plain[0].bias.zero_()
+    assert per_linear_damage(plain, {"0": doubled}, torch.tensor([[3.0, 4.0]])) == {"0": pytest.approx(3.0)}  # 4I vs I
 
 
 def test_relative_output_error_by_hand():
@@ -1027,10 +1036,11 @@ class FixedLogits(nn.Module):
 
 def test_output_kl_by_hand():
     """Token 1: p = (1/2, 1/2) from logits (0, 0), q = (1/4, 3/4) from (0, log 3): KL = 1/2 log 2 +
-    1/2 log(2/3) = 1/2 log(4/3). Token 2 identical: 0. Mean over the 2 tokens: log(4/3) / 4."""
-    reference = FixedLogits(torch.tensor([[[0.0, 0.0], [1.0, 2.0]]]))
-    quantized = FixedLogits(torch.tensor([[[0.0, math.log(3)], [1.0, 2.0]]]))
-    assert output_kl(reference, quantized, None) == pytest.approx(math.log(4 / 3) / 4, rel=1e-6)
+    1/2 log(2/3) = 1/2 log(4/3). Tokens 2 and 3 identical: 0. Mean over the 3 tokens (not over the 2
+    classes): log(4/3) / 6."""
+    reference = FixedLogits(torch.tensor([[[0.0, 0.0], [1.0, 2.0], [1.0, 2.0]]]))
+    quantized = FixedLogits(torch.tensor([[[0.0, math.log(3)], [1.0, 2.0], [1.0, 2.0]]]))
+    assert output_kl(reference, quantized, None) == pytest.approx(math.log(4 / 3) / 6, rel=1e-6)
     assert output_kl(quantized, quantized, None) == 0.0
 
 

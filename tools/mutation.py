@@ -97,6 +97,11 @@ class Equivalent:
     why: str
 
 
+# fake_quant_int8's last line and the reason its clamp bounds can move: |x| <= amax, so |x / scale| <= 127
+CLAMP = "return (torch.round(x32 / scale).clamp(-127, 127) * scale).to(x.dtype)"
+CLAMP_WHY = ("|x| <= amax, so |x / (amax / 127)| <= 127 up to a rounding error far below 0.5: round() never "
+             "leaves [-127, 127] and the clamp never acts")
+
 EQUIVALENTS: tuple[Equivalent, ...] = (
     Equivalent("stats", "t_critical", 'return T_975[max(usable)] if usable else float("nan")',
                'return T_975[max(usable)] if usable else float("NAN")',
@@ -138,6 +143,22 @@ EQUIVALENTS: tuple[Equivalent, ...] = (
                'float() reads "nan" in any case'),
     Equivalent("record", "final_figures", '"max_grad_norm": max(finite_grads, default=float("nan")),',
                '"max_grad_norm": max(finite_grads, default=float("NAN")),', 'float() reads "nan" in any case'),
+    Equivalent("quantize", "fake_quant_int8",
+               "amax = magnitude.amax() if dim is None else magnitude.amax(dim=dim, keepdim=True)",
+               "amax = magnitude.amax() if (dim is None) and False else magnitude.amax(dim=dim, keepdim=True)",
+               "amax over every dimension kept as size-1 dimensions: the same scale, broadcast the same way"),
+    Equivalent("quantize", "fake_quant_int8", CLAMP, CLAMP.replace("-127, 127", "None, 127"), CLAMP_WHY),
+    Equivalent("quantize", "fake_quant_int8", CLAMP, CLAMP.replace("-127, 127", "-127, None"), CLAMP_WHY),
+    Equivalent("quantize", "fake_quant_int8", CLAMP, CLAMP.replace("-127, 127", "-127, "), CLAMP_WHY),
+    Equivalent("quantize", "fake_quant_int8", CLAMP, CLAMP.replace("-127, 127", "-128, 127"), CLAMP_WHY),
+    Equivalent("quantize", "fake_quant_int8", CLAMP, CLAMP.replace("-127, 127", "-127, 128"), CLAMP_WHY),
+    Equivalent("quantize", "linear_input_stats",
+               "if id(x) not in seen:  # the tensor is kept alive in ``seen``, so its id is not reused",
+               "if id(None) not in seen:  # the tensor is kept alive in ``seen``, so its id is not reused",
+               "the sharing only saves work: computing the figures of a shared input again gives the same figures"),
+    Equivalent("quantize", "relative_output_error",
+               'return diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))',
+               'return diff / norm if norm > 0 else (0.0 if diff == 0 else float("INF"))', 'float() reads "inf" in any case'),
     Equivalent("stress", "shock_figures", "horizon = after[:recovery] if recovery else after",
                "horizon = after[:recovery] if (recovery) or True else after",
                "recovery is None or at least 1: after[:None] is all of after, the other branch"),
