@@ -532,13 +532,14 @@ def test_a_case_compared_arm_by_arm_and_paired_by_hand():
     """Arms: baseline, old (only in the baseline: a note), gated, new (only in the records: a note).
     baseline: heldout_loss 3.0 in seeds 0, 1 then and now: delta 0, band the floor 0.02 (> 0.005 * 3);
     accuracy only now: new. gated: seed 1 completed then, diverged at step 7 now (a status row); its
-    held-out loss (2.9, seed 0 only now) is unchanged; perplexity and accuracy only now: new. Paired
+    held-out loss (2.9, seed 0 only now) is unchanged; perplexity and accuracy only now: new;
+    max_grad_norm only then: missing. Paired
     gated - baseline: heldout_loss -0.1 in both seeds then, seed 0 now: ok with the floor 0.02 (>
     0.005 * 0.1); perplexity has no baseline arm value on either side: no row; accuracy 0.6 - 0.5 = 0.1
     now, nothing then: new."""
     done = {"0": "completed", "1": "completed"}
     base = hand_case(baseline=(done, {}, {"heldout_loss": {"0": 3.0, "1": 3.0}}), old=(done, {}, {}),
-                     gated=(done, {}, {"heldout_loss": {"0": 2.9, "1": 2.9}}))
+                     gated=(done, {}, {"heldout_loss": {"0": 2.9, "1": 2.9}, "max_grad_norm": {"0": 1.0, "1": 1.0}}))
     case = hand_case(baseline=(done, {}, {"heldout_loss": {"0": 3.0, "1": 3.0}, "accuracy": {"0": 0.5, "1": 0.5}}),
                      gated=({"0": "completed", "1": "diverged"}, {"0": None, "1": 7},
                             {"heldout_loss": {"0": 2.9}, "perplexity": {"0": 18.0}, "accuracy": {"0": 0.6}}),
@@ -558,6 +559,7 @@ def test_a_case_compared_arm_by_arm_and_paired_by_hand():
         ("gated", "heldout_loss", "lower", 2.9, 2.9, 0.0, 0.02, "ok", "paired n=1", ""),
         ("gated", "perplexity", "lower", None, 18.0, None, None, "new", "", "no finite baseline value"),
         ("gated", "accuracy", "higher", None, 0.6, None, None, "new", "", "no finite baseline value"),
+        ("gated", "max_grad_norm", "lower", 1.0, None, None, None, "missing", "", "not in the records"),
         ("gated-baseline", "heldout_loss", "lower", pytest.approx(-0.1), pytest.approx(-0.1), 0.0, 0.02, "ok",
          "paired n=1", ""),
         ("gated-baseline", "accuracy", "higher", None, pytest.approx(0.1), None, None, "new", "",
