@@ -1,10 +1,17 @@
-"""Search the CPU-feasible config space for regimes where baseline and gated attention differ.
+"""Search the CPU-feasible config space for regimes where the arms differ from the baseline.
 
-Each candidate regime is a preset ("smoke" or "ci") plus dotted overrides. For each regime the
-script runs ``run_pair`` (both arms, same seeds, same data order) and prints one Markdown row:
-the overrides, the seeds, the steps, the wall time and, per figure, "baseline -> gated,
+Each candidate regime is a preset ("smoke" or "ci") plus dotted overrides, which may select arms
+(``"arms": "controls"``) and turn on the extrapolation probe. For each regime the script runs
+``run_pair`` (every arm, same seeds, same data order) and prints one Markdown row per treatment
+arm: the overrides, the seeds, the steps, the wall time and, per figure, "baseline -> arm,
 difference [95% CI] p" (paired over seeds: t-interval and exact sign-flip p, see
-``stability.stats``). With one seed there is no interval.
+``stability.stats``). With one seed there is no interval. A regime may also name ``contrasts``,
+pairs of arms compared with each other the same way (e.g. the floored gate against the gate).
+
+Held-out protocol. A regime's ``discovery`` seeds are searched; its ``held_out`` seeds, written
+here before they are run, confirm (or not) what the discovery seeds suggested. ``--stage`` and
+``--seeds discovery`` / ``--seeds held_out`` run them; ``--long REGIME`` prints the pooled long-form
+table (one row per arm and figure) that reports/*.md quote.
 
 A regime with ``lr_grid`` is an LR sweep: one ``run_pair`` per peak LR, then per arm and seed
 the LR sensitivity of Wortsman et al. (2023), ``mean_eta[min(loss(eta), loss_init) -
@@ -17,6 +24,8 @@ Usage (from the repository root, inside the virtualenv)::
     python benchmarks/find_effects.py --stage coarse                 # first pass, 1 seed
     python benchmarks/find_effects.py --stage confirm --seeds 0,1,2  # the chosen regimes
     python benchmarks/find_effects.py --regime deep_hot --seeds 0,1,2
+    python benchmarks/find_effects.py --regime controls_ci_150 --seeds discovery
+    python benchmarks/find_effects.py --long controls_ci_150 --seeds held_out
     python benchmarks/find_effects.py --list
 
 Rows are appended to ``--table`` (default ``reports/find_effects/table.md``, git-ignored) and the
@@ -39,7 +48,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from stability import config as cfg
-from stability.experiment import FIGURES, paired_summary, run_pair
+from stability import figures as fig
+from stability.experiment import run_pair
+from stability.record import REFERENCE_ARM, usable_value
 from stability.stats import paired_difference
 
 # Figures shown in the table, in order, with a short column name.
@@ -49,7 +60,12 @@ SHOWN = (
     ("max_grad_norm", "max grad norm"), ("heldout_loss", "held-out loss"), ("max_attn_logit", "max attn logit"),
     ("diverged", "diverged"),
 )
-EXTRA_FIGURES = {**FIGURES, "diverged": "lower", "min_train_loss": "lower"}
+# the extrapolation probe's figures, shown for regimes that turn it on
+EXTRAPOLATION_SHOWN = (
+    ("extrap_gap_plain_x2", "gap x2 plain"), ("extrap_gap_plain_x4", "gap x4 plain"),
+    ("extrap_gap_ntk_x2", "gap x2 NTK"), ("extrap_gap_ntk_x4", "gap x4 NTK"),
+    ("extrap_f_attn_plain_x4", "F-Attn x4 plain"), ("extrap_sink_rate_plain_x4", "sink x4 plain"),
+)
 
 # A long-training, no-regulariser stress base on the smoke model (64 wide, ctx 64): the knobs the
 # literature links to sinks and massive activations (no weight decay, beta2 0.999, no clipping).
@@ -91,6 +107,18 @@ REGIMES: dict[str, dict] = {
         **CI_MODEL, "steps": 150, "optim.lr": 1e-2, "data.batch_size": 8, **STRESS, **NOPROBE}},
     "ci_150": {"preset": "smoke", "overrides": {
         **CI_MODEL, "steps": 150, "optim.lr": 1e-2, "data.batch_size": 8, **NOPROBE}},
+    # ---------------------------------------------------------------- the paper's controls (N arms)
+    # ci_150 (the M-Act regime) with the baseline, G1, G1 headwise, G1 floored at 0.5 and G2, and the
+    # extrapolation probe at 2x and 4x the context (plain RoPE and NTK-aware)
+    "controls_ci_150": {"preset": "smoke", "overrides": {
+        **CI_MODEL, "steps": 150, "optim.lr": 1e-2, "data.batch_size": 8, **NOPROBE, "arms": "controls",
+        "extrapolation.factors": "2,4", "extrapolation.eval_batches": 4},
+        "contrasts": [("gated_floored", "gated"), ("gated_headwise", "gated"), ("gated_value", "gated")],
+        "discovery": (0, 1, 2, 3, 4, 5), "held_out": (200, 201, 202, 203, 204, 205)},
+    # the stabilizers alone and the gate, in the optimiser-stress regime where the gate helps the loss
+    "stabilizers_stress_300": {"preset": "smoke", "overrides": {
+        "steps": 300, "optim.lr": 1e-2, **STRESS, **NOPROBE, "arms": "stabilizers"},
+        "discovery": (0, 1, 2)},
     # ---------------------------------------------------------------- LR sweeps (critical LR)
     "lrsweep_smoke": {"preset": "smoke", "overrides": {"steps": 150, "optim.warmup_steps": 0, **NOPROBE},
                       "lr_grid": (1e-2, 3e-2, 1e-1)},
@@ -107,6 +135,9 @@ STAGES = {
     # stress_300_lr3e-2_nowarm [0-3]; pool runs of one regime made in pieces with --merge.
     "confirm": ["ci_150", "ci_150_stress", "stress_300_lr1e-2", "stress_ctx128_300",
                 "stress_300_lr3e-2_nowarm"],
+    # the controls and the extrapolation probe (reports/controls.md): run with --seeds discovery, then
+    # --seeds held_out
+    "controls": ["controls_ci_150"],
 }
 
 
@@ -124,10 +155,10 @@ def _num(value) -> str:
 
 
 def cell(entry: dict | None, n_seeds: int | None = None) -> str:
-    """'b -> g, d [lo, hi] p=..' for one paired figure ('n/a' when absent)."""
+    """'b -> t, d [lo, hi] p=..' for one paired figure ('n/a' when absent)."""
     if not entry or entry.get("n", 0) == 0:
         return "n/a"
-    text = f"{_num(entry['baseline'])} → {_num(entry['gated'])}, Δ {_num(entry['difference'])}"
+    text = f"{_num(entry['baseline'])} → {_num(entry['treatment'])}, Δ {_num(entry['difference'])}"
     if entry.get("ci_low") is not None:
         excludes = entry["ci_low"] > 0 or entry["ci_high"] < 0
         interval = f"[{_num(entry['ci_low'])}, {_num(entry['ci_high'])}]"
@@ -141,35 +172,89 @@ def overrides_text(overrides: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in overrides.items() if k not in NOPROBE)
 
 
+def shown(summary: dict) -> tuple:
+    extrapolating = any(k.startswith("extrapolation.") for k in summary["overrides"])
+    return SHOWN + (EXTRAPOLATION_SHOWN if extrapolating else ())
+
+
 def table_header(figures=SHOWN) -> str:
-    names = ["regime", "preset + overrides", "seeds", "steps", "wall s"] + [label for _, label in figures]
+    names = ["regime", "arm", "preset + overrides", "seeds", "steps", "wall s"] + [label for _, label in figures]
     return "| " + " | ".join(names) + " |\n|" + "---|" * len(names)
 
 
-def table_row(summary: dict, figures=SHOWN) -> str:
-    paired = summary["paired"]
-    cells = [summary["name"], f"{summary['preset']}: `{overrides_text(summary['overrides'])}`",
-             ",".join(map(str, summary["seeds"])), str(summary["steps"]), f"{summary['wall_seconds']:.0f}"]
-    cells += [cell(paired.get(figure), len(summary["seeds"])) for figure, _ in figures]
-    return "| " + " | ".join(cells) + " |"
+def table_rows(summary: dict) -> str:
+    """One row per treatment arm (and per contrast): 'reference -> arm' for every shown figure."""
+    figures = shown(summary)
+    rows = [table_header(figures)]
+    for arm, paired in {**summary["paired"], **summary.get("contrasts", {})}.items():
+        cells = [summary["name"], arm, f"{summary['preset']}: `{overrides_text(summary['overrides'])}`",
+                 ",".join(map(str, summary["seeds"])), str(summary["steps"]), f"{summary['wall_seconds']:.0f}"]
+        cells += [cell(paired.get(figure), len(summary["seeds"])) for figure, _ in figures]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def long_rows(summary: dict, figures=None) -> str:
+    """The long-form table: one row per arm (or contrast) and figure, as reports/*.md quote it."""
+    figures = figures or [name for name, _ in shown(summary)]
+    rows = ["| regime | seeds | arm − reference | figure | reference | arm | Δ | 95% CI | sign-flip p | n |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    contrasts = {f"{a} − {b}": summary["contrasts"][f"{a}-{b}"] for a, b in summary.get("contrast_pairs", [])}
+    tables = {f"{arm} − baseline": paired for arm, paired in summary["paired"].items()} | contrasts
+    seeds = ",".join(map(str, summary["seeds"]))
+    for label, paired in tables.items():
+        for figure in figures:
+            entry = paired.get(figure)
+            if not entry or not entry.get("n"):
+                continue
+            interval = "-" if entry["ci_low"] is None else f"[{_num(entry['ci_low'])}, {_num(entry['ci_high'])}]"
+            p = "-" if entry["p_value"] is None else f"{entry['p_value']:.3g}"
+            rows.append(f"| {summary['name']} | {seeds} | {label} | {figure} | {_num(entry['baseline'])} | "
+                        f"{_num(entry['treatment'])} | {_num(entry['difference'])} | {interval} | {p} | "
+                        f"{entry['n']} |")
+    return "\n".join(rows)
 
 
 # ----------------------------------------------------------------------------- running
 
 def _arm_status(record: dict) -> str:
-    return ", ".join(f"{a['arm'][0]}{a['seed']}:{a['status'][:4]}"
+    return ", ".join(f"{a['arm']}{a['seed']}:{a['status'][:4]}"
                      + (f"@{a['diverged_at_step']}" if a["diverged_at_step"] is not None else "")
                      for a in record["arms"])
 
 
-def _arms_for_summary(record: dict) -> list[dict]:
-    """Arm records with 'diverged' as a number so it can be paired like the other figures."""
-    arms = []
+def per_seed_values(record: dict) -> dict[str, dict[str, dict]]:
+    """{arm: {seed: {figure: usable value}}} for every figure of the table ('diverged' as 0/1)."""
+    out: dict[str, dict[str, dict]] = {}
     for arm in record["arms"]:
-        final = dict(arm["final"])
-        final["diverged"] = float(arm["status"] == "diverged")
-        arms.append({"arm": arm["arm"], "seed": arm["seed"], "final": final})
-    return arms
+        values = {name: usable_value(arm, name) for name in arm["final"] if fig.figure(name) is not None}
+        values["diverged"] = float(arm["status"] == "diverged")
+        out.setdefault(arm["arm"], {})[str(arm["seed"])] = values
+    return out
+
+
+def pair(per_seed: dict, reference: str, arm: str) -> dict[str, dict]:
+    """Per figure, ``arm - reference`` over the seeds where both have a value (``paired_difference``)."""
+    seeds = sorted(set(per_seed.get(reference, {})) & set(per_seed.get(arm, {})), key=int)
+    names = {name for s in seeds for side in (reference, arm) for name in per_seed[side][s]}
+    out = {}
+    for name in sorted(names):
+        pairs = [(per_seed[reference][s].get(name), per_seed[arm][s].get(name)) for s in seeds]
+        pairs = [(r, a) for r, a in pairs if r is not None and a is not None]
+        if pairs:
+            out[name] = paired_difference([r for r, _ in pairs], [a for _, a in pairs])
+    return out
+
+
+def summarise(name: str, spec: dict, per_seed: dict, steps: int, wall: float, statuses: str = "") -> dict:
+    arms = [a for a in per_seed if a != REFERENCE_ARM]
+    contrasts = spec.get("contrasts", [])
+    return {"name": name, "preset": spec["preset"], "overrides": spec["overrides"],
+            "seeds": sorted({int(s) for values in per_seed.values() for s in values}), "steps": steps,
+            "wall_seconds": wall, "paired": {arm: pair(per_seed, REFERENCE_ARM, arm) for arm in arms},
+            "contrast_pairs": [list(c) for c in contrasts],
+            "contrasts": {f"{a}-{b}": pair(per_seed, b, a) for a, b in contrasts}, "arms": statuses,
+            "per_seed": per_seed}
 
 
 def run_regime(name: str, spec: dict, seeds: tuple[int, ...]) -> dict:
@@ -179,21 +264,15 @@ def run_regime(name: str, spec: dict, seeds: tuple[int, ...]) -> dict:
         return run_lr_sweep(name, spec, overrides, started)
     config = cfg.resolve(spec["preset"], overrides)
     record = run_pair(config)
-    summary = {
-        "name": name, "preset": spec["preset"], "overrides": spec["overrides"], "seeds": list(seeds),
-        "steps": config.run.steps, "wall_seconds": time.perf_counter() - started,
-        "paired": paired_summary(_arms_for_summary(record), EXTRA_FIGURES),
-        "arms": _arm_status(record),
-        "per_seed": {f"{a['arm']}{a['seed']}": {k: v for k, v in a["final"].items() if k in EXTRA_FIGURES}
-                     for a in _arms_for_summary(record)},
-        "gate_score_mean": [a["final"].get("gate_score_mean") for a in record["arms"] if a["arm"] == "gated"],
-        "per_layer_f_attn": {f"{a['arm']}{a['seed']}": [round(layer.get("f_attn", float("nan")), 4)
-                                                        for layer in a["probes"][-1]["layers"]]
-                             for a in record["arms"] if a["probes"]},
-        "per_layer_m_act": {f"{a['arm']}{a['seed']}": [round(layer.get("m_act", float("nan")), 2)
-                                                       for layer in a["probes"][-1]["layers"]]
-                            for a in record["arms"] if a["probes"]},
-    }
+    summary = summarise(name, spec, per_seed_values(record), config.run.steps, time.perf_counter() - started,
+                        _arm_status(record))
+    summary["per_layer_f_attn"] = {f"{a['arm']}@{a['seed']}": [round(layer.get("f_attn", float("nan")), 4)
+                                                               for layer in a["probes"][-1]["layers"]]
+                                   for a in record["arms"] if a["probes"]}
+    summary["per_layer_m_act"] = {f"{a['arm']}@{a['seed']}": [round(layer.get("m_act", float("nan")), 2)
+                                                              for layer in a["probes"][-1]["layers"]]
+                                  for a in record["arms"] if a["probes"]}
+    summary["timing"] = {f"{a['arm']}@{a['seed']}": a["timing"] for a in record["arms"]}
     return summary
 
 
@@ -203,7 +282,7 @@ def run_lr_sweep(name: str, spec: dict, overrides: dict, started: float) -> dict
     losses: dict[tuple[str, int], dict[float, float]] = {}
     diverged: dict[tuple[str, int], dict[float, bool]] = {}
     initial: dict[tuple[str, int], float] = {}
-    per_lr_paired = {}
+    per_lr = {}
     steps = None
     statuses = []
     for lr in grid:
@@ -211,7 +290,7 @@ def run_lr_sweep(name: str, spec: dict, overrides: dict, started: float) -> dict
         steps = config.run.steps
         record = run_pair(config)
         statuses.append(f"lr={lr:g}: {_arm_status(record)}")
-        per_lr_paired[str(lr)] = paired_summary(_arms_for_summary(record), EXTRA_FIGURES)
+        per_lr[lr] = per_seed_values(record)
         for arm in record["arms"]:
             key = (arm["arm"], arm["seed"])
             first = next((v for v in arm["series"]["loss"] if math.isfinite(v)), float("nan"))
@@ -220,111 +299,108 @@ def run_lr_sweep(name: str, spec: dict, overrides: dict, started: float) -> dict
             diverged.setdefault(key, {})[lr] = is_div
             loss = arm["final"].get("heldout_loss", float("nan"))
             losses.setdefault(key, {})[lr] = float("nan") if is_div or not math.isfinite(loss) else loss
-    sensitivity, critical = {}, {}
+    per_seed: dict[str, dict[str, dict]] = {}
     for key, by_lr in losses.items():
         init = initial[key]
         capped = {lr: (min(v, init) if math.isfinite(v) else init) for lr, v in by_lr.items()}
         best = min(capped.values())
-        sensitivity[key] = sum(v - best for v in capped.values()) / len(capped)
         divs = [lr for lr in grid if diverged[key][lr]]
-        critical[key] = min(divs) if divs else 2 * max(grid)
-    seeds = sorted({seed for _, seed in losses})
-    paired = {
-        "lr_sensitivity": paired_difference([sensitivity[("baseline", s)] for s in seeds],
-                                            [sensitivity[("gated", s)] for s in seeds]),
-        "critical_lr": paired_difference([critical[("baseline", s)] for s in seeds],
-                                         [critical[("gated", s)] for s in seeds]),
-    }
-    for lr in grid:
-        for figure in ("heldout_loss", "diverged", "loss_spike_score", "m_act_mean", "f_attn_mean"):
-            if figure in per_lr_paired[str(lr)]:
-                paired[f"{figure}@lr={lr:g}"] = per_lr_paired[str(lr)][figure]
-    return {"name": name, "preset": spec["preset"], "overrides": spec["overrides"], "lr_grid": list(grid),
-            "seeds": seeds, "steps": steps, "wall_seconds": time.perf_counter() - started,
-            "paired": paired, "arms": " | ".join(statuses)}
+        values = {"lr_sensitivity": sum(v - best for v in capped.values()) / len(capped),
+                  "critical_lr": min(divs) if divs else 2 * max(grid)}
+        for lr in grid:
+            for figure in ("heldout_loss", "diverged", "loss_spike_score", "m_act_mean", "f_attn_mean"):
+                values[f"{figure}@lr={lr:g}"] = per_lr[lr][key[0]][str(key[1])].get(figure)
+        per_seed.setdefault(key[0], {})[str(key[1])] = values
+    summary = summarise(name, spec, per_seed, steps, time.perf_counter() - started, " | ".join(statuses))
+    summary["lr_grid"] = list(grid)
+    return summary
 
 
 def sweep_rows(summary: dict) -> str:
-    """A small table for an LR sweep: one row per figure."""
+    """A small table for an LR sweep: one row per arm and figure."""
     title = (f"LR sweep `{summary['name']}` ({summary['preset']}: `{overrides_text(summary['overrides'])}`, "
              f"grid {summary['lr_grid']}, seeds {summary['seeds']}, {summary['steps']} steps, "
              f"{summary['wall_seconds']:.0f} s)")
-    lines = [title, "", "| figure | baseline → gated, Δ [95% CI] p |", "|---|---|"]
-    lines += [f"| {figure} | {cell(entry)} |" for figure, entry in summary["paired"].items()]
+    lines = [title, "", "| arm | figure | baseline → arm, Δ [95% CI] p |", "|---|---|---|"]
+    lines += [f"| {arm} | {figure} | {cell(entry)} |" for arm, paired in summary["paired"].items()
+              for figure, entry in paired.items()]
     return "\n".join(lines)
 
 
-def _per_seed_values(summary: dict) -> dict[str, dict]:
-    """{"baseline0": {figure: value}} from a summary; older summaries without ``per_seed`` give
-    F-Attn and M-Act back from their per-layer lists (the other figures are then missing)."""
-    if "per_seed" in summary:
-        return summary["per_seed"]
-    out = {}
-    for key, f_attn in summary.get("per_layer_f_attn", {}).items():
-        m_act = summary["per_layer_m_act"][key]
-        out[key] = {"f_attn_mean": sum(f_attn) / len(f_attn), "m_act_mean": sum(m_act) / len(m_act),
-                    "m_act_max": max(m_act)}
-    return out
-
-
-def merge(name: str, jsonl: Path) -> dict:
-    """Pool every stored run of regime ``name`` (same overrides, different seeds) into one summary."""
+def merge(name: str, jsonl: Path, seeds=None) -> dict:
+    """Pool every stored run of regime ``name`` (same overrides, different seeds) into one summary;
+    ``seeds`` keeps only those seeds (e.g. the held-out ones)."""
     runs = [s for s in map(json.loads, jsonl.read_text().splitlines()) if s["name"] == name]
-    values: dict[str, dict] = {}
+    if not runs:
+        raise SystemExit(f"no stored run of regime {name!r} in {jsonl}")
+    per_seed: dict[str, dict[str, dict]] = {}
     for summary in runs:
-        values.update(_per_seed_values(summary))
-    seeds = sorted({int(k[len("baseline"):]) for k in values if k.startswith("baseline")})
-    paired = {}
-    for figure in EXTRA_FIGURES:
-        pairs = [(values[f"baseline{s}"].get(figure), values.get(f"gated{s}", {}).get(figure)) for s in seeds]
-        pairs = [(b, g) for b, g in pairs if b is not None and g is not None]
-        if pairs:
-            paired[figure] = paired_difference([b for b, _ in pairs], [g for _, g in pairs])
-    return {"name": name + " (pooled)", "preset": runs[0]["preset"], "overrides": runs[0]["overrides"],
-            "seeds": seeds, "steps": runs[0]["steps"], "wall_seconds": sum(r["wall_seconds"] for r in runs),
-            "paired": paired}
+        for arm, by_seed in summary["per_seed"].items():
+            for seed, values in by_seed.items():
+                if seeds is None or int(seed) in seeds:
+                    per_seed.setdefault(arm, {})[seed] = values
+    merged = summarise(name, REGIMES[name], per_seed, runs[0]["steps"],
+                       sum(r["wall_seconds"] for r in runs), "")
+    merged["name"] = name + " (pooled)"
+    return merged
+
+
+def _seeds(text: str, names: list[str]) -> tuple[int, ...] | None:
+    """--seeds: a comma list, or "discovery" / "held_out" (the regimes' own; None = per regime)."""
+    if text in ("discovery", "held_out"):
+        return None
+    return tuple(int(s) for s in text.split(",") if s.strip())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", choices=sorted(STAGES), help="a named list of regimes")
     parser.add_argument("--regime", action="append", default=[], help="a regime name (repeatable)")
-    parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    parser.add_argument("--seeds", default="0",
+                        help="comma-separated seeds, or 'discovery' / 'held_out' (each regime's own; default 0)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--table", default="reports/find_effects/table.md")
     parser.add_argument("--jsonl", default="reports/find_effects/summaries.jsonl")
     parser.add_argument("--list", action="store_true", help="print the regimes and exit")
-    parser.add_argument("--merge", metavar="REGIME", help="pool the stored seeds of a regime and print its row")
+    parser.add_argument("--merge", metavar="REGIME", help="pool the stored seeds of a regime and print its rows")
+    parser.add_argument("--long", metavar="REGIME", help="pool the stored seeds of a regime (--seeds selects "
+                                                         "them) and print the long-form table")
     args = parser.parse_args(argv)
-    if args.merge:
-        print(table_header())
-        print(table_row(merge(args.merge, Path(args.jsonl))))
+    if args.merge or args.long:
+        name = args.merge or args.long
+        spec = REGIMES[name]
+        wanted = spec.get(args.seeds) if args.seeds in ("discovery", "held_out") else (
+            None if args.seeds == "0" and args.merge else _seeds(args.seeds, [name]))
+        merged = merge(name, Path(args.jsonl), wanted)
+        print(long_rows(merged) if args.long else table_rows(merged))
         return 0
     if args.list:
         for name, spec in REGIMES.items():
-            print(f"{name}: {spec['preset']} {spec['overrides']}" + (f" lr_grid={spec['lr_grid']}"
-                                                                      if "lr_grid" in spec else ""))
+            extra = {k: spec[k] for k in ("lr_grid", "contrasts", "discovery", "held_out") if k in spec}
+            print(f"{name}: {spec['preset']} {spec['overrides']}" + (f" {extra}" if extra else ""))
         return 0
     names = (STAGES[args.stage] if args.stage else []) + args.regime
     unknown = [n for n in names if n not in REGIMES]
     if unknown or not names:
         parser.error(f"unknown or no regimes: {unknown}; see --list")
     torch.set_num_threads(args.threads)
-    seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
     table, jsonl = Path(args.table), Path(args.jsonl)
     table.parent.mkdir(parents=True, exist_ok=True)
     jsonl.parent.mkdir(parents=True, exist_ok=True)
-    print(table_header(), flush=True)
     total = time.perf_counter()
     for name in names:
-        summary = run_regime(name, REGIMES[name], seeds)
-        text = sweep_rows(summary) if "lr_grid" in summary else table_row(summary)
-        print(text, flush=True)
-        print(f"  arms: {summary['arms']}", file=sys.stderr, flush=True)
-        with table.open("a") as handle:
-            handle.write(text + "\n")
-        with jsonl.open("a") as handle:
-            handle.write(json.dumps(summary, default=str) + "\n")
+        seeds = _seeds(args.seeds, names) or tuple(REGIMES[name].get(args.seeds) or ())
+        if not seeds:
+            parser.error(f"regime {name} declares no {args.seeds} seeds")
+        for seed in seeds:  # one seed at a time: a stopped search keeps every finished seed
+            summary = run_regime(name, REGIMES[name], (seed,))
+            text = sweep_rows(summary) if "lr_grid" in summary else table_rows(summary)
+            print(text, flush=True)
+            print(f"  arms: {summary['arms']}", file=sys.stderr, flush=True)
+            with table.open("a") as handle:
+                handle.write(text + "\n")
+            with jsonl.open("a") as handle:
+                handle.write(json.dumps(summary, default=str) + "\n")
     print(f"total {time.perf_counter() - total:.0f} s", file=sys.stderr)
     return 0
 

@@ -13,9 +13,15 @@ tensor of the attention:
     G4  the query projection output
     G5  the output of W_o
 
+A floored gate (``gate.floor`` f > 0) scores ``f + (1 - f) * sigmoid(logit)``: it can never
+close below f (the paper's control uses f = 0.5).
+
+Attention soft-capping (``model.attn_softcap`` c > 0, Gemma 2) replaces the scaled scores s by
+``c * tanh(s / c)`` before the mask and the softmax; it needs the explicit path.
+
 Backends compute the same function: "torch" (fused ``scaled_dot_product_attention``),
 "explicit" (materialises the probabilities; probes read them through ``observer``) and
-"triton" (the fused kernel of ``stability.kernels``, with a G1 sigmoid gate fused in).
+"triton" (the fused kernel of ``stability.kernels``, with a plain G1 sigmoid gate fused in).
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(context: int, rotary_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables of shape (context, rotary_dim / 2) for rotary position embeddings."""
+    """cos and sin tables of shape (context, rotary_dim / 2) for rotary position embeddings with base theta."""
     inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
     angles = torch.outer(torch.arange(context, dtype=torch.float64), inv_freq)
     return angles.cos().float(), angles.sin().float()
@@ -80,18 +86,26 @@ def gate_width(config: ModelConfig) -> int:
     return per_head * (1 if gate.shared_heads else heads)
 
 
+def gate_score(logits: torch.Tensor, gate: GateConfig) -> torch.Tensor:
+    """The gate's value: ``act(logits)``, raised to ``floor + (1 - floor) * sigmoid`` for a floored gate."""
+    if gate.activation == "silu":
+        return F.silu(logits)
+    score = torch.sigmoid(logits)
+    return gate.floor + (1.0 - gate.floor) * score if gate.floor else score
+
+
 def apply_gate(target: torch.Tensor, logits: torch.Tensor, gate: GateConfig) -> torch.Tensor:
-    """``target * act(logits)`` or ``target + act(logits)``; logits broadcast against target."""
-    score = torch.sigmoid(logits) if gate.activation == "sigmoid" else F.silu(logits)
+    """``target * score`` or ``target + score`` (score from ``gate_score``); logits broadcast against target."""
+    score = gate_score(logits, gate)
     return target * score if gate.mode == "multiplicative" else target + score
 
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                       observer: Observer | None = None) -> torch.Tensor:
+                       observer: Observer | None = None, softcap: float = 0.0) -> torch.Tensor:
     """Causal attention that materialises the (B, H, S, S) probabilities, in fp32.
 
-    The observer, when given, sees "attn_logits" (scaled scores before the mask) and
-    "attn_probs"."""
+    ``softcap`` c > 0 turns the scaled scores s into ``c * tanh(s / c)``. The observer, when given,
+    sees "attn_logits" (scaled scores before the cap and the mask) and "attn_probs"."""
     groups = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(groups, dim=1)
     v = v.repeat_interleave(groups, dim=1)
@@ -100,6 +114,8 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
     if observer is not None:
         observer("attn_logits", scores.masked_fill(~mask, float("-inf")))
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     if observer is not None:
         observer("attn_probs", probs)
@@ -152,8 +168,7 @@ class Attention(nn.Module):
 
     def _observe_gate(self, logits: torch.Tensor) -> None:
         if self.observer is not None:
-            score = torch.sigmoid(logits) if self.gate.activation == "sigmoid" else F.silu(logits)
-            self.observer("gate_score", score)
+            self.observer("gate_score", gate_score(logits, self.gate))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         cfg, gate = self.config, self.gate
@@ -180,9 +195,10 @@ class Attention(nn.Module):
         if cos is not None:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-        fuse_gate = gate.position == "G1" and gate.activation == "sigmoid" and gate.mode == "multiplicative"
-        if self.observer is not None or self.backend == "explicit":
-            y = explicit_attention(q, k, v, self.scale, self.observer)
+        fuse_gate = gate.position == "G1" and gate.activation == "sigmoid" and gate.mode == "multiplicative" \
+            and not gate.floor
+        if self.observer is not None or self.backend == "explicit" or cfg.attn_softcap:
+            y = explicit_attention(q, k, v, self.scale, self.observer, cfg.attn_softcap)
         elif self.backend == "triton":
             from stability.kernels import gated_attention
 

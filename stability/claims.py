@@ -14,6 +14,7 @@ seeds overlap the discovery seeds.
 from __future__ import annotations
 
 from stability import figures as fig
+from stability.record import REFERENCE_ARM, paired_summary
 from stability.table import fmt, text_table
 
 
@@ -27,11 +28,15 @@ def held_out(record: dict, discovery_seeds) -> list[int]:
     return seeds
 
 
-def claim_rows(record: dict, figures, arm: str = "gated", margins: dict[str, float] | None = None) -> list[dict]:
+def claim_rows(record: dict, figures, arm: str = "gated", margins: dict[str, float] | None = None,
+               reference: str = REFERENCE_ARM, expect: str = "better") -> list[dict]:
     """Per figure of ``figures`` (names; directions from ``stability.figures``): the paired summary of
-    ``arm`` - baseline plus ``holds`` (True, False or None as in the module docstring)."""
+    ``arm`` - ``reference`` (the baseline, or another arm such as the gate a control is compared with)
+    plus ``holds`` (True, False or None as in the module docstring). ``expect="worse"`` turns the claim
+    around: it holds when the arm is worse than the reference (a control that takes an effect back)."""
     margins = margins or {}
-    paired = (record.get("paired") or {}).get(arm) or {}
+    table = record.get("paired") if reference == REFERENCE_ARM else paired_summary(record["arms"], reference)
+    paired = (table or {}).get(arm) or {}
     rows = []
     for name in figures:
         better = fig.better(name)
@@ -42,21 +47,23 @@ def claim_rows(record: dict, figures, arm: str = "gated", margins: dict[str, flo
         margin = margins.get(name, 0.0)
         low, high = summary.get("ci_low"), summary.get("ci_high")
         holds = None
+        if expect == "worse":
+            better = "higher" if better == "lower" else "lower"
         if low is not None and high is not None:
             if better == "lower":
                 holds = True if high <= margin else (False if low > margin else None)
             else:
                 holds = True if low >= -margin else (False if high < -margin else None)
         rows.append({"figure": name, "better": better, "margin": margin, "holds": holds, "missing": False,
+                     "arm": arm, "reference": reference,
                      **{k: summary.get(k) for k in ("baseline", "treatment", "difference", "ci_low", "ci_high",
                                                     "p_value", "n")}})
     return rows
 
 
-def claims_table(rows: list[dict], title: str = "", arm: str = "gated") -> str:
-    """A plain-text table of ``claim_rows``."""
-    header = ("figure", "better", "baseline", arm, f"{arm}-baseline", "95% CI", "sign-flip p", "n",
-              "at least as good")
+def claims_table(rows: list[dict], title: str = "", arm: str = "gated", reference: str = REFERENCE_ARM) -> str:
+    """A plain-text table of ``claim_rows`` (``better``: the direction the claim expects)."""
+    header = ("figure", "claimed", reference, arm, f"{arm}-{reference}", "95% CI", "sign-flip p", "n", "holds")
     lines = [header]
     for row in rows:
         if row.get("missing"):

@@ -4,6 +4,12 @@ Every config is a frozen dataclass checked in ``__post_init__``: a bad value rai
 ``ConfigError`` naming the field, the value and what was expected, before any
 training starts. ``resolve(preset, overrides)`` builds a full ``ExperimentConfig``
 from a preset name plus dotted overrides such as ``{"model.d_model": 256}``.
+
+An experiment trains *arms* side by side: the baseline and any number of treatment arms, each a
+named ``ArmConfig`` (a gate, QK-norm, z-loss, attention soft-capping) applied on top of the one
+shared run. ``NAMED_ARMS`` holds the named arms and ``ARM_SETS`` named groups of them; the override
+``arms=gated,gated_floored`` selects arms by name and ``arms.<name>.<field>=VALUE`` defines or
+changes one (see docs/arms-and-controls.md).
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ import dataclasses
 import itertools
 import json
 import math
+import re
+import types
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 
 class ConfigError(ValueError):
@@ -28,6 +36,15 @@ def _check(condition: bool, name: str, value: Any, expected: str) -> None:
 
 def _positive_finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_strength(value: Any, name: str, what: str) -> None:
+    """A stabilizer's strength: a positive finite number, or 0 for off."""
+    _check(_is_number(value) and value >= 0, name, value, f"a positive finite {what} (0 turns it off)")
 
 
 GATE_POSITIONS = ("none", "G1", "G2", "G3", "G4", "G5")
@@ -52,6 +69,8 @@ MODEL_FAMILIES = ("llama", "gpt2")
 INITS = ("normal", "pytorch")
 # named Hugging Face configs that model.source=hf builds at the harness's sizes (stability.hf)
 HF_CONFIGS = ("llama", "qwen2", "qwen3")
+ROPE_SCALINGS = ("ntk", "none")
+BASELINE_ARM = "baseline"  # the reference arm: every other arm is compared with it
 # the stress cases of stability.stress, in the order `stability stress` runs them
 STRESS_CASES = ("standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock")
 # post-training quantization schemes (stability.quantize evaluates them; kept here to avoid an import cycle)
@@ -66,7 +85,9 @@ class GateConfig:
     position: "none" (baseline), "G1" SDPA output, "G2" value, "G3" key, "G4" query,
     "G5" after the output projection. granularity: "elementwise" (one logit per
     channel) or "headwise" (one logit per head). shared_heads: one set of gate
-    logits shared by all heads instead of head-specific ones.
+    logits shared by all heads instead of head-specific ones. floor: the lowest value the
+    gate can take, score = floor + (1 - floor) * sigmoid(logit); with floor 0.5 (a gate that cannot
+    close below one half) the attention sink came back in the paper's models (its control).
     """
 
     position: str = "none"
@@ -74,6 +95,7 @@ class GateConfig:
     activation: str = "sigmoid"
     mode: str = "multiplicative"
     shared_heads: bool = False
+    floor: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.position in GATE_POSITIONS, "gate.position", self.position, f"one of {GATE_POSITIONS}")
@@ -85,6 +107,11 @@ class GateConfig:
         if self.position == "G5":
             _check(self.granularity == "elementwise" and not self.shared_heads, "gate.position", "G5",
                    "G5 acts after W_o where there are no heads: granularity='elementwise', shared_heads=False")
+        _check(_is_number(self.floor) and 0.0 <= self.floor < 1.0, "gate.floor", self.floor,
+               "a number in [0, 1) (0: the plain sigmoid)")
+        if self.floor:
+            _check(self.activation == "sigmoid", "gate.floor", self.floor,
+                   f"0 with gate.activation={self.activation!r} (a floor is defined for the sigmoid gate)")
 
     @property
     def enabled(self) -> bool:
@@ -101,6 +128,8 @@ class GateConfig:
             parts.append(self.mode)
         if self.shared_heads:
             parts.append("shared")
+        if self.floor:
+            parts.append(f"floor{self.floor:g}")
         return "-".join(parts)
 
 
@@ -136,6 +165,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     backend: str = "torch"
+    attn_softcap: float = 0.0  # cap * tanh(score / cap) on the attention scores (Gemma 2: 50); 0 = off
     gate: GateConfig = field(default_factory=GateConfig)
     source: str = "harness"
     family: str = "llama"
@@ -187,6 +217,12 @@ class ModelConfig:
         if self.source == "hf" and self.gate.enabled:
             _check(self.gate.position == "G1", "gated_gate.position", self.gate.position,
                    "'G1' with model.source='hf' (the gate is injected before each attention's o_proj)")
+        _check_strength(self.attn_softcap, "model.attn_softcap", "cap")
+        _check(not self.attn_softcap or (self.source == "harness" and not self.factory), "model.attn_softcap",
+               self.attn_softcap, "0 unless the model is the harness's own (model.source='harness', no factory)")
+        if self.attn_softcap:
+            _check(self.backend != "triton", "model.attn_softcap", self.attn_softcap,
+                   "0 with model.backend='triton' (the fused kernel has no soft-cap): use backend 'torch'")
 
     @property
     def head_size(self) -> int:
@@ -245,7 +281,11 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warmup then cosine decay (to ``min_lr_ratio * lr``) or constant."""
+    """AdamW with linear warmup then cosine decay (to ``min_lr_ratio * lr``) or constant.
+
+    z_loss: coefficient of the auxiliary loss ``z_loss * mean(log Z)^2`` on the LM head's
+    log-partition ``log Z = logsumexp(logits)`` (PaLM, Chowdhery et al. 2022, used 1e-4); it keeps
+    the output logits from drifting. The logged loss stays the plain cross-entropy."""
 
     lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.95)
@@ -256,6 +296,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0  # 0 disables clipping
     optimizer: str = "adamw"
+    z_loss: float = 0.0  # + z_loss * mean(log Z)^2 of the LM head (PaLM: 1e-4); 0 = off
 
     def __post_init__(self) -> None:
         _check(isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr), "optim.lr",
@@ -270,6 +311,7 @@ class OptimConfig:
         _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
         _check(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "a non-negative number (0 = off)")
         _check(self.optimizer in OPTIMIZERS, "optim.optimizer", self.optimizer, f"one of {OPTIMIZERS}")
+        _check_strength(self.z_loss, "optim.z_loss", "coefficient")
 
 
 @dataclass(frozen=True)
@@ -370,6 +412,30 @@ class FaultConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """How a long run is kept safe; none of it changes a measured figure (the regression check ignores it).
+
+    every: write a checkpoint of the arm (model, optimiser, loss scaler, data position, RNG states, the
+        record so far) every ``every`` steps, and always when the arm is stopped (Ctrl-C); 0 = only then.
+    replay_first / replay_worst: replay bundles of flagged steps (loss spike, gradient spike, non-finite)
+        per case: the first ``replay_first`` and the worst ``replay_worst`` of the rest (0 and 0: none).
+    replay_optimizer: also put the optimiser state into a bundle (about twice the model's size again), so
+        the replay applies the update too and reports its norm.
+    """
+
+    every: int = 200
+    replay_first: int = 2
+    replay_worst: int = 2
+    replay_optimizer: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("every", "replay_first", "replay_worst"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, f"checkpoint.{name}",
+                   value, "a non-negative integer")
+
+
+@dataclass(frozen=True)
 class StressConfig:
     """Settings of the stress cases (``stability.stress``) and their schedules (``stability.schedules``).
 
@@ -444,6 +510,7 @@ class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     steps: int = 200
     seed: int = 0
     device: str = "cpu"
@@ -457,39 +524,203 @@ class RunConfig:
             _check(self.fault.layer < self.model.n_layers, "fault.layer", self.fault.layer,
                    f"a layer index below model.n_layers={self.model.n_layers}")
 
+    @property
+    def variant(self) -> str:
+        """The gate label plus the stabilizers in use, e.g. "G1-elementwise+qk_norm+z_loss0.0001"."""
+        parts = [self.model.gate.label]
+        if self.model.qk_norm:
+            parts.append("qk_norm")
+        if self.optim.z_loss:
+            parts.append(f"z_loss{self.optim.z_loss:g}")
+        if self.model.attn_softcap:
+            parts.append(f"softcap{self.model.attn_softcap:g}")
+        return "+".join(parts)
+
+
+@dataclass(frozen=True)
+class ArmConfig:
+    """One arm of an experiment: what it changes on top of the shared run.
+
+    gate: the arm's attention gate (position "none": no gate). qk_norm, z_loss, attn_softcap:
+    the arm's stabilizers, each None to keep the shared run's ``model.qk_norm``,
+    ``optim.z_loss`` and ``model.attn_softcap``. Everything else (model shape, data, optimiser,
+    seeds) is shared, so arms of a seed read the same batches and start from the same values in
+    every parameter they have in common.
+    """
+
+    name: str
+    gate: GateConfig = field(default_factory=GateConfig)
+    qk_norm: bool | None = None
+    z_loss: float | None = None
+    attn_softcap: float | None = None
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.name, str) and ARM_NAME.fullmatch(self.name) is not None, "arm name", self.name,
+               "letters, digits and '_', starting with a letter (it names records, rows and MLflow runs)")
+        _check(self.name not in ARM_SETS, "arm name", self.name,
+               f"a name that is not an arm set ({', '.join(ARM_SETS)})")
+        if self.z_loss is not None:
+            _check_strength(self.z_loss, f"arms.{self.name}.z_loss", "coefficient")
+        if self.attn_softcap is not None:
+            _check_strength(self.attn_softcap, f"arms.{self.name}.attn_softcap", "cap")
+
+    def apply(self, run: RunConfig) -> RunConfig:
+        """``run`` with this arm's gate and stabilizers."""
+        model = replace(run.model, gate=self.gate,
+                        qk_norm=run.model.qk_norm if self.qk_norm is None else self.qk_norm,
+                        attn_softcap=run.model.attn_softcap if self.attn_softcap is None else self.attn_softcap)
+        optim = run.optim if self.z_loss is None else replace(run.optim, z_loss=self.z_loss)
+        return replace(run, model=model, optim=optim)
+
+
+ARM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+PAPER_GATE = GateConfig(position="G1")  # Qiu et al.'s recommendation: elementwise, head-specific, sigmoid
+Z_LOSS = 1e-4      # PaLM's z-loss coefficient
+SOFTCAP = 50.0     # Gemma 2's attention-logit soft-cap
+
+# named groups of treatment arms: ``arms=controls`` trains the baseline and these
+ARM_SETS: dict[str, tuple[str, ...]] = {
+    "pair": ("gated",),
+    "controls": ("gated", "gated_headwise", "gated_floored", "gated_value"),
+    "stabilizers": ("gated", "qk_norm", "z_loss", "softcap"),
+    "stabilizers_gated": ("gated", "gated_qk_norm", "gated_z_loss", "gated_softcap"),
+}
+
+
+NAMED_ARMS: dict[str, ArmConfig] = {arm.name: arm for arm in (
+    ArmConfig(BASELINE_ARM),
+    # the gate and the paper's controls (Qiu et al. 2025: G1 elementwise; headwise; floored; G2 value gate)
+    ArmConfig("gated", gate=PAPER_GATE),
+    ArmConfig("gated_headwise", gate=GateConfig(position="G1", granularity="headwise")),
+    ArmConfig("gated_floored", gate=GateConfig(position="G1", floor=0.5)),
+    ArmConfig("gated_value", gate=GateConfig(position="G2")),
+    # the usual stabilizers, alone and with the gate
+    ArmConfig("qk_norm", qk_norm=True),
+    ArmConfig("z_loss", z_loss=Z_LOSS),
+    ArmConfig("softcap", attn_softcap=SOFTCAP),
+    ArmConfig("gated_qk_norm", gate=PAPER_GATE, qk_norm=True),
+    ArmConfig("gated_z_loss", gate=PAPER_GATE, z_loss=Z_LOSS),
+    ArmConfig("gated_softcap", gate=PAPER_GATE, attn_softcap=SOFTCAP),
+)}
+@dataclass(frozen=True)
+class ExtrapolationConfig:
+    """The length-extrapolation probe, run on every arm after training (off while ``factors`` is empty).
+
+    factors: evaluation lengths as multiples of ``model.context`` (1 is always evaluated; 2 and 4
+    are the usual). At each length the held-out loss, F-Attn and sink rate are measured with the
+    plain rotary tables extended to that length, and (``scaling="ntk"``) with NTK-aware scaled RoPE
+    (base ``theta * s ** (d / (d - 2))`` for factor s and head dim d; Peng et al. 2023, YaRN, sec. 3.1).
+    eval_batches: held-out batches of ``data.batch_size`` sequences per length.
+    """
+
+    factors: tuple[float, ...] = ()
+    scaling: str = "ntk"
+    eval_batches: int = 4
+
+    def __post_init__(self) -> None:
+        _check(all(_is_number(f) and f >= 1 for f in self.factors), "extrapolation.factors", self.factors,
+               "factors >= 1 (multiples of model.context; 1 is the training context)")
+        _check(len(set(self.factors)) == len(self.factors), "extrapolation.factors", self.factors,
+               "distinct factors")
+        _check(self.scaling in ROPE_SCALINGS, "extrapolation.scaling", self.scaling, f"one of {ROPE_SCALINGS}")
+        _check(isinstance(self.eval_batches, int) and self.eval_batches > 0, "extrapolation.eval_batches",
+               self.eval_batches, "a positive integer")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.factors)
+
+    def lengths(self, context: int) -> list[tuple[float, int]]:
+        """(factor, sequence length) of every evaluated length, 1 first."""
+        return [(f, round(context * f)) for f in sorted({1.0, *map(float, self.factors)})]
+
+
+def _default_arms() -> tuple[ArmConfig, ...]:
+    return NAMED_ARMS[BASELINE_ARM], NAMED_ARMS["gated"]
+
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """A paired experiment: the same run under a baseline and a gated attention, for several seeds."""
+    """A paired experiment: the same run under each arm (baseline first), for several seeds."""
 
     name: str = "pair"
     preset: str = "custom"
     run: RunConfig = field(default_factory=RunConfig)
-    baseline_gate: GateConfig = field(default_factory=GateConfig)
-    gated_gate: GateConfig = field(default_factory=lambda: GateConfig(position="G1"))
+    arms: tuple[ArmConfig, ...] = field(default_factory=_default_arms)
     seeds: tuple[int, ...] = (0,)
     quant_schemes: tuple[str, ...] = ()
+    extrapolation: ExtrapolationConfig = field(default_factory=ExtrapolationConfig)
     stress: StressConfig = field(default_factory=StressConfig)
 
     def __post_init__(self) -> None:
         _check(len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds,
                "a non-empty tuple of distinct seeds")
-        _check(self.gated_gate.enabled, "gated_gate.position", self.gated_gate.position,
-               "a gate position other than 'none' for the gated arm")
         unknown = [s for s in self.quant_schemes if s not in QUANT_SCHEMES]
         _check(not unknown, "quant_schemes", self.quant_schemes,
                f"names from {QUANT_SCHEMES} (unknown: {unknown})")
         model = self.run.model
         _check(not self.quant_schemes or (model.source == "harness" and not model.factory), "quant_schemes",
                self.quant_schemes, "() unless the model is the harness's own (model.source='harness', no factory)")
-        for arm in ("baseline", "gated"):  # each arm's model config is valid with its gate
-            self.arm_config(arm, self.seeds[0])
+        rope_model = model.source == "harness" and not model.factory and model.family == "llama"
+        _check(not self.extrapolation.enabled or rope_model, "extrapolation.factors", self.extrapolation.factors,
+               "() unless the model is the harness's own RoPE model (model.source='harness', no factory, "
+               "model.family='llama')")
+        names = self.arm_names
+        _check(len(names) >= 2 and names[0] == BASELINE_ARM, "arms", names,
+               f"the {BASELINE_ARM!r} arm first and at least one treatment arm")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        _check(not twice, "arms", names, f"distinct arm names (used twice: {', '.join(twice)})")
+        for arm in self.arms:  # every arm's run must be valid on its own (e.g. no soft-cap with triton)
+            try:
+                arm.apply(self.run)
+            except ConfigError as error:
+                raise ConfigError(f"arm {arm.name!r}: {error}") from None
+
+    @property
+    def arm_names(self) -> tuple[str, ...]:
+        return tuple(arm.name for arm in self.arms)
+
+    def arm(self, name: str) -> ArmConfig:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise ConfigError(f"arm={name!r} is invalid: expected one of this experiment's arms {self.arm_names}")
 
     def arm_config(self, arm: str, seed: int) -> RunConfig:
-        """The run config of one arm ("baseline" or "gated") at one seed."""
-        _check(arm in ("baseline", "gated"), "arm", arm, "'baseline' or 'gated'")
-        gate = self.baseline_gate if arm == "baseline" else self.gated_gate
-        return replace(self.run, seed=seed, model=replace(self.run.model, gate=gate))
+        """The run config of one arm (by name) at one seed."""
+        return replace(self.arm(arm).apply(self.run), seed=seed)
+
+
+def select_arms(config: ExperimentConfig, value: Any, custom: tuple[str, ...] = ()) -> ExperimentConfig:
+    """``config`` with the arms named in ``value`` ("gated,gated_floored", an arm set such as "controls",
+    or a list); the baseline is added first when not named. Names come from the config's own arms, then
+    ``NAMED_ARMS``; names in ``custom`` (defined by ``arms.<name>.<field>`` overrides) start blank."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names: list[str] = []
+    for item in (str(x).strip() for x in items):
+        if item:
+            names.extend(ARM_SETS.get(item, (item,)))
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"arms={value!r} is invalid: arm name(s) {', '.join(map(repr, twice))} used twice: "
+                          f"expected distinct arms")
+    if BASELINE_ARM not in names:
+        names.insert(0, BASELINE_ARM)
+    names.sort(key=lambda n: n != BASELINE_ARM)
+    own = {arm.name: arm for arm in config.arms}
+    arms = []
+    for name in names:
+        if name in own:
+            arms.append(own[name])
+        elif name in NAMED_ARMS:
+            arms.append(NAMED_ARMS[name])
+        elif name in custom:
+            arms.append(ArmConfig(name))
+        else:
+            raise ConfigError(f"arms={value!r} is invalid: {name!r} is not a named arm: expected names from "
+                              f"{tuple(NAMED_ARMS)} or the sets {tuple(ARM_SETS)}, or define it with "
+                              f"arms.{name}.<field>=VALUE")
+    return replace(config, arms=tuple(arms))
 
 
 # ----------------------------------------------------------------------------- presets
@@ -503,6 +734,7 @@ def _smoke() -> ExperimentConfig:
             data=DataConfig(batch_size=8, builtin_bytes=300_000),
             optim=OptimConfig(lr=3e-3, warmup_steps=10),
             probes=ProbeConfig(every=25, spike_window=30, diverge_patience=15, eval_batches=4),
+            checkpoint=CheckpointConfig(every=50),
             steps=60,
         ),
         seeds=(0, 1, 2),  # the fewest a regression baseline takes (its noise comes from the seed spread)
@@ -527,6 +759,7 @@ def _ci() -> ExperimentConfig:
             data=DataConfig(batch_size=8, builtin_bytes=1_000_000),
             optim=OptimConfig(lr=1e-2, warmup_steps=30, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=0.0),
             probes=ProbeConfig(every=100, spike_window=50, eval_batches=8),
+            checkpoint=CheckpointConfig(every=100),
             steps=300,
         ),
         seeds=(0, 1, 2),  # three seeds: intervals over seeds, and what a regression baseline needs
@@ -551,6 +784,7 @@ def _full() -> ExperimentConfig:
             optim=OptimConfig(lr=1e-3, warmup_steps=200),
             precision=PrecisionConfig(dtype="bf16"),
             probes=ProbeConfig(every=250, spike_window=200, spike_k=6.0, eval_batches=32, probe_batch_size=8),
+            checkpoint=CheckpointConfig(every=500),
             steps=5000,
             device="cuda",
         ),
@@ -577,6 +811,10 @@ def preset(name: str) -> ExperimentConfig:
 def _coerce(value: Any, hint: Any, name: str) -> Any:
     """Turn a command-line string (or JSON value) into the type a field expects."""
     origin = get_origin(hint)
+    if origin in (Union, types.UnionType):  # ``X | None``: "none" (or null) is None, else an X
+        if value is None or str(value).strip().lower() in ("none", "null"):
+            return None
+        return _coerce(value, next(a for a in get_args(hint) if a is not type(None)), name)
     if origin is tuple:
         items = value.split(",") if isinstance(value, str) else list(value)
         args = get_args(hint)
@@ -605,12 +843,40 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     return value if not isinstance(value, str) else str(value)
 
 
+# the spelling before arms existed: gated_gate.X is arms.gated.gate.X, baseline_gate.X is arms.baseline.gate.X
+GATE_ALIASES = {"gated_gate": "gated", "baseline_gate": BASELINE_ARM}
+
+
+def _override_arm(config: ExperimentConfig, dotted: str, value: Any) -> ExperimentConfig:
+    """``arms.<name>.<field>=value``: change arm <name>, adding it (from NAMED_ARMS, else blank) when absent."""
+    name, _, path = dotted.partition(".")[2].partition(".")
+    if not name or not path:
+        raise ConfigError(f"{dotted!r} is not a config field: expected arms=NAMES or arms.<name>.<field>=VALUE")
+    if path.partition(".")[0] == "name":
+        raise ConfigError(f"{dotted!r} is not settable: an arm's name is its key in arms.<name>.<field>")
+    arms = list(config.arms)
+    index = next((i for i, arm in enumerate(arms) if arm.name == name), None)
+    if index is None:
+        arms.append(NAMED_ARMS.get(name) or ArmConfig(name))
+        index = len(arms) - 1
+    arms[index] = override(arms[index], path, value, f"arms.{name}.")
+    return replace(config, arms=tuple(arms))
+
+
 def override(config: Any, dotted: str, value: Any, _prefix: str = "") -> Any:
     """Return ``config`` with the field at ``dotted`` (e.g. "run.model.d_model") set to ``value``.
 
-    A path may skip the leading "run." ("model.d_model" works on an ExperimentConfig). Errors name the
-    full dotted field."""
+    A path may skip the leading "run." ("model.d_model" works on an ExperimentConfig). On an
+    ExperimentConfig, "arms" selects arms by name (``select_arms``) and "arms.<name>.<field>" changes
+    (or adds) one arm. Errors name the full dotted field."""
     head, _, rest = dotted.partition(".")
+    if isinstance(config, ExperimentConfig):
+        if head in GATE_ALIASES:
+            return override(config, f"arms.{GATE_ALIASES[head]}.gate{dotted[len(head):]}", value)
+        if dotted == "arms":
+            return select_arms(config, value)
+        if head == "arms":
+            return _override_arm(config, dotted, value)
     names = {f.name for f in fields(config)}
     if head not in names and "run" in names:
         return override(config, "run." + dotted, value, _prefix)
@@ -620,7 +886,7 @@ def override(config: Any, dotted: str, value: Any, _prefix: str = "") -> Any:
                           f"{sorted(_prefix + n for n in names)}")
     if (_prefix + head) == "run.model.gate" or (_prefix + head).endswith("model.gate"):
         raise ConfigError(f"{full!r} is not settable: each arm's gate comes from its arm definition; set "
-                          f"gated_gate.{rest or 'position'} (or baseline_gate.*) instead")
+                          f"arms.gated.gate.{rest or 'position'} (or arms.<arm>.gate.*) instead")
     current = getattr(config, head)
     if rest:
         if not is_dataclass(current):
@@ -636,12 +902,25 @@ def override(config: Any, dotted: str, value: Any, _prefix: str = "") -> Any:
     return replace(config, **{head: _coerce(value, hint, full)})
 
 
+def _named_items(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(item, dict) and isinstance(item.get("name"), str) for item in value)
+
+
 def flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
-    """{"run": {"model": {"d_model": 64}}} -> {"run.model.d_model": 64} (nested dicts to dotted keys)."""
+    """{"run": {"model": {"d_model": 64}}} -> {"run.model.d_model": 64} (nested dicts to dotted keys).
+
+    A list of named mappings (the arms; a TOML array of tables) becomes the list of names and each
+    one's fields keyed by its name: {"arms": [{"name": "baseline"}, {"name": "gated", "z_loss": 0.1}]}
+    -> {"arms": "baseline,gated", "arms.gated.z_loss": 0.1}."""
     out: dict[str, Any] = {}
     for key, value in mapping.items():
         if isinstance(value, dict):
             out.update(flatten(value, f"{prefix}{key}."))
+        elif _named_items(value):
+            out[f"{prefix}{key}"] = ",".join(item["name"] for item in value)
+            for item in value:
+                out.update(flatten({k: v for k, v in item.items() if k != "name"}, f"{prefix}{key}.{item['name']}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -673,12 +952,18 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
 def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """A preset with overrides applied, fully validated.
 
-    Overrides are applied in order; one that is invalid only until another is applied (model.d_model=64
-    before model.n_heads=4 on a 12-head preset) is retried after the others, so their order does not
-    matter. An override that stays invalid raises its error; several that stay invalid raise one
-    error naming each with its reason."""
+    The arm selection ``arms`` is applied first, wherever it stands. The other overrides are applied in
+    order; one that is invalid only until another is applied (model.d_model=64 before model.n_heads=4 on
+    a 12-head preset) is retried after the others, so their order does not matter (``arms.<name>.<field>``
+    changes a selected arm, or adds a new one). An override that stays invalid raises its error; several
+    that stay invalid raise one error naming each with its reason. Every treatment arm must train a run
+    other than the baseline's."""
     config = preset(preset_name)
-    pending = list((overrides or {}).items())
+    overrides = dict(overrides or {})
+    if "arms" in overrides:
+        defined = tuple(key.split(".")[1] for key in overrides if key.startswith("arms.") and key.count(".") >= 2)
+        config = select_arms(config, overrides.pop("arms"), custom=defined)
+    pending = list(overrides.items())
     while pending:
         failed: list[tuple[str, Any, ConfigError]] = []
         for dotted, value in pending:
@@ -692,6 +977,12 @@ def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None)
             reasons = "; ".join(f"{dotted}={value!r} ({error})" for dotted, value, error in failed)
             raise ConfigError(f"these overrides cannot hold together: {reasons}")
         pending = [(dotted, value) for dotted, value, _ in failed]
+    baseline = config.arm_config(BASELINE_ARM, 0)
+    for name in config.arm_names[1:]:
+        if config.arm_config(name, 0) == baseline:
+            raise ConfigError(f"arms.{name} is invalid: it trains the same run as the baseline (same gate and "
+                              f"stabilizers): expected an arm that differs in its gate, qk_norm, z_loss or "
+                              f"attn_softcap")
     return config
 
 
@@ -711,6 +1002,7 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
         if is_dataclass(hint):
             value = from_dict(hint, value)
         elif get_origin(hint) is tuple:
-            value = tuple(value)
+            item = (get_args(hint) or (None,))[0]
+            value = tuple(from_dict(item, v) if is_dataclass(item) else v for v in value)
         kwargs[f.name] = value
     return cls(**kwargs)

@@ -72,6 +72,13 @@ FIGURES: dict[str, Figure] = _table(
     Figure("steps_completed", None, "steps", "steps trained before the arm stopped", kind="run"),
     Figure("max_grad_norm", "lower", "L2 norm", "largest global gradient norm before clipping", floor=0.5,
            rel_floor=0.5),
+    Figure("update_spike_score", "lower", "% of steps",
+           "steps whose optimiser update norm ||W_after - W_before|| is >= k std above the rolling mean",
+           kind="run", floor=2.0),
+    Figure("update_spikes", "lower", "count", "steps flagged by the update-norm spike score", kind="run",
+           floor=2.0, rel_floor=0.5),
+    Figure("max_update_norm", "lower", "L2 norm", "largest global optimiser update norm ||W_after - W_before||",
+           kind="run", floor=0.05, rel_floor=0.5),
     # heavy probes of the final model (probe batch, explicit attention path)
     Figure("m_act_mean", "lower", "|activation|",
            "max |value| of each block's residual output, mean over layers (Qiu et al. Table 4)", floor=1.0,
@@ -139,6 +146,16 @@ FIGURES: dict[str, Figure] = _table(
            floor=0.01, rel_floor=0.25),
     Figure("quant_*_kl", "lower", "nats", "KL(full || quantized) of the next-token distributions", floor=1e-3,
            rel_floor=0.5),
+    # the length-extrapolation probe per RoPE and length factor: extrap_<figure>_<plain|ntk>_x<factor>
+    Figure("extrap_loss_*", "lower", "nats/token", "held-out loss at this multiple of the training context",
+           floor=0.02, rel_floor=0.005),
+    Figure("extrap_gap_*", "lower", "nats/token",
+           "held-out loss at this multiple of the training context minus the loss at the training context",
+           floor=0.02, rel_floor=0.05),
+    Figure("extrap_f_attn_*", "lower", "probability", "F-Attn at this multiple of the training context",
+           floor=0.02),
+    Figure("extrap_sink_rate_*", "lower", "fraction of heads", "sink rate at this multiple of the training context",
+           floor=0.1),
 )
 
 

@@ -130,10 +130,17 @@ class GatedLM(nn.Module):
         scale = std / math.sqrt(2 * self.config.n_layers) if name.endswith(("o_proj.weight", "w_down.weight")) \
             else std
         return torch.randn(shape, generator=generator, dtype=torch.float32) * scale
+    def set_positions(self, length: int, theta: float | None = None) -> None:
+        """Rebuild the rotary tables for ``length`` positions with base ``theta`` (default model.rope_theta):
+        the length-extrapolation probe reads sequences longer than the training context this way."""
+        cos, sin = rope_tables(length, self.config.rotary_dim, theta or self.config.rope_theta)
+        self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.shape[1] > self.config.context:
-            raise ValueError(f"sequence length {tokens.shape[1]} exceeds model.context={self.config.context}")
+        positions = self.config.context if self.rope_cos is None else self.rope_cos.shape[0]
+        if tokens.shape[1] > positions:
+            raise ValueError(f"sequence length {tokens.shape[1]} exceeds the {positions} positions of the model "
+                             f"(model.context={self.config.context})")
         x = self.embed(tokens)
         if self.pos_embed is not None:
             x = x + self.pos_embed.weight[: tokens.shape[1]]
@@ -175,3 +182,9 @@ class GatedLM(nn.Module):
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy (nats per token) of logits (B, S, V) against targets (B, S), in fp32."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """Mean squared log-partition ``mean(logsumexp(logits)^2)`` over positions of (B, S, V) logits, in fp32:
+    the auxiliary loss of PaLM (Chowdhery et al. 2022), added with a small coefficient (``optim.z_loss``)."""
+    return torch.logsumexp(logits.float(), dim=-1).pow(2).mean()

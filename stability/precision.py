@@ -11,6 +11,7 @@ The trainer talks to one ``PrecisionPolicy`` and never asks which format is acti
     policy.unscale_(optimizer)                    # grads back to true units before clipping / grad norm
     ran = policy.step(optimizer, grads_finite)    # fp16: GradScaler skips a step with inf/NaN grads
     stats = policy.pop_stats()                    # overflow / underflow fractions, loss-scale drops
+    state = policy.state_dict()                   # loss scale, counters, fp8 amax histories (checkpoints)
 
 fp16 loss scaling is PyTorch's ``torch.amp.GradScaler`` (init scale, growth factor, backoff factor
 and growth interval from PrecisionConfig); the policy reads its scale once per step for the record
@@ -316,6 +317,7 @@ class PrecisionPolicy:
         self._unscaled = False    # whether the current grads were already unscaled
         self._hooks: list = []
         self.high_precision: list[str] = []  # fp8 / MX: Linears the recipe left in high precision
+        self._fp8_states: list[_Fp8State] = []   # the own fp8's Linears, in model.modules() order (prepare)
 
     # -- model and forward ---------------------------------------------------------------
 
@@ -335,6 +337,7 @@ class PrecisionPolicy:
                     module.__class__ = _fp8_class(type(module))
                     module.fp8_state = _Fp8State(self.config.fp8_scaling == "delayed", self.config.fp8_history,
                                                  self.real_fp8, self.tally)
+                    self._fp8_states.append(module.fp8_state)
         return model
 
     def describe(self) -> dict:
@@ -345,7 +348,7 @@ class PrecisionPolicy:
             recipe = "torch.autocast" + (f" + torch.amp.GradScaler(init {config.init_loss_scale:g}, growth "
                                          f"{config.growth_factor:g} every {config.growth_interval}, backoff "
                                          f"{config.backoff_factor:g})" if self.scaling else "")
-            return {"library": "torch", "version": torch.__version__, "recipe": recipe, "emulated": False}
+            return {"library": "torch", "version": str(torch.__version__), "recipe": recipe, "emulated": False}
         if dtype == "fp8" and config.fp8_recipe == "own":
             return {"library": "stability", "version": library_version("stability"),
                     "recipe": f"own fp8, per-tensor {config.fp8_scaling} scaling"
@@ -361,7 +364,34 @@ class PrecisionPolicy:
                     "recipe": f"MX mx_mm, blocks of {ao.MX_BLOCK}, e8m0 scales (rceil), e4m3 inputs and "
                               f"gradients, {weights} weights", "emulated": not real,
                     "high_precision_linears": self.high_precision}
-        return {"library": "torch", "version": torch.__version__, "recipe": "fp32", "emulated": False}
+        return {"library": "torch", "version": str(torch.__version__), "recipe": "fp32", "emulated": False}
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything that carries over from one step to the next: the GradScaler's state, the counters,
+        the pending overflow/underflow tally and the own fp8's amax histories (copies; tensors stay on
+        device). torchao's float8 (dynamic scaling) and MX keep no state between steps."""
+        counts = self.tally._counts
+        return {"scale": self._scale, "scale_drops": self._scale_drops,
+                "scaler": self.scaler.state_dict() if self.scaling else None,
+                "tally_values": self.tally.values, "tally_counts": None if counts is None else counts.clone(),
+                "fp8": [{"history": {k: v.clone() for k, v in state._history.items()}, "calls": dict(state._calls)}
+                        for state in self._fp8_states]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict`` output (the model must have been ``prepare``d the same way)."""
+        if len(state["fp8"]) != len(self._fp8_states):
+            raise ValueError(f"precision state has {len(state['fp8'])} fp8 layers, this model {len(self._fp8_states)}")
+        self._scale, self._scale_drops = float(state["scale"]), int(state["scale_drops"])
+        if self.scaling and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.tally.values = int(state["tally_values"])
+        counts = state["tally_counts"]
+        self.tally._counts = None if counts is None else counts.to(self.device).clone()
+        for saved, target in zip(state["fp8"], self._fp8_states):
+            target._history = {k: v.to(self.device).clone() for k, v in saved["history"].items()}
+            target._calls = dict(saved["calls"])
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """torch.autocast for bf16 / fp16; a do-nothing context for fp32, fp8 and MX."""

@@ -1,9 +1,10 @@
 """The stability figures, each a small function on tensors or numbers (definitions: docs/figures.md).
 
-Cheap figures run every step: ``SpikeDetector`` (loss and gradient-norm spikes),
+Cheap figures run every step: ``SpikeDetector`` (loss, gradient-norm and update-norm spikes),
 ``grad_norms`` (global and per-layer L2 before clipping, as one device tensor so the
-trainer syncs once per step) and ``first_nonfinite_module`` (used only after a
-non-finite step, so healthy steps pay nothing for it).
+trainer syncs once per step), ``UpdateNorms`` (global and per-layer L2 of the optimiser's
+update W_after - W_before) and ``first_nonfinite_module`` (used only after a non-finite step,
+so healthy steps pay nothing for it).
 
 Heavy figures run every K steps on a fixed probe batch through the explicit attention
 path: ``heavy_probes`` returns M-Act, F-Attn, sink rate, max attention logit, output
@@ -32,8 +33,10 @@ class SpikeDetector:
         self.k = k
         self.min_history = min_history
         self.history: deque[float] = deque(maxlen=window)
+        self.score = 0.0  # the last value's distance above the mean, in standard deviations (0 without history)
 
     def update(self, value: float) -> bool:
+        self.score = 0.0
         if not math.isfinite(value):
             return False
         spike = False
@@ -41,6 +44,7 @@ class SpikeDetector:
             mean = sum(self.history) / len(self.history)
             std = math.sqrt(sum((h - mean) ** 2 for h in self.history) / len(self.history))
             spike = value >= mean + self.k * max(std, 1e-12)
+            self.score = (value - mean) / max(std, 1e-12)
         self.history.append(value)
         return spike
 
@@ -88,6 +92,33 @@ class GradNorms:
         index = self.group_of[[i for i, _ in pairs]].to(device)
         squares = torch.stack(torch._foreach_norm([g for _, g in pairs])).float().pow(2)
         per_group = torch.zeros(self.n_groups, device=device).index_add_(0, index, squares)
+        return torch.cat([squares.sum().reshape(1), per_group]).sqrt()
+
+
+class UpdateNorms:
+    """Global and per-group L2 norms of what one optimiser step changed, ||W_after - W_before||.
+
+    ``before()`` copies the weights (one extra copy of the model in memory), ``after()`` returns
+    a device tensor laid out like ``GradNorms``: entry 0 the global norm, then one per group. It
+    measures the update as applied (Adam's step, weight decay, a skipped step's zero), whatever
+    the optimiser."""
+
+    def __init__(self, groups: dict[str, list[nn.Parameter]]):
+        self.params = [p for params in groups.values() for p in params]
+        self.group_of = torch.tensor([i for i, params in enumerate(groups.values()) for _ in params])
+        self.n_groups = len(groups)
+        self.previous = [torch.empty_like(p, memory_format=torch.preserve_format) for p in self.params]
+
+    @torch.no_grad()
+    def before(self) -> None:
+        torch._foreach_copy_(self.previous, [p.detach() for p in self.params])
+
+    @torch.no_grad()
+    def after(self) -> torch.Tensor:
+        torch._foreach_sub_(self.previous, [p.detach() for p in self.params])   # W_before - W_after, in place
+        device = self.params[0].device
+        squares = torch.stack(torch._foreach_norm(self.previous)).float().pow(2)
+        per_group = torch.zeros(self.n_groups, device=device).index_add_(0, self.group_of.to(device), squares)
         return torch.cat([squares.sum().reshape(1), per_group]).sqrt()
 
 

@@ -12,6 +12,8 @@ A case record (``CaseRecord``)::
     ExperimentConfig), corpus (what the tokens are: kind, size, provenance; ``stability.data``),
     arms [ArmRecord ...], paired {arm: {figure: PairedFigure}}, timing,
     and a key named after the stress case with its own results (record["lr_sweep"] ...).
+    Written by a training command (``stability.session``) also: runs (every run trained, in order:
+    name, status, steps, start/end, final figures, its per-step file), replay_bundles, checkpoint_dir.
 
 ``purpose`` says what the record may be used for: "regression" (a stress case or a plain pair run;
 the only kind the regression check and a baseline accept), "claim" (evidence for a paper claim,
@@ -21,8 +23,11 @@ itself, e.g. a determinism re-run).
 An arm record (``ArmRecord``) is one arm at one seed: ``arm`` (its name, "baseline" is the
 reference), ``variant``, ``seed``, ``status`` (completed, diverged, killed, error, running),
 ``diverged_at_step``, ``model`` (source, class, family: ``describe()`` of ``stability.models``),
-per-step ``series``, non-finite ``events``, heavy-probe snapshots in
-``probes``, ``final`` figures (see ``stability.figures``), ``quant`` and ``timing``.
+``precision`` (the format's library, version and recipe), per-step ``series``, non-finite
+``events``, heavy-probe snapshots in ``probes``, ``final`` figures (see ``stability.figures``),
+``quant`` and ``timing`` (seconds, and ``started_at`` / ``ended_at`` in seconds since the epoch);
+with a session also ``run_name`` (arm, seed and the swept LR or precision: the MLflow child run's
+name) and ``run_key``.
 """
 
 from __future__ import annotations
@@ -39,16 +44,16 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from stability import figures as fig
-from stability.config import flatten
+from stability.config import BASELINE_ARM, flatten
 from stability.stats import paired_difference
 
 SCHEMA_VERSION = 2
 PURPOSES = ("regression", "claim", "fault", "selfcheck")
 ARM_STATUSES = ("running", "completed", "diverged", "killed", "error")
 USABLE_STATUSES = ("completed", "diverged")
-REFERENCE_ARM = "baseline"
-SERIES_KEYS = ("step", "lr", "batch_size", "tokens", "loss", "grad_norm", "layer_grad_norm", "loss_scale",
-               "loss_spike", "grad_spike", "nonfinite", "skipped")
+REFERENCE_ARM = BASELINE_ARM
+SERIES_KEYS = ("step", "lr", "batch_size", "tokens", "loss", "grad_norm", "layer_grad_norm", "update_norm",
+               "layer_update_norm", "loss_scale", "loss_spike", "grad_spike", "update_spike", "nonfinite", "skipped")
 
 
 class RecordError(ValueError):
@@ -89,6 +94,8 @@ class ArmRecord(TypedDict, total=False):
     final: dict[str, Any]
     quant: dict
     timing: dict[str, float]
+    run_name: str
+    run_key: str
 
 
 class CaseRecord(TypedDict, total=False):
@@ -109,6 +116,9 @@ class CaseRecord(TypedDict, total=False):
     arms: list[ArmRecord]
     paired: dict[str, dict[str, PairedFigure]]
     timing: dict
+    runs: list[dict]
+    replay_bundles: list[dict]
+    checkpoint_dir: str
 
 
 # ----------------------------------------------------------------------------- builders
@@ -142,7 +152,7 @@ def env_info(device: str) -> dict:
 
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") \
         and torch.cuda.is_available() else platform.processor() or platform.machine()
-    return {"python": platform.python_version(), "torch": torch.__version__, "triton": library_version("triton"),
+    return {"python": platform.python_version(), "torch": str(torch.__version__), "triton": library_version("triton"),
             "bitsandbytes": library_version("bitsandbytes"), "mlflow": library_version("mlflow"),
             "transformers": library_version("transformers"), "torchao": library_version("torchao"), "device": device,
             "device_name": name, "threads": torch.get_num_threads()}
@@ -203,6 +213,11 @@ def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
         "diverged": diverged,
         "divergence_step": arm["diverged_at_step"] if diverged else steps_planned,
     }
+    if "update_norm" in series:  # records written before the update-norm probe have none
+        finite_updates = [v for v in series["update_norm"] if v is not None and math.isfinite(v)]
+        final.update({"update_spike_score": spike_score(series["update_spike"]),
+                      "update_spikes": sum(series["update_spike"]),
+                      "max_update_norm": max(finite_updates, default=float("nan"))})
     if arm["probes"]:
         last = arm["probes"][-1]
         final.update({key: last[key] for key in PROBE_FIGURES})
@@ -234,26 +249,28 @@ def arm_names(arms: list[ArmRecord]) -> list[str]:
     return sorted(names, key=lambda n: n != REFERENCE_ARM)
 
 
-def paired_summary(arms: list[ArmRecord]) -> dict[str, dict[str, PairedFigure]]:
+def paired_summary(arms: list[ArmRecord], reference: str = REFERENCE_ARM) -> dict[str, dict[str, PairedFigure]]:
     """For each arm other than the baseline, per figure with a table entry: the paired difference
-    arm - baseline over the seeds where both have a usable value (95% t-interval, sign-flip p)."""
+    arm - baseline over the seeds where both have a usable value (95% t-interval, sign-flip p).
+    ``reference`` names another arm to compare with instead (e.g. the floored gate against the gate);
+    the ``baseline`` field of each summary then holds that arm's mean."""
     by_seed: dict[int, dict[str, ArmRecord]] = {}
     for arm in arms:
         by_seed.setdefault(arm["seed"], {})[arm["arm"]] = arm
-    names = [n for n in arm_names(arms) if n != REFERENCE_ARM]
+    names = [n for n in arm_names(arms) if n != reference]
     out: dict[str, dict[str, PairedFigure]] = {}
     for name in names:
-        seeds = [s for s in sorted(by_seed) if REFERENCE_ARM in by_seed[s] and name in by_seed[s]]
-        present = {k for s in seeds for side in (REFERENCE_ARM, name) for k in by_seed[s][side].get("final", {})}
+        seeds = [s for s in sorted(by_seed) if reference in by_seed[s] and name in by_seed[s]]
+        present = {k for s in seeds for side in (reference, name) for k in by_seed[s][side].get("final", {})}
         table = {}
         for figure in sorted(present):
             if fig.figure(figure) is None:
                 continue
-            pairs = [(s, usable_value(by_seed[s][REFERENCE_ARM], figure), usable_value(by_seed[s][name], figure))
+            pairs = [(s, usable_value(by_seed[s][reference], figure), usable_value(by_seed[s][name], figure))
                      for s in seeds]
             pairs = [(s, b, t) for s, b, t in pairs if b is not None and t is not None]
             if not pairs and all(by_seed[s][side].get("final", {}).get(figure) is None
-                                 for s in seeds for side in (REFERENCE_ARM, name)):
+                                 for s in seeds for side in (reference, name)):
                 continue
             summary = paired_difference([b for _, b, _ in pairs], [t for _, _, t in pairs])
             table[figure] = {"n": summary["n"], "baseline": summary["baseline"], "treatment": summary["treatment"],
@@ -290,6 +307,7 @@ def case_key(record: CaseRecord) -> str:
 
 
 IDENTITY_IGNORES = ("seeds", "run.seed", "run.device", "name", "preset")
+IDENTITY_IGNORED_SECTIONS = ("run.checkpoint.",)   # how a run is kept, never what it measures
 
 
 def _field_defaults() -> dict:
@@ -306,7 +324,8 @@ def comparable_config(config: dict) -> dict:
     default: new fields default to the behaviour the code had before them."""
     flat = {**_field_defaults(), **flatten(config or {})}
     flat = {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
-    return {k: v for k, v in sorted(flat.items()) if k not in IDENTITY_IGNORES}
+    return {k: v for k, v in sorted(flat.items())
+            if k not in IDENTITY_IGNORES and not k.startswith(IDENTITY_IGNORED_SECTIONS)}
 
 
 def config_fingerprint(config: dict) -> str:

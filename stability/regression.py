@@ -81,13 +81,16 @@ def paired_arm(arm: str) -> str:
 
 def regression_records(records: list[dict]) -> tuple[list[dict], list[str]]:
     """The records a check or a baseline may use (purpose "regression"), and a note on the others."""
-    used = [r for r in records if r.get("purpose", "regression") == "regression"]
+    used = [r for r in records if r.get("purpose", "regression") == "regression" and r.get("status") != "running"]
     left = {}
     for r in records:
         if r.get("purpose", "regression") != "regression":
             left[r["purpose"]] = left.get(r["purpose"], 0) + 1
     notes = [f"left out {n} {purpose} record(s): only purpose 'regression' is compared"
              for purpose, n in sorted(left.items())]
+    notes += [f"left out {where(r, i)}: still running or interrupted by a crash (status 'running'); finish it "
+              f"with `stability run --resume` / `stability stress --resume`" for i, r in enumerate(records)
+              if r.get("status") == "running"]
     return used, notes
 
 

@@ -1,10 +1,11 @@
 """A self-contained HTML report (plots embedded as base64 PNG data URIs) plus a Markdown twin.
 
-For each record (stress case): loss and grad-norm curves of both arms on one figure,
+For each record (stress case): loss and grad-norm curves of every arm on one figure,
 LR-sweep curves when the record holds several peak learning rates, F-Attn and M-Act per
-layer, per-scheme quantization damage when present; the summary table of both arms; the
-precision ladder and the quantization table with the library, version and recipe of each row; the
-regression verdicts when a baseline is given; the environment; the MLflow run ids.
+layer, per-scheme quantization damage and the length-extrapolation curves when present; the
+per-arm table (one row per arm: means over seeds) and the paired table (each arm against the
+baseline); the precision ladder and the quantization table with the library, version and recipe of
+each row; the regression verdicts when a baseline is given; the environment; the MLflow run ids.
 
     stability report [RUN_DIR | records...] --out reports/report.html [--baseline reports/baselines/smoke-cpu.json]
 
@@ -21,10 +22,21 @@ import re
 from pathlib import Path
 
 from stability import figures as fig
+from stability.record import usable_value
 from stability.table import fmt, ladder_rows, quant_rows
 
 ARM_COLORS = {"baseline": "#1f77b4", "gated": "#d62728"}
+OTHER_COLORS = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 SEED_STYLES = ("-", "--", ":", "-.")
+
+
+def arm_color(name: str, record: dict) -> str:
+    """Baseline blue, gated red, the other arms of the record in a fixed order of distinct colours."""
+    if name in ARM_COLORS:
+        return ARM_COLORS[name]
+    others = [n for n in dict.fromkeys(a["arm"] for a in record.get("arms") or []) if n not in ARM_COLORS]
+    index = others.index(name) if name in others else len(others)
+    return OTHER_COLORS[index % len(OTHER_COLORS)]
 
 
 # ----------------------------------------------------------------------------- figures from a record
@@ -83,13 +95,13 @@ def _arm_label(arm: dict) -> str:
 
 
 def plot_curves(record: dict) -> bytes:
-    """Training loss and global grad norm per step, both arms (and all seeds) on one figure."""
+    """Training loss and global grad norm per step, every arm (and all seeds) on one figure."""
     fig, (ax_loss, ax_grad) = _new_figure()
     seeds = sorted({a.get("seed") for a in record["arms"]}, key=str)
     for arm in record["arms"]:
         series = arm.get("series") or {}
         style = SEED_STYLES[seeds.index(arm.get("seed")) % len(SEED_STYLES)]
-        color = ARM_COLORS.get(arm["arm"], None)
+        color = arm_color(arm["arm"], record)
         steps = series.get("step") or []
         ax_loss.plot(steps, _finite(series.get("loss") or []), style, color=color, lw=1, label=_arm_label(arm))
         ax_grad.plot(steps, _finite(series.get("grad_norm") or []), style, color=color, lw=1)
@@ -107,7 +119,7 @@ def plot_curves(record: dict) -> bytes:
 def plot_lr_sweep(record: dict, points: dict) -> bytes:
     fig, (ax,) = _new_figure(5.5, 3.4, 1)
     for arm, pts in sorted(points.items()):
-        color = ARM_COLORS.get(arm)
+        color = arm_color(arm, record)
         by_lr: dict[float, list] = {}
         for p in pts:
             by_lr.setdefault(p["lr"], []).append(p)
@@ -127,14 +139,14 @@ def plot_lr_sweep(record: dict, points: dict) -> bytes:
 
 
 def plot_loss_vs_lr(record: dict) -> bytes:
-    """Loss against the learning rate of each step (an LR range test), both arms."""
+    """Loss against the learning rate of each step (an LR range test), every arm."""
     fig, (ax,) = _new_figure(5.5, 3.4, 1)
     seeds = sorted({a.get("seed") for a in record["arms"]}, key=str)
     for arm in record["arms"]:
         series = arm.get("series") or {}
         style = SEED_STYLES[seeds.index(arm.get("seed")) % len(SEED_STYLES)]
         ax.plot(_finite(series.get("lr") or []), _finite(series.get("loss") or []), style,
-                color=ARM_COLORS.get(arm["arm"]), lw=1, label=_arm_label(arm))
+                color=arm_color(arm["arm"], record), lw=1, label=_arm_label(arm))
     ax.set_xscale("log")
     ax.set(title="loss vs learning rate (per step)", xlabel="learning rate", ylabel="loss")
     ax.legend(fontsize=7)
@@ -163,7 +175,7 @@ def _nanmean(values) -> float:
 
 
 def plot_layers(record: dict) -> bytes | None:
-    """F-Attn (first-token attention share) and M-Act (max |activation|) per layer, both arms."""
+    """F-Attn (first-token attention share) and M-Act (max |activation|) per layer, every arm."""
     f_attn, m_act = _layer_figures(record, "f_attn"), _layer_figures(record, "m_act")
     if not f_attn and not m_act:
         return None
@@ -174,7 +186,7 @@ def plot_layers(record: dict) -> bytes | None:
         width = 0.8 / max(1, len(arms))
         for i, arm in enumerate(arms):
             xs = [layer + (i - (len(arms) - 1) / 2) * width for layer in range(len(data[arm]))]
-            ax.bar(xs, data[arm], width=width, color=ARM_COLORS.get(arm), label=arm)
+            ax.bar(xs, data[arm], width=width, color=arm_color(arm, record), label=arm)
         ax.set_xticks(range(max((len(v) for v in data.values()), default=0)))
         ax.set(title=title, xlabel="layer")
         ax.legend(fontsize=7)
@@ -209,7 +221,7 @@ def plot_quant(record: dict) -> bytes | None:
     width = 0.8 / max(1, len(arms))
     for i, arm in enumerate(arms):
         xs = [j + (i - (len(arms) - 1) / 2) * width for j in range(len(schemes))]
-        ax.bar(xs, [damage[s].get(arm, float("nan")) for s in schemes], width=width, color=ARM_COLORS.get(arm),
+        ax.bar(xs, [damage[s].get(arm, float("nan")) for s in schemes], width=width, color=arm_color(arm, record),
                label=arm)
     ax.set_xticks(range(len(schemes)), schemes, rotation=20, fontsize=8)
     ax.axhline(0, color="black", lw=0.6)
@@ -218,23 +230,68 @@ def plot_quant(record: dict) -> bytes | None:
     return _png(fig)
 
 
+def extrapolation_curves(record: dict) -> dict[str, dict[str, list[tuple[float, float, float, float]]]]:
+    """{arm: {rope: [(factor, held-out loss, F-Attn, sink rate), ...]}}, means over seeds (completed arms),
+    from the arms' ``extrapolation`` points (stability.extrapolation); the NTK curve starts at plain 1x."""
+    sums: dict[tuple[str, str, float], list[list[float]]] = {}
+    for arm in record.get("arms") or []:
+        if arm.get("status") != "completed":
+            continue
+        points = (arm.get("extrapolation") or {}).get("points") or []
+        ropes = {p["rope"] for p in points}
+        for point in points:
+            for rope in (ropes if point["factor"] == 1.0 and point["rope"] == "plain" else {point["rope"]}):
+                sums.setdefault((arm["arm"], rope, point["factor"]), []).append(
+                    [point.get("heldout_loss"), point.get("f_attn"), point.get("sink_rate")])
+    out: dict[str, dict[str, list]] = {}
+    for (arm, rope, factor), rows in sorted(sums.items(), key=lambda item: item[0][2]):
+        means = [_nanmean(_finite([row[i] for row in rows])) for i in range(3)]
+        out.setdefault(arm, {}).setdefault(rope, []).append((factor, *means))
+    return out
+
+
+def plot_extrapolation(record: dict) -> bytes | None:
+    """Held-out loss and F-Attn against the evaluation length (multiples of the training context), every
+    arm; plain RoPE solid, NTK-aware scaled RoPE dashed."""
+    curves = extrapolation_curves(record)
+    if not curves:
+        return None
+    fig, (ax_loss, ax_f) = _new_figure()
+    for arm, by_rope in curves.items():
+        for rope, points in sorted(by_rope.items(), key=lambda item: item[0] != "plain"):
+            factors = [p[0] for p in points]
+            style = "o-" if rope == "plain" else "s--"
+            ax_loss.plot(factors, [p[1] for p in points], style, color=arm_color(arm, record), lw=1, ms=4,
+                         label=f"{arm} {rope}")
+            ax_f.plot(factors, [p[2] for p in points], style, color=arm_color(arm, record), lw=1, ms=4)
+    for ax in (ax_loss, ax_f):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("length / training context")
+    ax_loss.set(title="held-out loss beyond the training context", ylabel="loss (nats/token)")
+    ax_f.set(title="F-Attn beyond the training context", ylabel="attention on token 0")
+    ax_loss.legend(fontsize=6)
+    return _png(fig)
+
+
 def make_plots(record: dict) -> dict[str, bytes]:
-    """{name: PNG bytes}: curves, lr_sweep (several LRs), layers (probes), quant (when present)."""
+    """{name: PNG bytes}: curves, lr_sweep (several LRs), layers (probes), quant and extrapolation (when
+    present)."""
     plots = {"curves": plot_curves(record)}
     points = lr_sweep(record)
     if points:
         plots["lr_sweep"] = plot_lr_sweep(record, points)
     elif _lr_varies(record):
         plots["lr_sweep"] = plot_loss_vs_lr(record)
-    for name, fn in (("layers", plot_layers), ("quant", plot_quant)):
+    for name, fn in (("layers", plot_layers), ("quant", plot_quant), ("extrapolation", plot_extrapolation)):
         png = fn(record)
         if png:
             plots[name] = png
     return plots
 
 
-PLOT_TITLES = {"curves": "Loss and gradient norm, both arms", "lr_sweep": "Learning rates: sweep or range test",
-               "layers": "F-Attn and M-Act per layer", "quant": "Post-training quantization damage"}
+PLOT_TITLES = {"curves": "Loss and gradient norm, every arm", "lr_sweep": "Learning rates: sweep or range test",
+               "layers": "F-Attn and M-Act per layer", "quant": "Post-training quantization damage",
+               "extrapolation": "Length extrapolation: held-out loss and F-Attn beyond the training context"}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -253,6 +310,29 @@ def summary_rows(record: dict) -> list[list[str]]:
                          fmt(s.get("n"))])
     for scheme, reason in quant_skipped(record).items():
         rows.append(["all", f"quant {scheme}", "-", "", "skipped", "skipped", "-", reason, "-", "-"])
+    return rows
+
+
+PER_ARM_FIGURES = ("heldout_loss", "f_attn_mean", "sink_rate_mean", "m_act_mean", "max_attn_logit",
+                   "loss_spike_score", "gate_score_mean", "extrap_gap_plain_x4", "extrap_gap_ntk_x4")
+
+
+def per_arm_rows(record: dict) -> list[list[str]]:
+    """One row per arm (baseline first): its variant, seeds, statuses and the mean over seeds of the main
+    figures (evaluation figures over completed seeds only); extrapolation columns when measured."""
+    arms = record.get("arms") or []
+    names = list(dict.fromkeys(a["arm"] for a in sorted(arms, key=lambda a: a["arm"] != "baseline")))
+    figures = [f for f in PER_ARM_FIGURES if any(f in (a.get("final") or {}) for a in arms)]
+    rows = [["arm", "variant", "seeds", "completed", "diverged"] + figures]
+    for name in names:
+        mine = [a for a in arms if a["arm"] == name]
+        cells = [name, str(mine[0].get("variant")), str(len(mine)),
+                 str(sum(a.get("status") == "completed" for a in mine)),
+                 str(sum(a.get("status") == "diverged" for a in mine))]
+        for figure in figures:
+            values = [v for v in (usable_value(a, figure) for a in mine) if v is not None]
+            cells.append(fmt(sum(values) / len(values)) if values else "-")
+        rows.append(cells)
     return rows
 
 
@@ -362,12 +442,13 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
                    f"src='data:image/png;base64,{data}'>")]
             if image_paths:
                 m += [f"### {label}", "", f"![{label}]({image_paths[index][name]})", ""]
-        sections = (("Paired figures: each arm against the baseline (means over seeds)", summary_rows(record),
+        sections = (("Per arm (means over seeds)", per_arm_rows(record), "per-arm"),
+                    ("Paired figures: each arm against the baseline (means over seeds)", summary_rows(record),
                      "summary"),
                     ("Precision ladder: each rung's library, recipe and gap to fp32", ladder_rows(record), "ladder"),
                     ("Post-training quantization: each scheme's library, recipe and damage", quant_rows(record),
                      "quant"),
-                    ("Arms", arm_rows(record), "arms"), ("Environment", env_rows(record), "env"),
+                    ("Runs: one per arm and seed", arm_rows(record), "arms"), ("Environment", env_rows(record), "env"),
                     ("MLflow", tracking_rows(record), "tracking"))
         for heading, rows, cls in sections:
             if len(rows) < 2 and cls in ("ladder", "quant"):  # not this kind of record

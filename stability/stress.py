@@ -14,7 +14,9 @@ Nothing here keeps state between calls: the config (including its ``stress`` set
 whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
 CPU intra-op threads are set from ``stress.threads`` for the duration of a case and restored.
 
-Every record is a ``stability.record`` case record: ``arms`` (one entry per arm and seed, with
+Every case trains every arm of the config (``config.arm_names``: the baseline and its treatment arms,
+``arms=...``), seed by seed. Every record is a ``stability.record`` case record: ``arms`` (one entry
+per arm and seed, with
 ``arm``, ``seed``, ``status``, ``final`` ...) and ``paired`` (per treatment arm and figure: baseline,
 treatment, difference, 95% interval, p). The case-specific results sit under a key named after the
 case (``record["lr_sweep"]`` ...), and the key figures of each case are added to the arms' ``final``
@@ -54,10 +56,9 @@ import torch
 
 from stability import ao, precision
 from stability import config as cfg
-from stability.experiment import ARMS, load_inputs, quantization_hook, run_pair
+from stability.experiment import load_inputs, run_pair, train_arm
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.schedules import Standard, from_stress
-from stability.trainer import train
 
 CASES_ORDER = cfg.STRESS_CASES
 
@@ -104,20 +105,22 @@ def run_summary(arm_record: dict, **extra) -> dict:
 
 
 class _Case:
-    """Shared bookkeeping of a stress case: the record, the corpus, the per-run timings."""
+    """Shared bookkeeping of a stress case: the record, the corpus, the per-run timings, the session
+    (``stability.experiment.train_arm``: record on disk after every run, resume, Ctrl-C)."""
 
-    def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str):
+    def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
+                 session=None):
         self.started = time.perf_counter()
         self.kind = kind
         self.config = config
+        self.session = session
         self.record = new_case_record(config, schedule_name, description, stress=kind)
         self.corpus = load_inputs(config)
         self.record["corpus"] = self.corpus.info
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def train(self, run: cfg.RunConfig, schedule, arm: str) -> dict:
-        arm_record = train(run, schedule, corpus=self.corpus, arm=arm,
-                           on_trained=quantization_hook(run, self.config.quant_schemes))
+        arm_record = train_arm(self.record, self.config, run, schedule, self.corpus, arm, self.session)
         self.runs.append(arm_record["timing"])
         return arm_record
 
@@ -127,7 +130,7 @@ class _Case:
         per arm: arm, seed, status, diverged_at_step, the figures and the extras."""
         per_arm = []
         for seed in self.config.seeds:
-            for arm in ARMS:
+            for arm in self.config.arm_names:
                 run = self.config.arm_config(arm, seed)
                 arm_record = self.train(run, schedule, arm)
                 figures, extras = figures_of(run, arm_record)
@@ -172,8 +175,8 @@ def reference_index(lrs: tuple[float, ...], lr: float) -> int:
     return min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i]) - math.log(lr)))
 
 
-def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
-    """Train both arms at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
+def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None) -> dict:
+    """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
 
     ``record["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
     sweep figures, and a compact summary of every run. The ``arms`` entries are the runs at the grid
@@ -184,10 +187,10 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None) -> dict:
     ref = reference_index(grid, config.run.optim.lr)
     with cpu_threads(config.stress.threads):
         case = _Case("lr_sweep", config, "lr_sweep",
-                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}")
+                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session)
         per_arm, runs = [], []
         for seed in config.seeds:
-            for arm in ARMS:
+            for arm in config.arm_names:
                 base = config.arm_config(arm, seed)
                 records = []
                 for lr in grid:
@@ -243,12 +246,12 @@ def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr
                 losses[max(0, best - smoothing + 1):best + 1])) if best is not None else None}
 
 
-def run_lr_ramp(config: cfg.ExperimentConfig) -> dict:
+def run_lr_ramp(config: cfg.ExperimentConfig, session=None) -> dict:
     """One LR range test per arm and seed: exponential LR from ``ramp_start_lr`` to ``ramp_end_lr``."""
     schedule = from_stress("lr_ramp", config)
     stress = config.stress
     with cpu_threads(stress.threads):
-        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe())
+        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe(), session)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
         case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
@@ -272,7 +275,7 @@ def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
     return out
 
 
-def run_batch_ramp(config: cfg.ExperimentConfig) -> dict:
+def run_batch_ramp(config: cfg.ExperimentConfig, session=None) -> dict:
     """Batch doubling every ``batch_double_every`` steps up to ``batch_max_size``, LR by ``batch_lr_rule``."""
     stress = config.stress
     if stress.batch_max_size < config.run.data.batch_size:
@@ -280,7 +283,7 @@ def run_batch_ramp(config: cfg.ExperimentConfig) -> dict:
                               f"data.batch_size={config.run.data.batch_size}")
     schedule = from_stress("batch_ramp", config)
     with cpu_threads(stress.threads):
-        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe())
+        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session)
 
         def figures_of(_run, arm_record):
             series = arm_record["series"]
@@ -310,7 +313,7 @@ def ladder_skips(config: cfg.ExperimentConfig) -> dict[str, str]:
     return skipped
 
 
-def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
+def run_precision_ladder(config: cfg.ExperimentConfig, session=None) -> dict:
     """The same run (reference LR, Standard schedule) at every precision of ``stress.precisions``.
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
@@ -323,10 +326,10 @@ def run_precision_ladder(config: cfg.ExperimentConfig) -> dict:
     with cpu_threads(config.stress.threads):
         case = _Case("precision_ladder", config, "precision_ladder",
                      f"the same run in {', '.join(precisions)}"
-                     + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""))
+                     + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session)
         runs, sources = [], {}
         for seed in config.seeds:
-            for arm in ARMS:
+            for arm in config.arm_names:
                 base = config.arm_config(arm, seed)
                 by_precision = {}
                 for p in precisions:
@@ -390,7 +393,7 @@ def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoo
             "shock_recovered": recovered, "shock_spikes": sum(spikes[shock_step + 1:])}
 
 
-def run_shock(config: cfg.ExperimentConfig) -> dict:
+def run_shock(config: cfg.ExperimentConfig, session=None) -> dict:
     """An LR shock: ``shock_factor`` x the LR from ``shock_step`` on ("jump"), or no warmup ("no_warmup")."""
     stress = config.stress
     schedule = from_stress("shock", config)
@@ -398,7 +401,7 @@ def run_shock(config: cfg.ExperimentConfig) -> dict:
         raise cfg.ConfigError(f"stress.shock_step={stress.shock_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
-        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe())
+        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
@@ -409,10 +412,10 @@ def run_shock(config: cfg.ExperimentConfig) -> dict:
 
 # ----------------------------------------------------------------------------- the plain pair
 
-def run_standard(config: cfg.ExperimentConfig) -> dict:
-    """The plain baseline/gated pair at the preset's settings (``stability run`` trains the same)."""
+def run_standard(config: cfg.ExperimentConfig, session=None) -> dict:
+    """The plain pair (every arm of the config) at the preset's settings (``stability run`` trains the same)."""
     with cpu_threads(config.stress.threads):
-        return run_pair(config)
+        return run_pair(config, session=session)
 
 
 # ----------------------------------------------------------------------------- by name
@@ -421,8 +424,9 @@ CASES = {"standard": run_standard, "lr_sweep": run_sweep, "lr_ramp": run_lr_ramp
          "precision_ladder": run_precision_ladder, "shock": run_shock}
 
 
-def run_case(kind: str, config: cfg.ExperimentConfig) -> dict:
-    """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record."""
+def run_case(kind: str, config: cfg.ExperimentConfig, session=None) -> dict:
+    """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record. ``session``:
+    record after every run, per-step files, checkpoints, resume (``stability.experiment.train_arm``)."""
     if kind not in CASES:
         raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
-    return CASES[kind](config)
+    return CASES[kind](config, session=session)

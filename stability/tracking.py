@@ -1,11 +1,20 @@
 """The copy of a record in MLflow (the JSON record, written first by the caller, is the source of truth).
 
 ``log_to_mlflow`` sends a case record: one parent run per stress case, one child run per arm and
-seed, params flattened from the config, per-step metrics in batches, tags with the git commit and
+seed (as many arms as the record holds; each child carries its arm's definition as ``arm.*``
+params), params flattened from the config, per-step metrics in batches, tags with the git commit and
 versions, and whatever artifact files the caller made (the record itself, plots, the report; this
 module renders nothing). A store that cannot be reached never loses anything: the JSON stays, the
 failure is returned (and reported once by the caller), and ``stability upload`` can send the file
-later.
+later. When the runs were created live during training (``stability.livetrack``), it completes
+those runs instead of creating new ones.
+
+How it looks in the MLflow UI: one experiment per preset (``stability-<preset>``), typed as a
+model-training experiment (tag ``mlflow.experimentKind`` = ``custom_model_development``); a parent
+run per case, named after it (``standard``, ``lr_sweep``, ``shock-jump``...); child runs named by arm,
+seed and, in sweeps, LR (``gated-seed1-lr0.03``); tags ``case``, ``arm``, ``variant``, ``seed`` and
+``status`` to filter and group by; start and end times those of the training. ``runs_url`` gives
+the link that opens the runs table (MLflow 3.17's UI otherwise opens on its GenAI view).
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ from stability.config import flatten
 from stability.record import case_key, write_json
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-STEP_METRICS = ("loss", "lr", "grad_norm", "loss_scale", "batch_size")
+STEP_METRICS = ("loss", "lr", "grad_norm", "update_norm", "loss_scale", "batch_size")
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"      # MLflow 3: what the UI shows for an experiment
+EXPERIMENT_KIND = "custom_model_development"       # "Machine learning" (model training), not GenAI
 FAILURE_COOLDOWN_S = 60.0          # after a store failure, skip that store for this long (no repeated waits)
 CONNECT_TIMEOUT_S = 3.0            # TCP pre-check of an http(s) tracking server
 LOCK_RETRIES = 12                  # attempts on "database is locked"
@@ -166,16 +177,98 @@ def describe(record: dict) -> str:
     config = record.get("config") or {}
     run = config.get("run") or {}
     model, optim, precision = run.get("model") or {}, run.get("optim") or {}, run.get("precision") or {}
-    gated = config.get("gated_gate") or {}
+    variants = dict.fromkeys(f"{a['arm']} ({a.get('variant')})" for a in record.get("arms") or [])
     fault = run.get("fault") or {}
     parts = [f"{record.get('preset')}/{record.get('name')}: schedule {record.get('schedule')}"
              + (f" ({record['description']})" if record.get("description") else ""),
-             f"softmax vs gated {gated.get('position')}-{gated.get('granularity')}",
+             "arms " + (", ".join(variants) or ", ".join(a.get("name", "?") for a in config.get("arms") or [])),
              (f"{model.get('n_layers')}L d{model.get('d_model')}, {precision.get('dtype')}, "
               f"peak lr {optim.get('lr')}, {run.get('steps')} steps, seeds {config.get('seeds')}")]
     if fault.get("kind") not in (None, "none"):
         parts.append(f"fault {fault.get('kind')} at step {fault.get('step')}")
     return "; ".join(str(p) for p in parts).replace("\n", " ")
+
+
+def case_name(record: dict) -> str:
+    """The stress case a record measured: its stress kind ("standard" for a plain pair)."""
+    stress = record.get("stress") or "pair"
+    return "standard" if stress == "pair" else str(stress)
+
+
+def run_name(record: dict) -> str:
+    """The parent run's name: the case's schedule (which names the case and its variant, e.g. shock-jump),
+    the config name when it is not the preset's, the purpose when it is not a regression run."""
+    name = str(record.get("schedule") or case_name(record))
+    if record.get("name") not in (None, record.get("preset")):
+        name = f"{record['name']} {name}"
+    if record.get("purpose", "regression") != "regression":
+        name += f" ({record['purpose']})"
+    return name
+
+
+def child_name(arm: dict) -> str:
+    """A child run's name: the one its training was given (arm, seed and the swept LR or precision), else
+    ``<arm>-seed<seed>``."""
+    return str(arm.get("run_name") or f"{arm['arm']}-seed{arm['seed']}")
+
+
+def child_tags(record: dict, arm: dict, parent_id: str | None) -> dict[str, str]:
+    """The tags of one arm's child run: what the UI filters and groups by, and where it belongs."""
+    tags = {**_tags(record), "stability.level": "arm", "stability.arm": str(arm["arm"]),
+            "stability.variant": str(arm.get("variant")), "stability.status": str(arm.get("status")),
+            "stability.seed": str(arm["seed"]), "arm": str(arm["arm"]), "variant": str(arm.get("variant")),
+            "seed": str(arm["seed"]), "status": str(arm.get("status")),
+            "mlflow.note.content": f"{arm['arm']} arm ({arm.get('variant')}), seed {arm['seed']}: "
+                                   f"{arm.get('status')}" + (f" - {arm['stop_reason']}" if arm.get("stop_reason")
+                                                             else ""),
+            **{f"precision.{key}": str(value) for key, value in (arm.get("precision") or {}).items()}}
+    if parent_id:
+        tags["mlflow.parentRunId"] = parent_id
+    return tags
+
+
+def _ms(seconds) -> int | None:
+    return int(seconds * 1000) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+
+
+def arm_times(arm: dict) -> tuple[int | None, int | None]:
+    """(start, end) of an arm's training in ms since the epoch, from its timing (None when unknown)."""
+    timing = arm.get("timing") or {}
+    return _ms(timing.get("started_at")), _ms(timing.get("ended_at"))
+
+
+def case_times(record: dict) -> tuple[int | None, int | None]:
+    """(start, end) of a case: its first arm's start and its last arm's end, in ms since the epoch."""
+    times = [arm_times(a) for a in record.get("arms") or []] + [
+        (_ms(r.get("started_at")), _ms(r.get("ended_at"))) for r in record.get("runs") or []]
+    starts = [t for t, _ in times if t is not None]
+    ends = [t for _, t in times if t is not None]
+    return (min(starts) if starts else None), (max(ends) if ends else None)
+
+
+def runs_url(ui: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI link of an experiment's runs table (or of one run), in the model-training view."""
+    base = f"{ui.rstrip('/')}/#/experiments/{experiment_id}"
+    return f"{base}/runs/{run_id}?workflowType=machine_learning" if run_id else \
+        f"{base}/runs?workflowType=machine_learning"
+
+
+def ensure_experiment(client, uri: str, name: str) -> str:
+    """The id of experiment ``name`` (created when missing), typed as a model-training experiment."""
+    found = _retry(client.get_experiment_by_name, name)
+    experiment_id = found.experiment_id if found else _create_experiment(client, uri, name)
+    if found is None or found.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        _retry(client.set_experiment_tag, experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return experiment_id
+
+
+def experiment_name(record: dict, experiment: str | None = None) -> str:
+    """``experiment``, else $STABILITY_EXPERIMENT, else ``stability-<preset>`` (one experiment per preset)."""
+    return experiment or os.environ.get("STABILITY_EXPERIMENT") or f"stability-{record['preset']}"
+
+
+def parent_tags(record: dict) -> dict[str, str]:
+    return {**_tags(record), "case": case_name(record), "status": str(record.get("status"))}
 
 
 def _tags(record: dict) -> dict[str, str]:
@@ -184,7 +277,7 @@ def _tags(record: dict) -> dict[str, str]:
             "stability.name": str(record.get("name")), "stability.case": case_key(record),
             "stability.purpose": str(record.get("purpose")), "stability.record_id": str(record.get("id", "")),
             "stability.status": str(record.get("status")), "stability.level": "pair",
-            "mlflow.note.content": describe(record)}
+            "case": case_name(record), "mlflow.note.content": describe(record)}
     tags.update({f"git.{k}": str(v) for k, v in git.items()})
     tags.update({f"env.{k}": str(v) for k, v in env.items()})
     model = ((record.get("config") or {}).get("run") or {}).get("model") or {}
@@ -209,11 +302,19 @@ def _numbers(mapping, prefix: str) -> dict[str, float]:
     return out
 
 
-def _arm_metrics(arm: dict, now: int):
+def arm_definition(record: dict, name: str) -> dict[str, str]:
+    """The arm's definition from the record's config, as params: {"arm.gate.position": "G1", ...}."""
+    for arm in (record.get("config") or {}).get("arms") or []:
+        if isinstance(arm, dict) and arm.get("name") == name:
+            return {f"arm.{k}": v for k, v in params_of({k: v for k, v in arm.items() if k != "name"}).items()}
+    return {}
+
+
+def _arm_metrics(arm: dict, now: int, with_steps: bool = True):
     from mlflow.entities import Metric
 
     series = arm.get("series") or {}
-    steps = series.get("step") or []
+    steps = series.get("step") or [] if with_steps else []
     metrics = [Metric(key, float(value), now, int(step))
                for key in STEP_METRICS for step, value in zip(steps, series.get(key) or [])
                if isinstance(value, (int, float)) and value is not None and math.isfinite(value)]
@@ -225,6 +326,11 @@ def _arm_metrics(arm: dict, now: int):
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     metrics.append(Metric(f"probe.{key}.layer{index}", float(value), now, step))
     metrics += [Metric(k, v, now, 0) for k, v in _finite_metrics(arm.get("final") or {}, "final.").items()]
+    for point in (arm.get("extrapolation") or {}).get("points") or []:  # curves: step = sequence length
+        for key in ("heldout_loss", "f_attn", "sink_rate"):
+            value = point.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                metrics.append(Metric(f"extrap.{key}.{point['rope']}", float(value), now, int(point["length"])))
     quant = arm.get("quant") or {}  # quant.<scheme>.<figure> (and quant.full_precision.<figure>)
     metrics += [Metric(k, v, now, 0) for k, v in _numbers(
         {"full_precision": quant.get("full_precision"), **(quant.get("schemes") or {})}, "quant").items()]
@@ -240,13 +346,14 @@ def record_status(record: dict) -> str:
 
 
 def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str | None = None,
-                  artifacts=()) -> dict:
+                  artifacts=(), live: dict | None = None) -> dict:
     """Send a pair record to MLflow; returns {"status": "tracked", ids...} or {"status": "not tracked", "error"}.
 
-    One experiment per preset (``experiment``, else $STABILITY_EXPERIMENT, else ``stability-<preset>``); a
-    parent run per stress case (named and tagged by its case), a child run per arm and seed. Artifacts of
-    the parent: the JSON record (``record/``) and the caller's ``artifacts``, (path, artifact directory)
-    pairs such as the plots and the report. A SQLite store is written under a file lock (parallel
+    One experiment per preset (see ``experiment_name``); a parent run per stress case (named and tagged by
+    its case), a child run per arm and seed. Artifacts of the parent: the JSON record (``record/``) and the
+    caller's ``artifacts``, (path, artifact directory) pairs such as the plots and the report. ``live``: the
+    runs made while training (``LiveTracker.runs_of``): they are completed (their per-step metrics are
+    there already) rather than created again. A SQLite store is written under a file lock (parallel
     workers); an http store is probed first so a dead server fails in seconds. Never raises on a store
     failure."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -256,10 +363,11 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
     if failed and time.monotonic() - failed[0] < FAILURE_COOLDOWN_S:
         return {"status": "not tracked", "uri": uri, "error": f"{failed[1]} (failed earlier; not retried for "
                                                                f"{FAILURE_COOLDOWN_S:.0f} s)"}
+    live = live if live and live.get("uri") == uri and live.get("parent_run_id") else None
     parent_id = client = None
     try:
         check_reachable(uri)
-        from mlflow.entities import Param
+        from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
 
         with tempfile.TemporaryDirectory(prefix="stability-artifacts-") as tmp:
@@ -268,17 +376,19 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
             files = [(copy, "record"), *((Path(p), d) for p, d in artifacts)]
             with store_lock(uri):
                 client = MlflowClient(tracking_uri=uri)
-                name = experiment or os.environ.get("STABILITY_EXPERIMENT") or f"stability-{record['preset']}"
-                found = _retry(client.get_experiment_by_name, name)
-                experiment_id = found.experiment_id if found else _create_experiment(client, uri, name)
-                tags = _tags(record)
-                parent = _retry(client.create_run, experiment_id, run_name=case_key(record).replace("/", " "),
-                                tags=tags)
-                parent_id = parent.info.run_id
+                name = experiment_name(record, experiment)
+                experiment_id = live["experiment_id"] if live else ensure_experiment(client, uri, name)
+                start, end = case_times(record)
+                tags = parent_tags(record)
+                if live:
+                    parent_id = live["parent_run_id"]
+                    _log_batched(client, parent_id, tags=[RunTag(k, v) for k, v in tags.items()])
+                else:
+                    parent_id = _retry(client.create_run, experiment_id, start_time=start, tags=tags,
+                                       run_name=run_name(record)).info.run_id
                 now = int(time.time() * 1000)
-                from mlflow.entities import Metric
-
-                params = [Param(k, v) for k, v in params_of(record["config"]).items()]
+                params = [] if live and live.get("params_logged") else \
+                    [Param(k, v) for k, v in params_of(record["config"]).items()]
                 paired = {f"paired.{arm}.{figure}.{key}": value
                           for arm, table in (record.get("paired") or {}).items()
                           for figure, summary in table.items() for key, value in summary.items()
@@ -286,29 +396,31 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                 _log_batched(client, parent_id, params=params,
                              metrics=[Metric(k, v, now, 0) for k, v in _finite_metrics(paired).items()])
                 children = {}
+                live_children = (live or {}).get("child_run_ids") or {}
                 for arm in record["arms"]:
-                    child = _retry(client.create_run, experiment_id, run_name=f"{arm['arm']}-seed{arm['seed']}",
-                                   tags={**tags, "mlflow.parentRunId": parent_id, "stability.level": "arm",
-                                         "stability.arm": arm["arm"], "stability.variant": str(arm.get("variant")),
-                                         "stability.status": str(arm.get("status")),
-                                         "stability.seed": str(arm["seed"]),
-                                         **{f"precision.{key}": str(value)  # library, version, recipe ...
-                                            for key, value in (arm.get("precision") or {}).items()},
-                                         "mlflow.note.content": f"{arm['arm']} arm ({arm.get('variant')}), seed "
-                                                                f"{arm['seed']}: {arm.get('status')}"
-                                                                + (f" - {arm['stop_reason']}"
-                                                                   if arm.get("stop_reason") else "")})
-                    _log_batched(client, child.info.run_id, metrics=_arm_metrics(arm, now),
-                                 params=[Param("arm", arm["arm"]), Param("variant", str(arm.get("variant"))),
-                                         Param("seed", str(arm["seed"]))])
-                    _retry(client.set_terminated, child.info.run_id, status=arm_status(arm))
-                    children[f"{arm['arm']}-seed{arm['seed']}"] = child.info.run_id
+                    key = child_name(arm)
+                    arm_start, arm_end = arm_times(arm)
+                    child_id = live_children.get(key)
+                    if child_id is None:
+                        child_id = _retry(client.create_run, experiment_id, start_time=arm_start,
+                                          tags=child_tags(record, arm, parent_id), run_name=key).info.run_id
+                        arm_params = [Param("arm", arm["arm"]), Param("variant", str(arm.get("variant"))),
+                                      Param("seed", str(arm["seed"]))] + [
+                            Param(k, v) for k, v in arm_definition(record, arm["arm"]).items()]
+                    else:
+                        _log_batched(client, child_id, tags=[RunTag(k, v) for k, v in
+                                                             child_tags(record, arm, parent_id).items()])
+                        arm_params = []
+                    with_steps = key not in ((live or {}).get("complete_children") or ())
+                    _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps), params=arm_params)
+                    _retry(client.set_terminated, child_id, status=arm_status(arm), end_time=arm_end)
+                    children[key] = child_id
                 for path, artifact_dir in files:
                     _retry(client.log_artifact, parent_id, str(path), artifact_dir or None)
-                _retry(client.set_terminated, parent_id, status=record_status(record))
+                _retry(client.set_terminated, parent_id, status=record_status(record), end_time=end)
         _FAILED.pop(uri, None)
         return {"status": "tracked", "uri": uri, "experiment": name, "experiment_id": experiment_id,
-                "parent_run_id": parent_id, "child_run_ids": children}
+                "parent_run_id": parent_id, "child_run_ids": {**live_children, **children}}
     except KeyboardInterrupt:
         if parent_id is not None and client is not None:
             with contextlib.suppress(Exception):

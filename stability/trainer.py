@@ -1,35 +1,90 @@
 """Trains one arm (one model, one seed) with the probes attached and returns its run record.
 
-The record is a plain JSON-ready dict: the per-step ``series`` (loss, lr, grad norm,
-spike and non-finite flags, loss scale, batch size), the non-finite ``events`` with the
+The record is a plain JSON-ready dict: the per-step ``series`` (loss, lr, grad norm, update
+norm, spike and non-finite flags, loss scale, batch size), the non-finite ``events`` with the
 first offending module, the heavy ``probes`` snapshots, the ``final`` figures (held-out
 loss, perplexity, next-token accuracy, spike scores, M-Act, F-Attn, ...) and ``timing``.
 
 An arm that diverges (non-finite loss, or loss above ``diverge_factor`` times its first
 loss for ``diverge_patience`` consecutive steps) stops early with status "diverged":
 that is a result, not an error. Ctrl-C stops the arm with status "killed" and the record
-so far is returned; the caller decides whether to stop everything.
+so far is returned; the caller decides whether to stop everything. The first Ctrl-C lets the
+step in flight finish (so the state is consistent and can be checkpointed); a second one
+interrupts at once.
+
+A caller attaches per-step callbacks, checkpoints and replay bundles through ``ArmHooks``; the
+trainer imports no tracking and writes no file of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
+import signal
+import threading
 import time
 import traceback
+import types
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from stability import precision, probes
+from stability.checkpoint import arm_state, restore, step_bundle
 from stability.config import RunConfig
 from stability.data import Corpus, eval_batches, get_batch, load_corpus, probe_batch
-from stability.model import next_token_loss
+from stability.model import next_token_loss, z_loss
 from stability.models import build_model
 from stability.precision import PrecisionPolicy
 from stability.record import final_figures, new_arm_record
 from stability.schedules import Standard
 
 StepCallback = Callable[[int, dict], None]
+
+
+@dataclasses.dataclass
+class ArmHooks:
+    """What a caller attaches to one arm's training; every field is optional.
+
+    on_start(record): before the first step trained in this call (a resumed record holds the steps so far).
+    on_step(step, row): after every step, with that step's series values (the keys of ``SERIES_KEYS``).
+    on_end(record): once, when the arm has stopped (any status), with its final figures.
+    checkpoints: a ``stability.checkpoint.Checkpoints``: when and where to checkpoint, and the state to
+        resume from. bundles: a ``stability.checkpoint.Bundles``: the budget of replay bundles.
+    identity: which run this is (run key, fingerprint...), stored in checkpoints and bundles.
+    replay_optimizer: put the optimiser state into replay bundles too.
+    """
+
+    on_start: Callable[[dict], None] | None = None
+    on_step: StepCallback | None = None
+    on_end: Callable[[dict], None] | None = None
+    checkpoints: Any = None
+    bundles: Any = None
+    identity: dict = dataclasses.field(default_factory=dict)
+    replay_optimizer: bool = False
+
+
+@contextlib.contextmanager
+def stop_after_step():
+    """While it is active, the first Ctrl-C (SIGINT) only sets ``.requested``: the loop stops after the step
+    in flight. A second Ctrl-C raises KeyboardInterrupt at once. Outside the main thread: no change."""
+    flag = types.SimpleNamespace(requested=False)
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(_signum, _frame):
+        if flag.requested:
+            raise KeyboardInterrupt
+        flag.requested = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.Optimizer:
@@ -45,7 +100,7 @@ def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
 
 
-def _install_fault(model: torch.nn.Module, run: RunConfig, current_step: list[int]):
+def install_fault(model: torch.nn.Module, run: RunConfig, current_step: list[int]):
     """A forward hook that turns block ``fault.layer``'s output NaN/Inf at ``fault.step``."""
     fault = run.fault
     if fault.kind not in ("nan", "inf"):
@@ -80,12 +135,17 @@ def evaluate(model: torch.nn.Module, batches: list, policy: PrecisionPolicy) -> 
 
 
 def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str = "",
-          on_step: StepCallback | None = None, on_trained: Callable | None = None) -> dict:
+          on_step: StepCallback | None = None, on_trained: Callable | None = None,
+          hooks: ArmHooks | None = None) -> dict:
     """Train one arm and return its run record (see module docstring).
 
-    ``on_trained(model, corpus, record)``, when given, runs after the final evaluation of an
-    arm that completed or diverged (the experiment uses it for quantization evaluation)."""
+    ``on_step(step, row)`` runs after every step with the step's series values (loss, lr, grad_norm, ...).
+    ``on_trained(model, corpus, record)``, when given, runs after the final evaluation of an arm that
+    completed or diverged (the experiment uses it for quantization evaluation). ``hooks``: callbacks,
+    checkpoints and replay bundles (``ArmHooks``); with a checkpoint to resume from, training continues
+    after its step with the record, model, optimiser, loss scaler and RNG states it holds."""
     schedule = schedule or Standard()
+    hooks = hooks or ArmHooks()
     device = torch.device(run.device)
     precision.check(run.precision, run.device, run.data.batch_size * run.model.context)  # ConfigError: nothing ran
     corpus = corpus or load_corpus(run.data, run.model.vocab_size, run.model.context)
@@ -97,99 +157,144 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     optimizer = make_optimizer(model, run)
     groups = probes.layer_groups(model)
     grad_norms = probes.GradNorms(groups)
+    update_norms = probes.UpdateNorms(groups)
     params = [p for p in model.parameters()]
     cfg_p = run.probes
-    loss_spikes = probes.SpikeDetector(cfg_p.spike_window, cfg_p.spike_k, cfg_p.spike_min_history)
-    grad_spikes = probes.SpikeDetector(cfg_p.spike_window, cfg_p.spike_k, cfg_p.spike_min_history)
+    detectors = {name: probes.SpikeDetector(cfg_p.spike_window, cfg_p.spike_k, cfg_p.spike_min_history)
+                 for name in ("loss", "grad", "update")}
     probe_x, _ = probe_batch(corpus, cfg_p.probe_batch_size, run.model.context, run.data.bos, device)
     held_out = eval_batches(corpus, cfg_p.eval_batches, run.data.batch_size, run.model.context, run.data.bos,
                             device)
     current_step = [-1]
-    fault_handle = _install_fault(model, run, current_step)
+    fault_handle = install_fault(model, run, current_step)
 
-    record = new_arm_record(arm, run.model.gate.label, run.seed, schedule.name)
+    record = new_arm_record(arm, run.variant, run.seed, schedule.name)
     record.update(num_parameters=model.num_parameters(), gate_parameters=model.num_gate_parameters(),
                   layer_names=list(groups), model=model.describe(),
                   precision={"dtype": run.precision.dtype, **policy.describe()})
     series = record["series"]
-    initial_loss, above_initial, tokens_seen = None, 0, 0
-    train_seconds = probe_seconds = 0.0
+    # everything that carries over from one step to the next besides model, optimiser and policy
+    loop = {"record": record, "initial_loss": None, "above_initial": 0, "tokens_seen": 0, "train_seconds": 0.0,
+            "probe_seconds": 0.0, "started_at": time.time(), "detectors": {}}
+    first_step = 0
+    resume = hooks.checkpoints.resume_state if hooks.checkpoints is not None else None
+    if resume is not None:
+        loop = restore(resume, model, optimizer, policy)
+        record, first_step = loop["record"], resume["step"] + 1
+        record.update(status="running", stop_reason=None)
+        series = record["series"]
+        for name, history in loop["detectors"].items():
+            detectors[name].history.extend(history)
     started = time.perf_counter()
+    wall_before = record.get("timing", {}).get("wall_seconds", 0.0)  # of the run this one resumes
+    record["timing"] = {"started_at": loop["started_at"], "wall_seconds": wall_before}
 
     def take_probes(step: int) -> None:
-        nonlocal probe_seconds
         t0 = time.perf_counter()
         snapshot = probes.heavy_probes(model, probe_x)
         snapshot["step"] = step
         record["probes"].append(snapshot)
         if run.precision.dtype != "fp32":
             record["precision_stats"].append({"step": step, **policy.pop_stats()})
-        probe_seconds += time.perf_counter() - t0
+        loop["probe_seconds"] += time.perf_counter() - t0
 
+    def checkpoint(step: int) -> None:
+        loop["detectors"] = {name: list(d.history) for name, d in detectors.items()}
+        record["timing"]["wall_seconds"] = wall_before + time.perf_counter() - started
+        hooks.checkpoints.save(arm_state(step, model, optimizer, policy, loop, hooks.identity))
+
+    if hooks.on_start:
+        hooks.on_start(record)
     model.train()
+    at_boundary = True   # between two steps: the state is consistent and may be checkpointed at a stop
     try:
-        for step in range(run.steps):
-            t0 = time.perf_counter()
-            current_step[0] = step
-            policy.count_step(step, cfg_p.cast_every)
-            lr = schedule.lr_at(step, run)
-            if run.fault.kind == "lr_spike" and step == run.fault.step:
-                lr *= run.fault.lr_factor
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch_size = schedule.batch_size_at(step, run)
-            x, y = get_batch(corpus, "train", step, batch_size, run.model.context, run.seed, run.data.bos, device)
-            with policy.autocast():
-                logits = model(x)
-            loss = next_token_loss(logits, y)
-            policy.backward(loss)
-            policy.unscale_(optimizer)
-            norms = grad_norms()
-            figures = torch.cat([loss.detach().float().reshape(1), norms]).tolist()  # the one sync per step
-            loss_value, grad_norm, layer_norms = figures[0], figures[1], figures[2:]
-            grads_finite = math.isfinite(grad_norm)
-            loss_finite = math.isfinite(loss_value)
-            nonfinite = "" if loss_finite and grads_finite else ("loss" if not loss_finite else "grad")
-            if nonfinite:  # localise before the optimizer step can spread the NaN into the weights
-                record["events"].append(_nonfinite_event(model, policy, step, nonfinite, x, cfg_p))
-            if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:
-                torch._foreach_mul_([p.grad for p in params if p.grad is not None],
-                                    run.optim.grad_clip / (grad_norm + 1e-6))
-            stepped = policy.step(optimizer, grads_finite)
-            optimizer.zero_grad(set_to_none=True)
-            tokens_seen += x.numel()
-            train_seconds += time.perf_counter() - t0
+        with stop_after_step() as stop:
+            for step in range(first_step, run.steps):
+                t0 = time.perf_counter()
+                at_boundary = False
+                current_step[0] = step
+                policy.count_step(step, cfg_p.cast_every)
+                lr = schedule.lr_at(step, run)
+                if run.fault.kind == "lr_spike" and step == run.fault.step:
+                    lr *= run.fault.lr_factor
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                batch_size = schedule.batch_size_at(step, run)
+                x, y = get_batch(corpus, "train", step, batch_size, run.model.context, run.seed, run.data.bos,
+                                 device)
+                policy_before = policy.state_dict() if hooks.bundles is not None else None
+                with policy.autocast():
+                    logits = model(x)
+                loss = next_token_loss(logits, y)  # the logged loss: cross-entropy only, comparable across arms
+                policy.backward(loss + run.optim.z_loss * z_loss(logits) if run.optim.z_loss else loss)
+                policy.unscale_(optimizer)
+                norms = grad_norms()
+                figures = torch.cat([loss.detach().float().reshape(1), norms]).tolist()  # the one sync per step
+                loss_value, grad_norm, layer_norms = figures[0], figures[1], figures[2:]
+                grads_finite = math.isfinite(grad_norm)
+                loss_finite = math.isfinite(loss_value)
+                nonfinite = "" if loss_finite and grads_finite else ("loss" if not loss_finite else "grad")
+                if nonfinite:  # localise before the optimizer step can spread the NaN into the weights
+                    record["events"].append(_nonfinite_event(model, policy, step, nonfinite, x, cfg_p))
+                loss_spike = detectors["loss"].update(loss_value)
+                grad_spike = detectors["grad"].update(grad_norm)
+                if hooks.bundles is not None and (loss_spike or grad_spike or nonfinite):
+                    _keep_bundle(hooks, step, model, optimizer, policy_before, x, y, lr, loss_value, grad_norm,
+                                 layer_norms, loss_spike, grad_spike, nonfinite, detectors)
+                if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:
+                    torch._foreach_mul_([p.grad for p in params if p.grad is not None],
+                                        run.optim.grad_clip / (grad_norm + 1e-6))
+                update_norms.before()
+                stepped = policy.step(optimizer, grads_finite)
+                optimizer.zero_grad(set_to_none=True)
+                updates = update_norms.after().tolist()
+                update_norm, layer_updates = updates[0], updates[1:]
+                loop["tokens_seen"] += x.numel()
+                loop["train_seconds"] += time.perf_counter() - t0
 
-            for key, value in (("step", step), ("lr", lr), ("batch_size", batch_size), ("tokens", tokens_seen),
-                               ("loss", loss_value), ("grad_norm", grad_norm), ("layer_grad_norm", layer_norms),
-                               ("loss_scale", policy.loss_scale), ("loss_spike", loss_spikes.update(loss_value)),
-                               ("grad_spike", grad_spikes.update(grad_norm)), ("nonfinite", nonfinite),
-                               ("skipped", not stepped)):
-                series[key].append(value)
-            if nonfinite:
-                record["events"][-1]["skipped"] = not stepped
-            if on_step:
-                on_step(step, {"loss": loss_value, "lr": lr, "grad_norm": grad_norm})
+                row = {"step": step, "lr": lr, "batch_size": batch_size, "tokens": loop["tokens_seen"],
+                       "loss": loss_value, "grad_norm": grad_norm, "layer_grad_norm": layer_norms,
+                       "update_norm": update_norm, "layer_update_norm": layer_updates,
+                       "loss_scale": policy.loss_scale, "loss_spike": loss_spike, "grad_spike": grad_spike,
+                       "update_spike": detectors["update"].update(update_norm), "nonfinite": nonfinite,
+                       "skipped": not stepped}
+                for key, value in row.items():
+                    series[key].append(value)
+                if nonfinite:
+                    record["events"][-1]["skipped"] = not stepped
+                if loop["initial_loss"] is None and loss_finite:
+                    loop["initial_loss"] = loss_value
+                initial_loss = loop["initial_loss"]
+                loop["above_initial"] = loop["above_initial"] + 1 if (
+                    initial_loss is not None and loss_finite and loss_value > cfg_p.diverge_factor * initial_loss
+                ) else 0
+                if on_step:
+                    on_step(step, row)
+                if hooks.on_step:
+                    hooks.on_step(step, row)
 
-            if initial_loss is None and loss_finite:
-                initial_loss = loss_value
-            above_initial = above_initial + 1 if (
-                initial_loss is not None and loss_finite and loss_value > cfg_p.diverge_factor * initial_loss) else 0
-            if not loss_finite or (nonfinite == "grad" and stepped):
-                record.update(status="diverged", diverged_at_step=step,
-                              stop_reason=f"non-finite {nonfinite} at step {step}")
-                break
-            if above_initial >= cfg_p.diverge_patience:
-                record.update(status="diverged", diverged_at_step=step, stop_reason=(
-                    f"loss above {cfg_p.diverge_factor:g} x initial loss {initial_loss:.3f} for "
-                    f"{cfg_p.diverge_patience} consecutive steps"))
-                break
-            if step % cfg_p.every == 0:
-                take_probes(step)
-        else:
-            record["status"] = "completed"
+                if not loss_finite or (nonfinite == "grad" and stepped):
+                    record.update(status="diverged", diverged_at_step=step,
+                                  stop_reason=f"non-finite {nonfinite} at step {step}")
+                    break
+                if loop["above_initial"] >= cfg_p.diverge_patience:
+                    record.update(status="diverged", diverged_at_step=step, stop_reason=(
+                        f"loss above {cfg_p.diverge_factor:g} x initial loss {initial_loss:.3f} for "
+                        f"{cfg_p.diverge_patience} consecutive steps"))
+                    break
+                if step % cfg_p.every == 0:
+                    take_probes(step)
+                if hooks.checkpoints is not None and hooks.checkpoints.due(step) and step < run.steps - 1:
+                    checkpoint(step)
+                at_boundary = True
+                if stop.requested:
+                    raise KeyboardInterrupt
+            else:
+                record["status"] = "completed"
     except KeyboardInterrupt:
         record.update(status="killed", stop_reason="interrupted (Ctrl-C)")
+        if hooks.checkpoints is not None and at_boundary and series["step"]:
+            checkpoint(series["step"][-1])   # the stop checkpoint: resume continues after the last step
     except Exception as error:  # noqa: BLE001 -- recorded, never lost; the caller reports it
         record.update(status="error", stop_reason=f"{type(error).__name__}: {error}",
                       traceback=traceback.format_exc())
@@ -210,11 +315,31 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     else:
         eval_seconds = 0.0
     record["final"].update(final_figures(record, run.steps))
-    wall = time.perf_counter() - started
-    record["timing"] = {"wall_seconds": wall, "train_seconds": train_seconds, "probe_seconds": probe_seconds,
+    wall = wall_before + time.perf_counter() - started
+    train_seconds, tokens_seen = loop["train_seconds"], loop["tokens_seen"]
+    record["timing"] = {"wall_seconds": wall, "train_seconds": train_seconds, "probe_seconds": loop["probe_seconds"],
                         "eval_seconds": eval_seconds, "tokens": tokens_seen,
-                        "tokens_per_second": tokens_seen / train_seconds if train_seconds else 0.0}
+                        "tokens_per_second": tokens_seen / train_seconds if train_seconds else 0.0,
+                        "started_at": loop["started_at"], "ended_at": time.time(),
+                        **({"resumed_at_step": first_step} if first_step else {})}
+    if hooks.on_end:
+        hooks.on_end(record)
     return record
+
+
+def _keep_bundle(hooks, step, model, optimizer, policy_state, x, y, lr, loss_value, grad_norm, layer_norms,
+                 loss_spike, grad_spike, nonfinite, detectors) -> None:
+    """Hand the state before ``step`` (not yet updated) to the bundle budget, if it wants this step."""
+    reasons = [r for r, flagged in (("loss spike", loss_spike), ("grad spike", grad_spike),
+                                    (f"non-finite {nonfinite}", bool(nonfinite))) if flagged]
+    severity = math.inf if nonfinite else max(detectors["loss"].score if loss_spike else 0.0,
+                                              detectors["grad"].score if grad_spike else 0.0)
+    if not hooks.bundles.wants(severity):
+        return
+    measured = {"loss": loss_value, "grad_norm": grad_norm, "layer_grad_norm": layer_norms, "lr": lr,
+                "reasons": reasons, "severity": severity}
+    hooks.bundles.save(step_bundle(step, model, optimizer, policy_state, x, y, hooks.identity, measured,
+                                   hooks.replay_optimizer))
 
 
 def _nonfinite_event(model, policy, step, what, x, cfg_p) -> dict:

@@ -68,8 +68,8 @@ def assert_kept(run_dir):
 
 @pytest.fixture(scope="session")
 def report_figures(pytestconfig, run_dir):
-    """Callable: ``report_figures(record, figures, title)`` adds the paired table of ``figures`` (arm -
-    baseline) to this session's reported figures (a file in the run directory, and the terminal
+    """Callable: ``report_figures(record, figures, title)`` adds the paired table of ``figures`` (each
+    treatment arm - baseline) to this session's reported figures (a file in the run directory, and the terminal
     summary). Reporting is not testing: nothing is asserted here."""
     from stability.claims import claim_rows, claims_table
 
@@ -78,7 +78,9 @@ def report_figures(pytestconfig, run_dir):
 
     def add(record, figures, title):
         seeds = sorted({a["seed"] for a in record["arms"]})
-        table = claims_table(claim_rows(record, figures), f"{title} ({record['preset']}, seeds {seeds})")
+        table = "\n\n".join(claims_table(claim_rows(record, figures, arm=arm), f"{title}, {arm} ({record['preset']}, "
+                                                                                f"seeds {seeds})", arm=arm)
+                            for arm in record.get("paired") or {"gated": {}})
         collected.append(table)
         path = Path(run_dir) / f"{REPORTED}-{worker}.md"
         path.parent.mkdir(parents=True, exist_ok=True)

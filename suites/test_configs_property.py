@@ -1,6 +1,7 @@
 """Property-based checks of the configs (hypothesis, the ``ci`` profile):
 
-* any valid small config trains one finite step at a tiny LR, in every precision and gate variant;
+* any valid small config trains one finite step at a tiny LR, in every precision and gate variant (with
+  or without a floored gate, soft-capped attention scores, z-loss);
 * any invalid value raises ``ConfigError`` before training, with the value in the message.
 """
 
@@ -35,19 +36,23 @@ def small_configs(draw):
         activation=draw(st.sampled_from(["sigmoid", "silu"])),
         mode=draw(st.sampled_from(["multiplicative", "additive"])),
         shared_heads=False if g5 else draw(st.booleans()))
+    if gate.activation == "sigmoid":
+        gate = replace(gate, floor=draw(st.sampled_from([0.0, 0.0, 0.5])))
     base = resolve("smoke").run
     batch_size, context = draw(st.integers(1, 4)), draw(st.sampled_from([8, 16, 32]))
     # the MX formats need the tokens of a batch in whole blocks of 32
     formats = ["fp32", "bf16", "fp16", "fp8"] + (["mxfp8", "mxfp4"] if batch_size * context % 32 == 0 else [])
     model = replace(base.model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=n_heads * head_dim,
                     n_layers=draw(st.integers(1, 2)), context=context,
-                    qk_norm=draw(st.booleans()), tie_embeddings=draw(st.booleans()), gate=gate)
+                    qk_norm=draw(st.booleans()), tie_embeddings=draw(st.booleans()), gate=gate,
+                    attn_softcap=draw(st.sampled_from([0.0, 0.0, 1.0, 50.0])))
     return replace(
         base, model=model, steps=1, seed=draw(st.integers(0, 3)),
         data=replace(base.data, batch_size=batch_size),
         precision=replace(base.precision, dtype=draw(st.sampled_from(formats)),
                           fp8_recipe=draw(st.sampled_from(FP8_RECIPES))),
-        optim=replace(base.optim, lr=draw(st.sampled_from([1e-6, 1e-5])), warmup_steps=draw(st.integers(0, 3))),
+        optim=replace(base.optim, lr=draw(st.sampled_from([1e-6, 1e-5])), warmup_steps=draw(st.integers(0, 3)),
+                      z_loss=draw(st.sampled_from([0.0, 1e-4]))),
         probes=replace(base.probes, every=1, eval_batches=1, probe_batch_size=1))
 
 
@@ -105,6 +110,12 @@ INVALID = [
     ("stress.shock_factor", _bad_numbers(False)),
     ("stress.precisions", st.sampled_from([("bf16", "fp32"), ("fp32", "fp32"), ("fp32", "fp64")])),
     ("stress.threads", st.integers(-8, -1)),
+    ("arms.gated.gate.floor", st.floats(1.0, 10.0) | st.floats(-10.0, -1e-6)),
+    ("arms.z_loss.z_loss", st.floats(max_value=-1e-9, allow_nan=False) | st.just(math.nan) | st.just(math.inf)),
+    ("model.attn_softcap", st.floats(max_value=-1e-9, allow_nan=False) | st.just(math.nan) | st.just(math.inf)),
+    ("optim.z_loss", st.floats(max_value=-1e-9, allow_nan=False) | st.just(math.inf)),
+    ("extrapolation.factors", st.lists(st.floats(-10.0, 0.999), min_size=1, max_size=3).map(tuple)),
+    ("extrapolation.eval_batches", st.integers(-10, 0)),
 ]
 
 

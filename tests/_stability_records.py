@@ -21,7 +21,7 @@ LAYERS = 2
 def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: str = "completed",
                diverge_at: int | None = None, quant: bool = False) -> dict:
     rng = random.Random(f"{arm}-{seed}-{lr}")
-    gated = arm == "gated"
+    gated = arm != "baseline"  # every treatment arm gets the gated arm's figures
     n = steps if diverge_at is None else diverge_at + 1
     loss = [5.5 * math.exp(-step / 12) + 3.0 + rng.uniform(-0.05, 0.05) for step in range(n)]
     if diverge_at is not None:
@@ -84,11 +84,12 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
 def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2), preset: str = "smoke",
                 lrs=None, status: str = "completed", quant: bool = False, purpose: str = "regression",
                 **overrides) -> dict:
-    """A complete pair record; ``lrs`` makes an LR-sweep record (one arm per seed and LR)."""
+    """A complete pair record; ``lrs`` makes an LR-sweep record (one arm per seed and LR); an ``arms``
+    override ("controls", "gated,qk_norm") gives it those arms."""
     config = cfg.resolve(preset, {"seeds": ",".join(map(str, seeds)), **overrides})
     arms, per_arm = [], []
     for seed in seeds:
-        for arm in ("baseline", "gated"):
+        for arm in config.arm_names:
             arms.append(arm_record(arm, seed, lr=config.run.optim.lr, quant=quant))
             if lrs:   # stability.stress.run_sweep layout: reference runs in arms, the grid under "lr_sweep"
                 critical = 0.1 if arm == "baseline" else 0.3

@@ -20,7 +20,8 @@ VARIANTS = [GateConfig()] + [
     for g in ("elementwise", "headwise")
     for a, m in (("sigmoid", "multiplicative"), ("silu", "additive"))
     for s in (False, True)
-] + [GateConfig(position="G5"), GateConfig(position="G5", activation="silu", mode="additive")]
+] + [GateConfig(position="G5"), GateConfig(position="G5", activation="silu", mode="additive")] + [
+    GateConfig(position="G1", floor=0.5), GateConfig(position="G2", granularity="headwise", floor=0.25)]
 
 
 def reference_attention(module: Attention, x: torch.Tensor) -> torch.Tensor:
@@ -30,7 +31,8 @@ def reference_attention(module: Attention, x: torch.Tensor) -> torch.Tensor:
     batch, seq, _ = x.shape
     heads, kv_heads, dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_size
     w = {name: p.detach().double() for name, p in module.named_parameters()}
-    act = (lambda t: 1 / (1 + torch.exp(-t))) if gate.activation == "sigmoid" else (lambda t: t / (1 + torch.exp(-t)))
+    act = (lambda t: gate.floor + (1 - gate.floor) / (1 + torch.exp(-t))) if gate.activation == "sigmoid" \
+        else (lambda t: t / (1 + torch.exp(-t)))
     combine = (lambda t, g: t * act(g)) if gate.mode == "multiplicative" else (lambda t, g: t + act(g))
 
     def split(t, n):  # (B, S, n*D) -> list of n tensors (B, S, D)
@@ -66,6 +68,8 @@ def reference_attention(module: Attention, x: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(batch, seq, dim, dtype=torch.float64)
         for i in range(seq):
             scores = torch.stack([(qh[:, i] * kh[:, j]).sum(-1) / math.sqrt(dim) for j in range(i + 1)], dim=-1)
+            if cfg.attn_softcap:
+                scores = cfg.attn_softcap * torch.tanh(scores / cfg.attn_softcap)
             probs = torch.exp(scores - scores.max(-1, keepdim=True).values)
             probs = probs / probs.sum(-1, keepdim=True)
             out[:, i] = sum(probs[:, j, None] * vh[:, j] for j in range(i + 1))
@@ -78,8 +82,8 @@ def reference_attention(module: Attention, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def make_attention(gate: GateConfig, backend: str = "torch", seed: int = 0) -> Attention:
-    model = GatedLM(replace(BASE, gate=gate, backend=backend), seed=seed)
+def make_attention(gate: GateConfig, backend: str = "torch", seed: int = 0, softcap: float = 0.0) -> Attention:
+    model = GatedLM(replace(BASE, gate=gate, backend=backend, attn_softcap=softcap), seed=seed)
     attention = model.blocks[0].attn
     with torch.no_grad():  # larger gate weights so the gate really moves values away from 0.5
         if attention.gate_proj is not None:
@@ -106,6 +110,32 @@ def test_torch_and_explicit_backends_agree(gate):
     fused = make_attention(gate, "torch")(x, cos, sin)
     explicit = make_attention(gate, "explicit")(x, cos, sin)
     assert torch.allclose(fused, explicit, atol=1e-5), (fused - explicit).abs().max()
+
+
+@pytest.mark.parametrize("gate", [GateConfig(), GateConfig(position="G1", floor=0.5)], ids=lambda g: g.label)
+def test_soft_capped_scores_match_the_straightforward_computation(gate):
+    """cap * tanh(s / cap) on the scores, with a cap that bites (scores of up to ~8 here, cap 2)."""
+    attention = make_attention(gate, softcap=2.0)
+    with torch.no_grad():  # large q, k weights so the scores reach past the cap
+        attention.q_proj.weight.mul_(30)
+        attention.k_proj.weight.mul_(30)
+    x = torch.randn(2, 9, BASE.d_model, generator=torch.Generator().manual_seed(4))
+    cos, sin = rope_tables(BASE.context, BASE.rotary_dim, BASE.rope_theta)
+    got = attention(x, cos, sin).double()
+    assert torch.allclose(got, reference_attention(attention, x), atol=2e-5, rtol=1e-4)
+    uncapped = replace(attention.config, attn_softcap=0.0)
+    attention.config = uncapped  # the same weights without the cap give another output: the cap bites
+    assert (attention(x, cos, sin).double() - got).abs().max() > 1e-3
+
+
+def test_a_floored_gate_never_closes_below_its_floor():
+    attention = make_attention(GateConfig(position="G1", floor=0.5))
+    seen = []
+    attention.observer = lambda name, tensor: seen.append(tensor) if name == "gate_score" else None
+    with torch.no_grad():
+        attention.gate_proj.weight.mul_(-50)  # logits far below 0: a plain sigmoid would be ~0
+        attention(torch.randn(2, 9, BASE.d_model), *rope_tables(BASE.context, BASE.rotary_dim, BASE.rope_theta))
+    assert seen and seen[0].min() >= 0.5 and seen[0].min() < 0.5 + 1e-3
 
 
 def test_gate_changes_the_output():
@@ -143,5 +173,7 @@ def test_shared_parameters_start_identical_across_arms():
 
 def test_model_rejects_sequences_longer_than_its_context():
     model = GatedLM(BASE)
-    with pytest.raises(ValueError, match="exceeds model.context=16"):
+    with pytest.raises(ValueError, match=r"length 17 exceeds the 16 positions .*model.context=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
+    model.set_positions(32)  # the extrapolation probe extends the rotary tables ...
+    assert model(torch.zeros(1, 32, dtype=torch.long)).shape == (1, 32, BASE.vocab_size)

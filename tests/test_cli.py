@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from stability.cli import main
+from stability.stress import cpu_threads
 
 FAST = ["--set", "steps=8", "--set", "probes.every=4", "--set", "probes.eval_batches=1", "--set", "seeds=0", "--quiet"]
 
@@ -55,6 +56,37 @@ def test_run_writes_the_record_and_one_parent_with_two_child_runs(workdir, capsy
     assert parents[0].data.params["run.model.d_model"] == "64"
 
 
+def test_five_arms_make_one_record_and_one_parent_with_a_child_per_arm_and_seed(workdir, capsys):
+    """The paper's controls (baseline, G1, G1 headwise, floored G1, G2) with the extrapolation probe."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    args = ["run", "--preset", "smoke", "--tracking-uri", uri, "--experiment", "arms", *FAST, "--set", "seeds=0,1",
+            "--set", "arms=controls", "--set", "extrapolation.factors=2", "--set", "extrapolation.eval_batches=1"]
+    with cpu_threads(1):
+        assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "2 seed(s) x 5 arms" in out and "gated_floored (G1-elementwise-floor0.5)" in out
+    records = _records(workdir)
+    assert len(records) == 1
+    record = json.loads(records[0].read_text())
+    arms = ["baseline", "gated", "gated_headwise", "gated_floored", "gated_value"]
+    assert [a["arm"] for a in record["arms"]] == arms * 2 and list(record["paired"]) == arms[1:]
+    assert all("extrap_gap_ntk_x2" in a["final"] for a in record["arms"])
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("arms").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
+    assert len(parents) == 1 and sorted(children) == sorted(f"{a}-seed{s}" for a in arms for s in (0, 1))
+    floored = children["gated_floored-seed1"]
+    assert floored.data.params["arm.gate.floor"] == "0.5" and floored.data.params["variant"] == \
+        "G1-elementwise-floor0.5"
+    lengths = [m.step for m in client.get_metric_history(floored.info.run_id, "extrap.heldout_loss.plain")]
+    assert lengths == [64, 128]
+    assert "paired.gated_value.heldout_loss.difference" in parents[0].data.metrics
+
+
 def test_an_unreachable_tracking_store_loses_nothing(workdir, capsys):
     with socket.socket() as sock:  # a loopback port with nobody listening
         sock.bind(("127.0.0.1", 0))
@@ -84,6 +116,13 @@ def test_an_unreachable_tracking_store_loses_nothing(workdir, capsys):
     (["--set", "optim.lr=abc"], "run.optim.lr='abc' is invalid: expected a number"),
     (["--set", "steps=1.5"], "run.steps='1.5' is invalid: expected an integer"),
     (["--set", "model.gate.position=G1"], "'run.model.gate.position' is not settable"),
+    (["--set", "arms=gated,gated_floored,gated"], "'gated' used twice"),
+    (["--set", "arms=gated,floored"], "'floored' is not a named arm"),
+    (["--set", "arms.gated.gate.flor=0.5"], "'arms.gated.gate.flor' is not a config field"),
+    (["--set", "arms=z_loss", "--set", "arms.z_loss.z_loss=0x"], "arms.z_loss.z_loss='0x' is invalid"),
+    (["--set", "arms.z_loss.z_loss=-1e-4"], "arms.z_loss.z_loss=-0.0001 is invalid: expected a positive finite"),
+    (["--set", "arms.softcap.attn_softcap=inf"], "arms.softcap.attn_softcap=inf is invalid"),
+    (["--set", "extrapolation.factors=0.5"], "extrapolation.factors=(0.5,) is invalid: expected factors >= 1"),
     (["--set", "device=cuda"], "device='cuda' is invalid here"),
 ])
 def test_bad_input_is_a_clear_error_before_training(workdir, capsys, args, message):
@@ -103,6 +142,15 @@ def test_empty_corpus_and_oversized_token_ids_are_rejected(workdir, capsys):
     assert main(["run", "--set", f"data.corpus={workdir / 'tokens.bin'}", "--no-track", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "999" in err and "257" in err
+
+
+def test_an_extrapolation_longer_than_the_corpus_is_a_clear_error_before_training(workdir, capsys):
+    (workdir / "small.txt").write_bytes(bytes(range(32, 127)) * 20)   # 190 bytes held out; context 64
+    assert main(["run", "--set", f"data.corpus={workdir / 'small.txt'}", "--set", "extrapolation.factors=2,4",
+                 "--no-track", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: extrapolation.factors=(2.0, 4.0)") and "256 tokens" in err
+    assert not list(workdir.glob("reports/runs/*/*.json"))   # nothing trained, nothing recorded
 
 
 def test_overrides_from_a_toml_file(workdir, capsys):

@@ -13,7 +13,6 @@ from stability.config import (
     ModelConfig,
     from_dict,
     load_overrides,
-    override,
     resolve,
     to_dict,
 )
@@ -29,19 +28,19 @@ def test_dotted_overrides_reach_nested_fields_and_coerce_types():
     config = resolve("smoke", {"model.d_model": "96", "run.optim.lr": "1e-2", "seeds": "0,1,2",
                                "gated_gate.granularity": "headwise", "model.qk_norm": "true"})
     assert config.run.model.d_model == 96 and config.run.optim.lr == 0.01 and config.seeds == (0, 1, 2)
-    assert config.gated_gate.granularity == "headwise" and config.run.model.qk_norm is True
+    assert config.arm("gated").gate.granularity == "headwise" and config.run.model.qk_norm is True
 
 
 @pytest.mark.parametrize("dotted, value, message", [
     ("model.d_model", "abc", "run.model.d_model='abc' is invalid: expected an integer"),
     ("model.qk_norm", "maybe", "expected true or false"),
     ("seeds", "0,0", "distinct seeds"),
-    ("gated_gate.position", "none", "other than 'none'"),
+    ("gated_gate.position", "none", "trains the same run as the baseline"),
     ("nothing.here", 1, "not a config field"),
 ])
 def test_bad_overrides_name_the_field_and_what_was_expected(dotted, value, message):
     with pytest.raises(ConfigError, match=message):
-        override(resolve("smoke"), dotted, value)
+        resolve("smoke", {dotted: value})
 
 
 def test_g5_takes_no_heads():

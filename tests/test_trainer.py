@@ -19,7 +19,7 @@ from stability.config import (
     resolve,
 )
 from stability.data import get_batch, load_corpus
-from stability.experiment import ARMS, run_pair
+from stability.experiment import run_pair
 from stability.record import paired_summary
 from stability.trainer import train
 
@@ -92,7 +92,8 @@ def test_both_arms_of_a_pair_read_identical_batches():
     corpus = load_corpus(TINY.data, TINY.model.vocab_size, TINY.model.context)
     config = ExperimentConfig(run=TINY)
     for step in (0, 7):
-        batches = [get_batch(corpus, "train", step, 4, 32, config.arm_config(arm, 3).seed) for arm in ARMS]
+        batches = [get_batch(corpus, "train", step, 4, 32, config.arm_config(arm, 3).seed)
+                   for arm in config.arm_names]
         assert all((a == b).all() for a, b in zip(*batches))
 
 

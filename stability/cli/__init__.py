@@ -1,12 +1,15 @@
 """The ``stability`` command: every parser and command lives in this package; libraries hold none.
 
-    stability run      --preset smoke [--set FIELD=VALUE ...] [--config file.toml]   train a pair
+    stability run      --preset smoke [--set FIELD=VALUE ...] [--config file.toml]   train the arms
+                       (--set arms=controls: baseline, G1, G1 headwise, floored G1, G2)
     stability stress   [KIND ...] --preset smoke                                    the stress cases
     stability check    --baseline reports/baselines/smoke-cpu.json [RUN_DIR]        the merge check
     stability baseline update [RUN_DIR] --out reports/baselines/smoke-cpu.json
     stability report   [RUN_DIR] --out reports/report.html [--baseline ...]
     stability upload   RECORD ...                                                   send to MLflow later
+    stability replay   BUNDLE                                                       re-run one flagged step
     stability presets
+    stability arms                                                                  the named arms
 
 Exit codes: 0 done (check: nothing regressed), 1 an arm failed with an error (check: a figure
 regressed), 2 bad input (the message names the value and what was expected), 130 interrupted.
@@ -23,11 +26,11 @@ from stability.record import RecordError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from stability.cli import check, report, run, stress, upload
+    from stability.cli import check, replay, report, run, stress, upload
 
     parser = argparse.ArgumentParser(prog="stability", description="Numerical-stability harness for gated attention.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (run, stress, check, report, upload):
+    for module in (run, stress, check, report, upload, replay):
         module.add_parsers(sub)
     return parser
 

@@ -4,4 +4,5 @@ import sys
 
 from stability.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":   # not when a child process ("spawn") imports this module again
+    sys.exit(main())

@@ -34,6 +34,11 @@ def check_device(device: str) -> None:
                               f"{torch.cuda.device_count()} (the visible GPUs)")
 
 
+def config_given(args) -> bool:
+    """Whether the command line names a config (a preset, --set or --config), not only --resume."""
+    return bool(args.preset or args.set or args.config or getattr(args, "quant", None))
+
+
 def resolve_from_args(args) -> cfg.ExperimentConfig:
     """The preset with the file and --set overrides applied, validated, on a device this machine has,
     in a precision this installation can train (ConfigError otherwise, before any training)."""
@@ -42,7 +47,7 @@ def resolve_from_args(args) -> cfg.ExperimentConfig:
     quant = getattr(args, "quant", None)
     if quant:  # --quant int8,nf4 or --quant all
         overrides["quant_schemes"] = ",".join(cfg.QUANT_SCHEMES) if quant.strip() == "all" else quant
-    config = cfg.resolve(args.preset, overrides)
+    config = cfg.resolve(args.preset or "smoke", overrides)
     check_device(config.run.device)
     check_backend(config.run.model.backend, config.run.device)
     from stability import precision
@@ -60,11 +65,46 @@ def check_backend(backend: str, device: str) -> None:
         raise cfg.ConfigError(f"model.backend='triton' is invalid with device={device!r}: expected "
                               f"model.backend='torch' on the CPU (the Triton kernel runs on CUDA; TRITON_INTERPRET=1 "
                               f"runs it in the slow interpreter)")
+def resolve_session(args, label: str):
+    """(config, run directory, Resume or None) of a training command: a fresh run, an explicit
+    ``--resume TARGET``, or the interrupted run of the same command and config found under ``--out``
+    (unless ``--fresh``). Every check (config, resume target, checkpoints, a writable checkpoint
+    directory) happens here, before anything is written."""
+    from stability.checkpoint import check_writable
+    from stability.record import RecordError
+    from stability.rundir import new_run_dir
+    from stability.session import Resume, find_interrupted
+
+    resume = None
+    if args.resume:
+        resume = Resume.load(args.resume, args.checkpoint_dir)
+        if resume.label != label:
+            raise RecordError(f"resume target {args.resume!r} was written by `stability {resume.label}`: resume "
+                              f"it with that command")
+        config = resolve_from_args(args) if config_given(args) else resume.config
+        check_device(config.run.device)
+        resume.check_config(config)
+        if not resume.unfinished():
+            raise RecordError(f"resume target {args.resume!r} has nothing left to train (its records are "
+                              f"{sorted({r.get('status') for r in resume.records})}): expected an interrupted run")
+    else:
+        config = resolve_from_args(args)
+        found = None if args.fresh else find_interrupted(args.out, label, config)
+        if found is not None:
+            resume = Resume.load(found, args.checkpoint_dir)
+    run_dir = resume.run_dir if resume else new_run_dir(args.out, label)
+    checkpoint_dir = resume.checkpoint_dir if resume else (args.checkpoint_dir or run_dir / "checkpoints")
+    if args.checkpoint_dir:
+        check_writable(args.checkpoint_dir)
+    if resume:
+        check_writable(checkpoint_dir)
+        resume.check_checkpoints()
+    return config, run_dir, resume, checkpoint_dir
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """The options every training command shares: preset, overrides, records and tracking."""
-    parser.add_argument("--preset", default="smoke", help=f"one of {tuple(cfg.PRESETS)} (default smoke)")
+    """The options every training command shares: preset, overrides, records, tracking and resuming."""
+    parser.add_argument("--preset", default=None, help=f"one of {tuple(cfg.PRESETS)} (default smoke)")
     parser.add_argument("--set", action="append", metavar="FIELD=VALUE",
                         help="override a config field (repeatable)")
     parser.add_argument("--config", help="JSON or TOML file of overrides")
@@ -75,3 +115,12 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                         help=f"root of the run directories (default {DEFAULT_ROOT}); each command writes into a "
                              f"new <time>-<command>-<id>/ below it")
     parser.add_argument("--no-track", action="store_true", help="write the JSON records only")
+    parser.add_argument("--no-live", action="store_true",
+                        help="send to MLflow only when a case ends, not step by step while it trains")
+    parser.add_argument("--resume", metavar="RUN_DIR_OR_RECORD",
+                        help="continue an interrupted run (its run directory or a record in it) from its "
+                             "checkpoints; the same command run again continues its newest interrupted run too")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start a new run even when an interrupted run of the same command and config exists")
+    parser.add_argument("--checkpoint-dir", metavar="DIR",
+                        help="where the arms' checkpoints go (default <run dir>/checkpoints)")

@@ -1,0 +1,160 @@
+"""Real signals against the real command: Ctrl-C (SIGINT) and kill -9 in the middle of an arm.
+
+Each test starts ``python -m stability.cli`` in a subprocess, waits for a progress line of the arm it
+wants to interrupt, sends the signal, and then reads what is on disk (and in MLflow). The resumed
+runs are compared with an uninterrupted run of the same config trained in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from stability.config import resolve
+from stability.experiment import run_pair
+from stability.steplog import read_steplog
+
+STEPS = 160   # a progress line every 16 steps
+CONFIG = {"seeds": "0", "steps": STEPS, "probes.every": 80, "probes.eval_batches": 1, "model.d_model": 32,
+          "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,
+          "data.builtin_bytes": 100_000, "checkpoint.every": 40, "stress.threads": 1}
+SETS = [arg for key, value in CONFIG.items() for arg in ("--set", f"{key}={value}")]
+TIMEOUT_S = 240
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.Popen([sys.executable, "-m", "stability.cli", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for(process: subprocess.Popen, text: str) -> list[str]:
+    """Read the command's output until a line holds ``text``; the lines read so far."""
+    lines, deadline = [], time.monotonic() + TIMEOUT_S
+    for line in process.stdout:
+        lines.append(line)
+        if text in line:
+            return lines
+        if time.monotonic() > deadline:
+            break
+    process.kill()
+    pytest.fail(f"no line with {text!r} from the command: {''.join(lines)[-3000:]}{process.stderr.read()[-3000:]}")
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=TIMEOUT_S)
+    return process.returncode, out, err
+
+
+def the_record(root: Path) -> tuple[Path, dict]:
+    (run_dir,) = [p for p in (root / "reports" / "runs").iterdir() if p.is_dir()]
+    (path,) = run_dir.glob("smoke-standard-*.json")
+    return run_dir, json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def reference():
+    torch.set_num_threads(1)
+    return run_pair(resolve("smoke", CONFIG))
+
+
+@pytest.mark.slow   # the same command continuing is also tested in-process (test_long_runs.py)
+def test_ctrl_c_stops_the_command_with_exit_130_and_the_same_command_continues(tmp_path, reference):
+    process = start(["run", "--no-track", *SETS], tmp_path)
+    wait_for(process, f"gated-seed0: step 65/{STEPS}")
+    process.send_signal(signal.SIGINT)
+    code, _, err = finish(process)
+    assert code == 130, err[-2000:]
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    _, record = the_record(tmp_path)
+    assert record["status"] == "killed"
+    baseline, gated = record["arms"]
+    assert (baseline["status"], gated["status"]) == ("completed", "killed") and len(gated["series"]["loss"]) >= 65
+    stopped_at = len(gated["series"]["loss"])
+    assert gated["series"]["loss"] == reference["arms"][1]["series"]["loss"][:stopped_at]
+
+    again = start(["run", "--no-track", *SETS], tmp_path)       # the same command again
+    code, out, err = finish(again)
+    assert code == 0, err[-2000:]
+    assert "continuing an interrupted run" in out and f"resuming after step {stopped_at - 1}" in out
+    _, record = the_record(tmp_path)
+    assert record["status"] == "completed"
+    for expected, got in zip(reference["arms"], record["arms"]):
+        assert got["series"]["loss"] == expected["series"]["loss"]
+        assert got["final"]["heldout_loss"] == expected["final"]["heldout_loss"]
+
+
+def test_after_kill_9_the_steps_trained_are_on_disk_and_resume_finishes_the_run(tmp_path, reference):
+    process = start(["run", "--no-track", *SETS], tmp_path)
+    wait_for(process, f"gated-seed0: step 97/{STEPS}")
+    process.kill()                                               # SIGKILL: nothing runs on the way out
+    process.communicate(timeout=TIMEOUT_S)
+    run_dir, record = the_record(tmp_path)
+    assert record["status"] == "running" and [r["status"] for r in record["runs"]] == ["completed"]
+    (steps_file,) = (run_dir / "steps" / record["id"]).glob("gated-*.jsonl")
+    rows = read_steplog(steps_file)["steps"]
+    assert len(rows) >= 97 and [r["step"] for r in rows] == list(range(len(rows)))
+    assert [r["loss"] for r in rows] == reference["arms"][1]["series"]["loss"][:len(rows)]
+    kept = tmp_path / "kept.jsonl"
+    shutil.copy(steps_file, kept)
+
+    resumed = start(["run", "--no-track", "--resume", str(run_dir)], tmp_path)
+    code, out, err = finish(resumed)
+    assert code == 0, err[-2000:]
+    assert "resuming after step 79" in out     # the last periodic checkpoint before the kill (every 40 steps)
+    _, record = the_record(tmp_path)
+    for expected, got in zip(reference["arms"], record["arms"]):
+        assert got["series"]["loss"] == expected["series"]["loss"]
+        assert got["final"] == expected["final"]
+
+
+def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_runs(tmp_path, template_store):
+    uri = template_store(tmp_path / "m.db")
+    lrs = ["--set", "stress.sweep_lrs=0.001,0.003,0.01", "--set", "steps=96"]
+    process = start(["stress", "lr_sweep", "--tracking-uri", uri, *SETS, *lrs], tmp_path)
+    wait_for(process, "[lr_sweep] baseline-seed0-lr0.003: step 28/96")
+    process.send_signal(signal.SIGINT)
+    code, _, err = finish(process)
+    assert code == 130, err[-2000:]
+    (run_dir,) = (tmp_path / "reports" / "runs").iterdir()
+    (path,) = run_dir.glob("smoke-lr_sweep-*.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "killed"
+    assert [(r["name"], r["status"]) for r in record["runs"]] == [("baseline-seed0-lr0.001", "completed"),
+                                                                  ("baseline-seed0-lr0.003", "killed")]
+    assert record["tracking"]["status"] == "tracked", record["tracking"]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(record["tracking"]["parent_run_id"])
+    assert parent.info.status == "KILLED" and parent.info.run_name == "lr_sweep"
+    children = {name: client.get_run(run_id) for name, run_id in record["tracking"]["child_run_ids"].items()}
+    assert {n: r.info.status for n, r in children.items()} == {"baseline-seed0-lr0.001": "FINISHED",
+                                                               "baseline-seed0-lr0.003": "KILLED"}
+    killed = children["baseline-seed0-lr0.003"]
+    assert killed.data.tags["case"] == "lr_sweep" and killed.data.tags["status"] == "killed"
+    assert len(client.get_metric_history(killed.info.run_id, "loss")) >= 28   # sent live while it trained
+
+
+@pytest.fixture(scope="module")
+def template_store(request, tmp_path_factory):
+    """Copies of an empty, migrated MLflow SQLite store (migrating one takes seconds)."""
+    from _mlflow_store import migrated_template
+
+    template = migrated_template(request.config, tmp_path_factory)
+
+    def copy(path: Path) -> str:
+        shutil.copy(template, path)
+        return f"sqlite:///{path}"
+    return copy
