@@ -71,6 +71,42 @@ def test_a_spike_is_k_population_stds_above_the_window_mean():
         detector = probes.SpikeDetector(window=10, k=2.0, min_history=4)
         assert [detector.update(v) for v in (1.0, 3.0, 1.0, 3.0)] == [False] * 4
         assert detector.update(value) is expected
+        assert detector.score == pytest.approx(value - 2.0)   # (value - mean 2) / std 1
+
+
+def test_the_spike_score_is_the_distance_above_the_mean_in_stds():
+    """Window [2, 4, 2, 4] (population std 1, mean 3): 0.5 is 2.5 std below, 7 is 4 above. Before
+    min_history values, and for a non-finite value, the score is 0 (not the last one's)."""
+    detector = probes.SpikeDetector(window=4, k=3.0, min_history=4)
+    scores = []
+    for v in (2.0, 4.0, 2.0, 4.0, 0.5, math.nan):
+        detector.update(v)
+        scores.append(detector.score)
+    assert scores == [0.0, 0.0, 0.0, 0.0, -2.5, 0.0]
+    detector.update(7.0)   # window now [4, 2, 4, 0.5]: mean 2.625, std sqrt(8.6875 / 4) = 1.47373
+    assert detector.score == pytest.approx((7.0 - 2.625) / math.sqrt(8.6875 / 4))
+    flat = probes.SpikeDetector(window=3, k=3.0, min_history=2)
+    for v in (1.0, 1.0, 1.0 + 1e-12):
+        flat.update(v)
+    assert flat.score == pytest.approx(1.0, rel=1e-3)   # std 0: the distance over 1e-12
+
+
+def test_update_norms_by_hand():
+    """Two groups: "a" holds [1, 2] (step to [4, 6]: change (3, 4), norm 5), "b" holds [0] and
+    [[1, 1]] (steps to [12] and [[1, 1]]: norm 12). Global sqrt(25 + 144) = 13. A second step measures
+    from the new weights: only "b"'s first weight moves, by 5."""
+    a, b1, b2 = (nn.Parameter(torch.tensor(v)) for v in ([1.0, 2.0], [0.0], [[1.0, 1.0]]))
+    norms = probes.UpdateNorms({"a": [a], "b": [b1, b2]})
+    norms.before()
+    with torch.no_grad():
+        a.copy_(torch.tensor([4.0, 6.0]))
+        b1.copy_(torch.tensor([12.0]))
+    assert norms.after().tolist() == [13.0, 5.0, 12.0]
+    norms.before()
+    with torch.no_grad():
+        b1.add_(-5.0)
+    assert norms.after().tolist() == [5.0, 0.0, 5.0]
+    assert a.tolist() == [4.0, 6.0] and b1.tolist() == [7.0]   # the weights themselves untouched
 
 
 def test_the_exact_step_of_a_spike_in_a_loss_series():
@@ -393,6 +429,19 @@ def test_final_figures_of_a_completed_arm_without_steps_probes_or_precision_stat
     assert not set(final) & {*PROBE_FIGURES, "overflow_fraction", "underflow_fraction", "loss_scale_drops"}
 
 
+def test_update_norm_figures_by_hand():
+    """Update norms 0.5, NaN, 3, None, 2 then 1s (12 steps): the largest finite 3; update spikes at steps
+    1 and 4: 2 of 12 steps, 16.67%. An arm without the series (an older record) has none of them."""
+    arm = hand_arm()
+    arm["series"]["update_norm"] = [0.5, NAN, 3.0, None, 2.0] + [1.0] * 7
+    arm["series"]["update_spike"] = [False, True, False, False, True] + [False] * 7
+    final = final_figures(arm, steps_planned=40)
+    assert final["max_update_norm"] == 3.0 and final["update_spikes"] == 2
+    assert final["update_spike_score"] == pytest.approx(100 * 2 / 12)
+    arm["series"]["update_norm"] = [NAN] * 11 + [None]
+    assert math.isnan(final_figures(arm, steps_planned=40)["max_update_norm"])
+    assert not {"max_update_norm", "update_spikes", "update_spike_score"} & set(final_figures(hand_arm(), 40))
+
 def test_usable_value_drops_what_a_comparison_cannot_use():
     diverged = {"status": "diverged", "final": {"heldout_loss": 3.0, "loss_spikes": 4, "diverged": True,
                                                 "max_grad_norm": INF, "nonfinite_events": None, "note": "x"}}
@@ -437,6 +486,18 @@ def test_paired_summary_by_hand():
     assert accuracy["seeds"] == [0, 2] and accuracy["n"] == 2 and accuracy["better"] == "higher"
     assert accuracy["difference"] == pytest.approx(0.2) and accuracy["treatment"] == pytest.approx(0.7)
 
+
+def test_paired_summary_against_another_arm():
+    """Reference "gated": every other arm (the baseline first) minus gated, per seed. heldout_loss gated
+    2, 3; floored 2.5, 3.5 (differences 0.5, 0.5); baseline 3, 5 (differences 1, 2)."""
+    arms = [paired_arm("gated", 0, heldout_loss=2.0), paired_arm("floored", 0, heldout_loss=2.5),
+            paired_arm("baseline", 0, heldout_loss=3.0), paired_arm("gated", 1, heldout_loss=3.0),
+            paired_arm("floored", 1, heldout_loss=3.5), paired_arm("baseline", 1, heldout_loss=5.0)]
+    summary = paired_summary(arms, reference="gated")
+    assert list(summary) == ["baseline", "floored"]
+    floored, baseline = summary["floored"]["heldout_loss"], summary["baseline"]["heldout_loss"]
+    assert (floored["baseline"], floored["treatment"], floored["difference"]) == (2.5, 3.0, 0.5)
+    assert (baseline["baseline"], baseline["treatment"], baseline["difference"], baseline["n"]) == (2.5, 4.0, 1.5, 2)
 
 def test_paired_summary_keeps_a_figure_that_lost_every_pair():
     """The held-out loss of a diverged arm is unusable in every seed: the row stays, with n = 0, so the
@@ -884,6 +945,28 @@ def test_a_claim_with_half_an_interval_is_undecided():
     rows = claim_rows(claim_record(m_act_mean=(None, -1.0), accuracy=(1.0, None)), ["m_act_mean", "accuracy"])
     assert [row["holds"] for row in rows] == [None, None]
 
+def test_a_claim_against_another_arm_and_one_that_expects_worse():
+    """floored - gated per seed: m_act_mean 3, 4, 5 (mean 4, sd 1: 4 +- 4.303 / sqrt(3) = [1.516, 6.484]),
+    accuracy -0.3, -0.4, -0.5 ([-0.648, -0.152]). Expecting floored worse than gated: M-Act higher
+    (the interval is above 0: holds), accuracy lower (below 0: holds). Expecting it better: both fail."""
+    arms = []
+    for seed, (m_act, accuracy) in enumerate(((3.0, 0.3), (4.0, 0.4), (5.0, 0.5))):
+        arms += [paired_arm("baseline", seed, m_act_mean=9.0, accuracy=0.6),
+                 paired_arm("gated", seed, m_act_mean=float(seed), accuracy=0.8),
+                 paired_arm("floored", seed, m_act_mean=seed + m_act, accuracy=0.8 - accuracy)]
+    record = {"arms": arms, "paired": paired_summary(arms)}
+    worse = claim_rows(record, ["m_act_mean", "accuracy"], arm="floored", reference="gated", expect="worse")
+    assert [(r["figure"], r["better"], r["holds"], r["arm"], r["reference"]) for r in worse] == [
+        ("m_act_mean", "higher", True, "floored", "gated"), ("accuracy", "lower", True, "floored", "gated")]
+    assert worse[0]["ci_low"] == pytest.approx(4 - 2.484338, abs=1e-6) and worse[0]["baseline"] == 1.0
+    better = claim_rows(record, ["m_act_mean", "accuracy"], arm="floored", reference="gated")
+    assert [(r["better"], r["holds"]) for r in better] == [("lower", False), ("higher", False)]
+    against_baseline = claim_rows(record, ["m_act_mean"], arm="floored")[0]   # the record's own paired table
+    assert against_baseline["reference"] == "baseline" and against_baseline["difference"] == pytest.approx(-4.0)
+    header = claims_table(worse, arm="floored", reference="gated").splitlines()[0]
+    assert re.split(r"\s{2,}", header) == ["figure", "claimed", "gated", "floored", "floored-gated", "95% CI",
+                                           "sign-flip p", "n", "holds"]
+
 def test_claims_of_another_arm_missing_figures_and_undirected_ones():
     record = claim_record(m_act_mean=(-2.0, -1.0), gate_score_mean=(0.1, 0.2))
     record["paired"]["other"] = {"m_act_mean": {**record["paired"]["gated"]["m_act_mean"], "ci_low": 1.0,
@@ -905,7 +988,7 @@ def test_claims_table_states_each_verdict():
     lines = claims_table(rows, title="M-Act claim").splitlines()
     assert lines[0] == "M-Act claim"
     assert re.split(r"\s{2,}", lines[1]) == [
-        "figure", "better", "baseline", "gated", "gated-baseline", "95% CI", "sign-flip p", "n", "at least as good"]
+        "figure", "claimed", "baseline", "gated", "gated-baseline", "95% CI", "sign-flip p", "n", "holds"]
     cells = {line.split()[0]: line for line in lines[3:]}
     assert cells["m_act_mean"].split()[-1] == "yes" and "[-2, -1]" in cells["m_act_mean"]
     assert cells["heldout_loss"].split()[-1] == "NO"
