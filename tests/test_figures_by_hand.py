@@ -109,6 +109,16 @@ def test_update_norms_by_hand():
     assert a.tolist() == [4.0, 6.0] and b1.tolist() == [7.0]   # the weights themselves untouched
 
 
+def test_update_norms_stay_on_the_parameters_device():
+    """One parameter on the meta device: the norms are computed there (no host tensor mixed in)."""
+    only = nn.Parameter(torch.zeros(3, device="meta"))
+    norms = probes.UpdateNorms({"only": [only]})
+    norms.before()
+    out = norms.after()
+    assert out.device.type == "meta" and out.shape == (2,)
+    assert probes.SpikeDetector(window=3, k=3.0).score == 0.0   # no value yet: no distance
+
+
 def test_the_exact_step_of_a_spike_in_a_loss_series():
     """window 3, k 3, min_history 3. Steps 0-2 fill the window. Step 3: window [2, 4, 2], mean 8/3,
     std sqrt(8/9 / 1 * ... ) = sqrt(((2/3)^2 * 2 + (4/3)^2) / 3) = sqrt(8/9) = 0.943, threshold 5.49:
