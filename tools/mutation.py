@@ -167,6 +167,8 @@ EQUIVALENTS: tuple[Equivalent, ...] = (
     Equivalent("quantize", "relative_output_error",
                'return diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))',
                'return diff / norm if norm > 0 else (0.0 if diff == 0 else float("INF"))', 'float() reads "inf" in any case'),
+    Equivalent("record", "final_figures", '"max_update_norm": max(finite_updates, default=float("nan"))})',
+               '"max_update_norm": max(finite_updates, default=float("NAN"))})', 'float() reads "nan" in any case'),
     Equivalent("stress", "shock_figures", "horizon = after[:recovery] if recovery else after",
                "horizon = after[:recovery] if (recovery) or True else after",
                "recovery is None or at least 1: after[:None] is all of after, the other branch"),
