@@ -973,6 +973,8 @@ def test_a_claim_against_another_arm_and_one_that_expects_worse():
     assert [(r["better"], r["holds"]) for r in better] == [("lower", False), ("higher", False)]
     against_baseline = claim_rows(record, ["m_act_mean"], arm="floored")[0]   # the record's own paired table
     assert against_baseline["reference"] == "baseline" and against_baseline["difference"] == pytest.approx(-4.0)
+    with pytest.raises(ValueError, match=re.escape("expect='wrose' is invalid: expected 'better' or 'worse'")):
+        claim_rows(record, ["m_act_mean"], arm="floored", expect="wrose")
     header = claims_table(worse, arm="floored", reference="gated").splitlines()[0]
     assert re.split(r"\s{2,}", header) == ["figure", "claimed", "gated", "floored", "floored-gated", "95% CI",
                                            "sign-flip p", "n", "holds"]
