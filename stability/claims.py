@@ -34,6 +34,8 @@ def claim_rows(record: dict, figures, arm: str = "gated", margins: dict[str, flo
     ``arm`` - ``reference`` (the baseline, or another arm such as the gate a control is compared with)
     plus ``holds`` (True, False or None as in the module docstring). ``expect="worse"`` turns the claim
     around: it holds when the arm is worse than the reference (a control that takes an effect back)."""
+    if expect not in ("better", "worse"):
+        raise ValueError(f"expect={expect!r} is invalid: expected 'better' or 'worse'")
     margins = margins or {}
     table = record.get("paired") if reference == REFERENCE_ARM else paired_summary(record["arms"], reference)
     paired = (table or {}).get(arm) or {}

@@ -109,17 +109,17 @@ class UpdateNorms:
         self.n_groups = len(groups)
         self.previous = [torch.empty_like(p, memory_format=torch.preserve_format) for p in self.params]
 
-    @torch.no_grad()
     def before(self) -> None:
-        torch._foreach_copy_(self.previous, [p.detach() for p in self.params])
+        with torch.no_grad():
+            torch._foreach_copy_(self.previous, [p.detach() for p in self.params])
 
-    @torch.no_grad()
     def after(self) -> torch.Tensor:
-        torch._foreach_sub_(self.previous, [p.detach() for p in self.params])   # W_before - W_after, in place
-        device = self.params[0].device
-        squares = torch.stack(torch._foreach_norm(self.previous)).float().pow(2)
-        per_group = torch.zeros(self.n_groups, device=device).index_add_(0, self.group_of.to(device), squares)
-        return torch.cat([squares.sum().reshape(1), per_group]).sqrt()
+        with torch.no_grad():
+            torch._foreach_sub_(self.previous, [p.detach() for p in self.params])   # W_before - W_after, in place
+            device = self.params[0].device
+            squares = torch.stack(torch._foreach_norm(self.previous)).float().pow(2)
+            per_group = torch.zeros(self.n_groups, device=device).index_add_(0, self.group_of.to(device), squares)
+            return torch.cat([squares.sum().reshape(1), per_group]).sqrt()
 
 
 def grad_norms(groups: dict[str, list[nn.Parameter]]) -> torch.Tensor:

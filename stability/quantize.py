@@ -454,23 +454,27 @@ def _one_scheme(reference, scheme, batches, probe_x, policy, full, stats, quanti
         return {"skipped": f"{scheme} needs {source['library']}, which cannot be imported: {error}", **source}
     except Exception as error:  # noqa: BLE001 - the library or device cannot run it: say why, go on
         return {"skipped": f"{scheme} cannot run on {device}: {type(error).__name__}: {error}", **source}
-    result = {**figures,
-              "damage_loss": figures["heldout_loss"] - full["heldout_loss"],
-              "damage_perplexity": figures["perplexity"] - full["perplexity"],
-              "damage_accuracy": figures["accuracy"] - full["accuracy"], "kl": kl,
-              **source, **facts, **counts}
+    result = {**figures, **damage(figures, full), "kl": kl, **source, **facts, **counts}
     if per_linear:
         modules = _linear_modules(quantized, names)
         try:
-            damage = per_linear_damage(reference, modules, probe_x)
+            errors = per_linear_damage(reference, modules, probe_x)
         except Exception as error:  # noqa: BLE001 - the figures above stand; say why these are missing
-            damage = {}
+            errors = {}
             result["per_linear_error"] = f"{type(error).__name__}: {error}"
         result["per_linear"] = {name: {**stats.get(name, {}),
-                                       **({"damage": damage[name]} if name in damage else {})}
+                                       **({"damage": errors[name]} if name in errors else {})}
                                 for name in modules}
     result["seconds"] = time.perf_counter() - started
     return result
+
+
+def damage(figures: dict, full: dict) -> dict[str, float]:
+    """Quantized minus full-precision held-out figures: loss and perplexity (positive = worse) and
+    accuracy (negative = worse)."""
+    return {"damage_loss": figures["heldout_loss"] - full["heldout_loss"],
+            "damage_perplexity": figures["perplexity"] - full["perplexity"],
+            "damage_accuracy": figures["accuracy"] - full["accuracy"]}
 
 
 def _cast_counts(modules, fp8_policy: PrecisionPolicy | None) -> dict[str, float]:

@@ -263,7 +263,7 @@ def paired_summary(arms: list[ArmRecord], reference: str = REFERENCE_ARM) -> dic
         seeds = [s for s in sorted(by_seed) if reference in by_seed[s] and name in by_seed[s]]
         present = {k for s in seeds for side in (reference, name) for k in by_seed[s][side].get("final", {})}
         table = {}
-        for figure in sorted(present, key=lambda n: (fig.figure(n) is None, n)):
+        for figure in sorted(present):
             if fig.figure(figure) is None:
                 continue
             pairs = [(s, usable_value(by_seed[s][reference], figure), usable_value(by_seed[s][name], figure))

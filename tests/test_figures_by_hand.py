@@ -12,15 +12,18 @@ import re
 
 import pytest
 import torch
+from _stability_records import pair_record
 from torch import nn
 
 from stability import probes
+from stability import regression as reg
 from stability.claims import claim_rows, claims_table, held_out
 from stability.config import ConfigError, resolve
 from stability.quantize import (
     HEAD,
     FakeQuantLinear,
     _cast_counts,
+    damage,
     fake_quant_int8,
     linear_input_stats,
     output_kl,
@@ -28,7 +31,14 @@ from stability.quantize import (
     quant_figures,
     relative_output_error,
 )
-from stability.record import PROBE_FIGURES, arm_names, final_figures, paired_summary, usable_value
+from stability.record import (
+    PROBE_FIGURES,
+    RecordError,
+    arm_names,
+    final_figures,
+    paired_summary,
+    usable_value,
+)
 from stability.schedules import (
     BatchRamp,
     ExponentialRamp,
@@ -61,6 +71,52 @@ def test_a_spike_is_k_population_stds_above_the_window_mean():
         detector = probes.SpikeDetector(window=10, k=2.0, min_history=4)
         assert [detector.update(v) for v in (1.0, 3.0, 1.0, 3.0)] == [False] * 4
         assert detector.update(value) is expected
+        assert detector.score == pytest.approx(value - 2.0)   # (value - mean 2) / std 1
+
+
+def test_the_spike_score_is_the_distance_above_the_mean_in_stds():
+    """Window [2, 4, 2, 4] (population std 1, mean 3): 0.5 is 2.5 std below, 7 is 4 above. Before
+    min_history values, and for a non-finite value, the score is 0 (not the last one's)."""
+    detector = probes.SpikeDetector(window=4, k=3.0, min_history=4)
+    scores = []
+    for v in (2.0, 4.0, 2.0, 4.0, 0.5, math.nan):
+        detector.update(v)
+        scores.append(detector.score)
+    assert scores == [0.0, 0.0, 0.0, 0.0, -2.5, 0.0]
+    detector.update(7.0)   # window now [4, 2, 4, 0.5]: mean 2.625, std sqrt(8.6875 / 4) = 1.47373
+    assert detector.score == pytest.approx((7.0 - 2.625) / math.sqrt(8.6875 / 4))
+    flat = probes.SpikeDetector(window=3, k=3.0, min_history=2)
+    for v in (1.0, 1.0, 1.0 + 1e-12):
+        flat.update(v)
+    assert flat.score == pytest.approx(1.0, rel=1e-3)   # std 0: the distance over 1e-12
+
+
+def test_update_norms_by_hand():
+    """Two groups: "a" holds [1, 2] (step to [4, 6]: change (3, 4), norm 5), "b" holds [0] and
+    [[1, 1]] (steps to [12] and [[1, 1]]: norm 12). Global sqrt(25 + 144) = 13. A second step measures
+    from the new weights: only "b"'s first weight moves, by 5."""
+    a, b1, b2 = (nn.Parameter(torch.tensor(v)) for v in ([1.0, 2.0], [0.0], [[1.0, 1.0]]))
+    norms = probes.UpdateNorms({"a": [a], "b": [b1, b2]})
+    norms.before()
+    with torch.no_grad():
+        a.copy_(torch.tensor([4.0, 6.0]))
+        b1.copy_(torch.tensor([12.0]))
+    assert norms.after().tolist() == [13.0, 5.0, 12.0]
+    norms.before()
+    with torch.no_grad():
+        b1.add_(-5.0)
+    assert norms.after().tolist() == [5.0, 0.0, 5.0]
+    assert a.tolist() == [4.0, 6.0] and b1.tolist() == [7.0]   # the weights themselves untouched
+
+
+def test_update_norms_stay_on_the_parameters_device():
+    """One parameter on the meta device: the norms are computed there (no host tensor mixed in)."""
+    only = nn.Parameter(torch.zeros(3, device="meta"))
+    norms = probes.UpdateNorms({"only": [only]})
+    norms.before()
+    out = norms.after()
+    assert out.device.type == "meta" and out.shape == (2,)
+    assert probes.SpikeDetector(window=3, k=3.0).score == 0.0   # no value yet: no distance
 
 
 def test_the_exact_step_of_a_spike_in_a_loss_series():
@@ -204,14 +260,16 @@ def test_sample_std_divides_by_n_minus_one_and_survives_huge_values():
 
 
 class Emit(nn.Module):
-    """A block whose output (the residual stream after it) is a fixed tensor."""
+    """A block whose output (the residual stream after it) is a fixed tensor, or the tuple (output,
+    extra) as the blocks of Hugging Face models return it."""
 
-    def __init__(self, output: torch.Tensor):
+    def __init__(self, output: torch.Tensor, extra: torch.Tensor | None = None):
         super().__init__()
         self.register_buffer("output", output)
+        self.extra = extra
 
     def forward(self, _x):
-        return self.output
+        return self.output if self.extra is None else (self.output, self.extra)
 
 
 class HandModel(nn.Module):
@@ -219,18 +277,21 @@ class HandModel(nn.Module):
     logits and gate scores handed to the observer, one Linear (the head) fed a fixed input, and fixed
     output logits: every figure of ``heavy_probes`` is known by hand."""
 
-    def __init__(self, gated: bool = True):
+    def __init__(self, gated: bool = True, attention: bool = True):
         super().__init__()
         self.blocks = nn.ModuleList([
-            # |values| seven 1s and a 4: max 4, median 1 (ratio 4)
-            Emit(torch.tensor([[[1.0, -1.0], [1.0, 1.0], [1.0, 1.0], [-4.0, 1.0]]])),
-            # |values| seven 2s and a 10: max 10, median 2 (ratio 5)
-            Emit(torch.tensor([[[2.0, 2.0], [2.0, -2.0], [10.0, 2.0], [2.0, 2.0]]])),
+            # a batch of 2 sequences; |values| seven 1s and a 4: max 4, median 1 (ratio 4) (the first
+            # sequence alone: max 1)
+            Emit(torch.tensor([[[1.0, -1.0], [1.0, 1.0]], [[1.0, 1.0], [-4.0, 1.0]]])),
+            # a tuple (residual, extra); |values| seven 2s and a 10: max 10, median 2 (ratio 5)
+            Emit(torch.tensor([[[2.0, 2.0], [2.0, -2.0], [10.0, 2.0], [2.0, 2.0]]]), extra=torch.zeros(1, 4, 2)),
         ])
         self.head = nn.Linear(2, 2)
         sink = torch.tensor([[1.0, 0, 0, 0], [0.6, 0.4, 0, 0], [0.3, 0.3, 0.4, 0], [0.3, 0.2, 0.2, 0.3]])
+        faint = torch.tensor([[1.0, 0, 0, 0], [0.1, 0.9, 0, 0], [0.1, 0.4, 0.5, 0], [0.1, 0, 0, 0.9]])
         local = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0.5, 0.5, 0], [0, 0, 0, 1.0]])
-        self.probs = [torch.stack([sink, local])[None], torch.stack([sink, sink])[None]]   # (1, 2, 4, 4)
+        self.probs = [torch.stack([sink, faint])[None], torch.stack([sink, local])[None]]   # (1, 2, 4, 4)
+        self.attention = attention
         future = ~torch.ones(4, 4, dtype=torch.bool).tril()
         self.attn_logits = [torch.full((1, 2, 4, 4), -1.0).masked_fill(future, float("-inf")) for _ in range(2)]
         self.attn_logits[0][0, 1, 3, 2] = 3.0    # the largest unmasked logit of layer 0
@@ -247,7 +308,7 @@ class HandModel(nn.Module):
         x = tokens
         for index, block in enumerate(self.blocks):
             x = block(x)
-            if self.observer is not None:
+            if self.observer is not None and self.attention:
                 self.observer(index, "attn_logits", self.attn_logits[index])
                 self.observer(index, "attn_probs", self.probs[index])
                 if self.gates is not None:
@@ -258,9 +319,11 @@ class HandModel(nn.Module):
 
 def test_heavy_probes_figures_of_known_activations_and_attention_maps():
     """Per layer: M-Act 4 and 10 (ratios 4 and 5): mean 7, max 10. F-Attn (queries 1..3 on token 0):
-    the sink head 0.6, 0.3, 0.3 -> 0.4, the local head 0 -> layer 0 0.2, layer 1 (two sink heads) 0.4,
-    mean 0.3. alpha_0 (queries 0..3): sink head 2.2 / 4 = 0.55 > 0.3, local head 1 / 4 = 0.25 -> sink
-    rate 0.5 and 1.0, mean 0.75. Attention logit max 3 and 7.5 -> 7.5. Gate scores 0.3 and 0.2 -> 0.25.
+    the sink head 0.6, 0.3, 0.3 -> 0.4, the faint head 0.1, the local head 0 -> layer 0 (sink, faint)
+    0.25, layer 1 (sink, local) 0.2, mean 0.225. alpha_0 (queries 0..3, query 0 included): sink head
+    2.2 / 4 = 0.55 > 0.3, faint head 1.3 / 4 = 0.325 > 0.3 (without query 0 it would be 0.1), local head
+    1 / 4 = 0.25 -> sink rate 1.0 and 0.5, mean 0.75. Attention logit max 3 and 7.5 -> 7.5. Gate scores
+    0.3 and 0.2 -> 0.25.
     Output logits all 0 but one -5 in 2 classes: max |logit| 5, log Z log 2 at three positions and
     log(1 + e^-5) at one. Head input [0, 0, 0, 4]: centred [-1, -1, -1, 3], variance 3, fourth moment
     21, kurtosis 21 / 9; infinity norm 4."""
@@ -270,9 +333,9 @@ def test_heavy_probes_figures_of_known_activations_and_attention_maps():
     assert [layer["m_act"] for layer in layers] == [4.0, 10.0]
     assert [layer["m_act_ratio"] for layer in layers] == [4.0, 5.0]
     assert out["m_act_mean"] == 7.0 and out["m_act_max"] == 10.0
-    assert [layer["f_attn"] for layer in layers] == pytest.approx([0.2, 0.4])
-    assert out["f_attn_mean"] == pytest.approx(0.3)
-    assert [layer["sink_rate"] for layer in layers] == [0.5, 1.0] and out["sink_rate_mean"] == 0.75
+    assert [layer["f_attn"] for layer in layers] == pytest.approx([0.25, 0.2])
+    assert out["f_attn_mean"] == pytest.approx(0.225)
+    assert [layer["sink_rate"] for layer in layers] == [1.0, 0.5] and out["sink_rate_mean"] == 0.75
     assert [layer["max_attn_logit"] for layer in layers] == [3.0, 7.5] and out["max_attn_logit"] == 7.5
     assert [layer["gate_score"] for layer in layers] == pytest.approx([0.3, 0.2])
     assert out["gate_score_mean"] == pytest.approx(0.25)
@@ -286,6 +349,34 @@ def test_heavy_probes_figures_of_known_activations_and_attention_maps():
 def test_heavy_probes_without_a_gate_have_no_gate_score():
     out = probes.heavy_probes(HandModel(gated=False).eval(), torch.zeros(1, 4, dtype=torch.long))
     assert out["gate_score_mean"] is None and all("gate_score" not in layer for layer in out["layers"])
+
+
+def test_heavy_probes_of_a_model_that_shows_no_attention():
+    """No observer call (attention the probes cannot see): the attention and gate figures are None, M-Act
+    stays."""
+    out = probes.heavy_probes(HandModel(attention=False), torch.zeros(1, 4, dtype=torch.long))
+    assert (out["f_attn_mean"], out["sink_rate_mean"], out["max_attn_logit"]) == (None, None, None)
+    assert out["m_act_max"] == 10.0 and out["layers"] == [{"m_act": 4.0, "m_act_ratio": 4.0},
+                                                          {"m_act": 10.0, "m_act_ratio": 5.0}]
+
+
+def test_layer_of_and_layer_groups_with_block_names():
+    """A wrapped model names its blocks ("inner.layers.1"): a module below block i, or block i itself,
+    is in layer i; "inner.layers.10" is not below "inner.layers.1" (the prefix ends with a dot)."""
+    names = [f"inner.layers.{i}" for i in range(11)]
+    assert probes.layer_of("inner.layers.1.attn.q_proj", names) == 1
+    assert probes.layer_of("inner.layers.1", names) == 1 and probes.layer_of("inner.layers.10.mlp", names) == 10
+    assert probes.layer_of("inner.norm", names) is None and probes.layer_of("blocks.0.attn", names) is None
+    model = nn.Module()
+    model.inner = nn.Module()
+    model.inner.embed_tokens = nn.Embedding(3, 2)
+    model.inner.layers = nn.ModuleList([nn.Linear(2, 2, bias=False) for _ in range(11)])
+    model.blocks = nn.ModuleList([nn.Linear(2, 2, bias=False)])   # not the named blocks: in "head"
+    model.block_names = names
+    groups = probes.layer_groups(model)
+    assert list(groups) == ["embed"] + [f"layer{i}" for i in range(11)] + ["head"]
+    assert groups["layer1"] == [model.inner.layers[1].weight] and groups["layer10"] == [model.inner.layers[10].weight]
+    assert groups["head"] == [model.blocks[0].weight] and groups["embed"] == [model.inner.embed_tokens.weight]
 
 
 # ----------------------------------------------------------------------------- the record's figures
@@ -348,6 +439,19 @@ def test_final_figures_of_a_completed_arm_without_steps_probes_or_precision_stat
     assert not set(final) & {*PROBE_FIGURES, "overflow_fraction", "underflow_fraction", "loss_scale_drops"}
 
 
+def test_update_norm_figures_by_hand():
+    """Update norms 0.5, NaN, 3, None, 2 then 1s (12 steps): the largest finite 3; update spikes at steps
+    1 and 4: 2 of 12 steps, 16.67%. An arm without the series (an older record) has none of them."""
+    arm = hand_arm()
+    arm["series"]["update_norm"] = [0.5, NAN, 3.0, None, 2.0] + [1.0] * 7
+    arm["series"]["update_spike"] = [False, True, False, False, True] + [False] * 7
+    final = final_figures(arm, steps_planned=40)
+    assert final["max_update_norm"] == 3.0 and final["update_spikes"] == 2
+    assert final["update_spike_score"] == pytest.approx(100 * 2 / 12)
+    arm["series"]["update_norm"] = [NAN] * 11 + [None]
+    assert math.isnan(final_figures(arm, steps_planned=40)["max_update_norm"])
+    assert not {"max_update_norm", "update_spikes", "update_spike_score"} & set(final_figures(hand_arm(), 40))
+
 def test_usable_value_drops_what_a_comparison_cannot_use():
     diverged = {"status": "diverged", "final": {"heldout_loss": 3.0, "loss_spikes": 4, "diverged": True,
                                                 "max_grad_norm": INF, "nonfinite_events": None, "note": "x"}}
@@ -374,9 +478,9 @@ def test_paired_summary_by_hand():
     """heldout_loss baseline 1, 2, 3 and gated 2, 4, 6 in seeds 0-2: the interval of differences 1, 2, 3
     (2 +- 4.303 / sqrt(3)), p 0.25. Seed 3 has no gated arm: left out. accuracy is missing in the gated
     arm of seed 1: pairs of seeds 0 and 2 only (differences 0.1 and 0.3). A figure outside the table
-    ("note") and one that no arm measured (f_attn_mean None everywhere) get no row; the rows come in
-    name order."""
-    arms = [paired_arm("baseline", s, heldout_loss=float(s + 1), accuracy=0.5, f_attn_mean=None, note=1.0)
+    ("comment", named before the figures after it) and one that no arm measured (f_attn_mean None
+    everywhere) get no row; the rows come in name order."""
+    arms = [paired_arm("baseline", s, heldout_loss=float(s + 1), accuracy=0.5, f_attn_mean=None, comment=1.0)
             for s in range(4)]
     arms += [paired_arm("gated", 0, heldout_loss=2.0, accuracy=0.6, f_attn_mean=None, z_note=2.0),
              paired_arm("gated", 1, heldout_loss=4.0, f_attn_mean=None),
@@ -393,6 +497,18 @@ def test_paired_summary_by_hand():
     assert accuracy["difference"] == pytest.approx(0.2) and accuracy["treatment"] == pytest.approx(0.7)
 
 
+def test_paired_summary_against_another_arm():
+    """Reference "gated": every other arm (the baseline first) minus gated, per seed. heldout_loss gated
+    2, 3; floored 2.5, 3.5 (differences 0.5, 0.5); baseline 3, 5 (differences 1, 2)."""
+    arms = [paired_arm("gated", 0, heldout_loss=2.0), paired_arm("floored", 0, heldout_loss=2.5),
+            paired_arm("baseline", 0, heldout_loss=3.0), paired_arm("gated", 1, heldout_loss=3.0),
+            paired_arm("floored", 1, heldout_loss=3.5), paired_arm("baseline", 1, heldout_loss=5.0)]
+    summary = paired_summary(arms, reference="gated")
+    assert list(summary) == ["baseline", "floored"]
+    floored, baseline = summary["floored"]["heldout_loss"], summary["baseline"]["heldout_loss"]
+    assert (floored["baseline"], floored["treatment"], floored["difference"]) == (2.5, 3.0, 0.5)
+    assert (baseline["baseline"], baseline["treatment"], baseline["difference"], baseline["n"]) == (2.5, 4.0, 1.5, 2)
+
 def test_paired_summary_keeps_a_figure_that_lost_every_pair():
     """The held-out loss of a diverged arm is unusable in every seed: the row stays, with n = 0, so the
     comparison shows the figure could not be compared (rather than hiding it)."""
@@ -407,6 +523,147 @@ def test_paired_summary_of_arms_without_figures():
             paired_arm("baseline", 1, heldout_loss=1.0), {"arm": "gated", "seed": 1, "status": "killed"}]
     row = paired_summary(arms)["gated"]["heldout_loss"]
     assert row["n"] == 0 and row["seeds"] == []
+
+
+# ----------------------------------------------------------------------------- the merge check's band
+
+
+def test_the_band_and_verdict_of_one_figure_by_hand():
+    """heldout_loss (lower is better, floor 0.02, rel_floor 0.005), baseline seeds 3.0, 3.2, 3.4: mean
+    3.2, sample std 0.2. Paired (same seeds, now 3.5, 3.7, 3.9): delta 0.5, standard error 0.2 * sqrt(2/3)
+    = 0.16330, band max(0.02, 0.016, 3 * 0.16330 = 0.48990) -> 0.5 is worse by more: regressed. With
+    k = 1 the band is 0.16330; with a tolerance floor of 1.0 it is 1.0 (ok); rel_floor 0.5 -> 1.6.
+    Unpaired (new seeds 3 and 4 at 3.0, 3.1): delta 3.05 - 3.2 = -0.15, error 0.2 * sqrt(1/3 + 1/2) =
+    0.18257, band 0.54772: ok. The baseline's seeds plus a new one: unpaired too (3/4), delta 0."""
+    base = {"0": 3.0, "1": 3.2, "2": 3.4}
+    worse = {"0": 3.5, "1": 3.7, "2": 3.9}
+    error = 0.2 * math.sqrt(2 / 3)
+    assert reg.compare_values(base, worse, "heldout_loss") == (
+        "regressed", pytest.approx(3.2), pytest.approx(3.7), pytest.approx(0.5), pytest.approx(3 * error),
+        "paired n=3", "")
+    assert reg.compare_values(base, worse, "heldout_loss", k=1.0)[4] == pytest.approx(error)
+    assert reg.compare_values(base, worse, "heldout_loss", tolerance={"k": 1.0})[4] == pytest.approx(error)
+    assert reg.compare_values(base, worse, "heldout_loss", tolerance={"floor": 1.0})[::4] == ("ok", 1.0)
+    assert reg.compare_values(base, worse, "heldout_loss", tolerance={"rel_floor": 0.5})[4] == pytest.approx(1.6)
+    assert reg.compare_values(base, {"3": 3.0, "4": 3.1}, "heldout_loss") == (
+        "ok", pytest.approx(3.2), pytest.approx(3.05), pytest.approx(-0.15),
+        pytest.approx(3 * 0.2 * math.sqrt(1 / 3 + 1 / 2)), "unpaired 3/2", "")
+    extra = reg.compare_values(base, {**base, "3": 3.2}, "heldout_loss")
+    assert extra[0] == "ok" and extra[3] == pytest.approx(0.0) and extra[5] == "unpaired 3/4"
+
+
+def test_a_change_exactly_the_size_of_the_band_is_ok():
+    """Baseline 1.0 in every seed (no spread), floor 0.5, rel_floor 0: the band is 0.5. A move of exactly
+    0.5 either way is within it (ok), one of 0.625 is not: lower is better for heldout_loss (regressed
+    up, improved down), higher for accuracy (the opposite)."""
+    tolerance = {"floor": 0.5, "rel_floor": 0.0}
+    base = {"0": 1.0, "1": 1.0, "2": 1.0}
+
+    def verdict(name, now):
+        return reg.compare_values(base, {s: now for s in base}, name, tolerance=tolerance)[0]
+    assert [verdict("heldout_loss", v) for v in (1.5, 0.5, 1.625, 0.375)] == ["ok", "ok", "regressed", "improved"]
+    assert [verdict("accuracy", v) for v in (1.5, 0.5, 1.625, 0.375)] == ["ok", "ok", "improved", "regressed"]
+
+
+def test_a_figure_new_missing_or_lost_by_hand():
+    """No finite baseline value: "new" when the records have one, else "ok" (nothing to compare). No
+    value in the records: "missing" (not measured), but "regressed" when a seed the baseline had finite
+    is now None (lost). Seeds 1 and 2 lost, seed 0 unchanged: regressed, named, with the paired band
+    of seed 0 (floor 0.02 > 0.005 * 3)."""
+    assert reg.compare_values({"0": None}, {"0": 3.0}, "heldout_loss") == (
+        "new", None, 3.0, None, None, "", "no finite baseline value")
+    assert reg.compare_values({"0": None}, {}, "heldout_loss") == ("ok", None, None, None, None, "", "")
+    assert reg.compare_values({"0": 3.0}, {}, "heldout_loss") == (
+        "missing", 3.0, None, None, None, "", "not in the records")
+    assert reg.compare_values({"0": 3.0}, {"1": None}, "heldout_loss")[0] == "missing"   # not a seed it had
+    assert reg.compare_values({"0": 3.0, "1": 3.0}, {"0": None, "1": None}, "heldout_loss") == (
+        "regressed", 3.0, None, None, None, "", "no finite value now")
+    base = {"0": 3.0, "1": 3.0, "2": 3.0}
+    assert reg.compare_values(base, {"0": 3.0, "1": None, "2": None}, "heldout_loss") == (
+        "regressed", 3.0, 3.0, 0.0, 0.02, "paired n=1", "no finite value now in seed(s) 1, 2")
+
+
+def test_paired_values_by_hand():
+    """gated - baseline per seed where both arms have a value; a seed the baseline arm lacks is left out."""
+    arms = {"baseline": {"figures": {"x": {"0": 1.0, "1": 2.0, "2": None}}},
+            "gated": {"figures": {"x": {"0": 1.5, "1": None, "2": 3.0, "3": 4.0}}}}
+    assert reg._paired_values(arms, "gated", "x") == {"0": 0.5, "1": None, "2": None}
+    assert reg._paired_values(arms, "gated", "y") == {} and reg._paired_values(arms, "other", "x") == {}
+    assert reg._paired_values({}, "gated", "x") == {}
+    assert reg._paired_values({"baseline": {}, "gated": {}}, "gated", "x") == {}
+
+
+def hand_case(**arms) -> dict:
+    """A case of ``case_values``: arm -> (status per seed, divergence step per seed, figures)."""
+    return {"arms": {name: {"status": status, "diverged_at_step": steps, "figures": figures}
+                     for name, (status, steps, figures) in arms.items()}}
+
+
+def test_a_case_compared_arm_by_arm_and_paired_by_hand():
+    """Arms: baseline, old (only in the baseline: a note), gated, new (only in the records: a note).
+    baseline: heldout_loss 3.0 in seeds 0, 1 then and now: delta 0, band the floor 0.02 (> 0.005 * 3);
+    accuracy only now: new. gated: seed 1 completed then, diverged at step 7 now (a status row); its
+    held-out loss (2.9, seed 0 only now) is unchanged; perplexity and accuracy only now: new;
+    max_grad_norm only then: missing. Paired
+    gated - baseline: heldout_loss -0.1 in both seeds then, seed 0 now: ok with the floor 0.02 (>
+    0.005 * 0.1); perplexity has no baseline arm value on either side: no row; accuracy 0.6 - 0.5 = 0.1
+    now, nothing then: new."""
+    done = {"0": "completed", "1": "completed"}
+    base = hand_case(baseline=(done, {}, {"heldout_loss": {"0": 3.0, "1": 3.0}}), old=(done, {}, {}),
+                     gated=(done, {}, {"heldout_loss": {"0": 2.9, "1": 2.9}, "max_grad_norm": {"0": 1.0, "1": 1.0}}))
+    case = hand_case(baseline=(done, {}, {"heldout_loss": {"0": 3.0, "1": 3.0}, "accuracy": {"0": 0.5, "1": 0.5}}),
+                     gated=({"0": "completed", "1": "diverged"}, {"0": None, "1": 7},
+                            {"heldout_loss": {"0": 2.9}, "perplexity": {"0": 18.0}, "accuracy": {"0": 0.6}}),
+                     new=(done, {}, {}))
+    result = reg.CheckResult()
+    reg._compare_case(result, "c/standard", base, case, {}, 3.0)
+    assert result.notes == ["case c/standard: arm old is only in the baseline: not compared",
+                            "case c/standard: arm new is only in the records: not compared"]
+    rows = [(r.arm, r.figure, r.better, r.baseline, r.current, r.delta, r.band, r.verdict, r.mode, r.note)
+            for r in result.rows]
+    assert all(r.case == "c/standard" for r in result.rows)
+    assert rows == [
+        ("baseline", "heldout_loss", "lower", 3.0, 3.0, 0.0, 0.02, "ok", "paired n=2", ""),
+        ("baseline", "accuracy", "higher", None, 0.5, None, None, "new", "", "no finite baseline value"),
+        ("gated", "status", "completed", None, None, None, None, "regressed", "",
+         "seed 1 diverged at step 7; the baseline completed"),
+        ("gated", "heldout_loss", "lower", 2.9, 2.9, 0.0, 0.02, "ok", "paired n=1", ""),
+        ("gated", "perplexity", "lower", None, 18.0, None, None, "new", "", "no finite baseline value"),
+        ("gated", "accuracy", "higher", None, 0.6, None, None, "new", "", "no finite baseline value"),
+        ("gated", "max_grad_norm", "lower", 1.0, None, None, None, "missing", "", "not in the records"),
+        ("gated-baseline", "heldout_loss", "lower", pytest.approx(-0.1), pytest.approx(-0.1), 0.0, 0.02, "ok",
+         "paired n=1", ""),
+        ("gated-baseline", "accuracy", "higher", None, pytest.approx(0.1), None, None, "new", "",
+         "no finite baseline value"),
+    ]
+
+
+def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case():
+    """Two records of case smoke/standard (seeds 0 and 1): both ids kept, in order. A third with 31 steps
+    instead of 60 is named as record #3 with the field that differs; seed 1 twice, as record #3 too."""
+    first, second = pair_record(seeds=(0,)), pair_record(seeds=(1,))
+    first["id"], second["id"] = "first", "second"
+    assert reg.case_values([first, second])["smoke/standard"]["records"] == ["first", "second"]
+    other = {**pair_record(seeds=(2,), steps=31), "id": "third"}
+    with pytest.raises(RecordError) as error:
+        reg.case_values([first, second, other])
+    assert str(error.value) == ("record #3 (smoke/standard, id third): case smoke/standard appears with two different "
+                                "configs among the records (run.steps: baseline 60, record 31)")
+    with pytest.raises(RecordError) as error:
+        reg.case_values([first, second, {**second, "id": "again"}])
+    assert str(error.value) == ("record #3 (smoke/standard, id again): case smoke/standard arm baseline seed 1 appears "
+                                "twice among the records (pass one run directory, or records of distinct seeds)")
+
+
+def test_status_rows_only_for_a_seed_that_completed_then_and_diverged_now():
+    then = {"status": {"0": "completed", "1": "diverged", "2": "completed", "3": "completed"}}
+    now = {"status": {"0": "completed", "1": "diverged", "2": "diverged", "4": "diverged"},
+           "diverged_at_step": {"2": 5, "4": 1}}
+    rows = reg._status_rows("c/standard", "gated", then, now)
+    assert [r.as_dict() for r in rows] == [
+        {"case": "c/standard", "arm": "gated", "figure": "status", "better": "completed", "baseline": None,
+         "current": None, "delta": None, "band": None, "verdict": "regressed", "mode": "",
+         "note": "seed 2 diverged at step 5; the baseline completed"}]
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -692,6 +949,36 @@ def test_claim_verdicts_at_the_edges_of_the_margin():
     assert higher_holds[0]["holds"] is True
 
 
+def test_a_claim_with_half_an_interval_is_undecided():
+    """A record (edited by hand, or from another tool) with one end of the interval missing: no verdict,
+    even when the end it has would decide (high -1 <= margin 0 for a lower-is-better figure)."""
+    rows = claim_rows(claim_record(m_act_mean=(None, -1.0), accuracy=(1.0, None)), ["m_act_mean", "accuracy"])
+    assert [row["holds"] for row in rows] == [None, None]
+
+def test_a_claim_against_another_arm_and_one_that_expects_worse():
+    """floored - gated per seed: m_act_mean 3, 4, 5 (mean 4, sd 1: 4 +- 4.303 / sqrt(3) = [1.516, 6.484]),
+    accuracy -0.3, -0.4, -0.5 ([-0.648, -0.152]). Expecting floored worse than gated: M-Act higher
+    (the interval is above 0: holds), accuracy lower (below 0: holds). Expecting it better: both fail."""
+    arms = []
+    for seed, (m_act, accuracy) in enumerate(((3.0, 0.3), (4.0, 0.4), (5.0, 0.5))):
+        arms += [paired_arm("baseline", seed, m_act_mean=9.0, accuracy=0.6),
+                 paired_arm("gated", seed, m_act_mean=float(seed), accuracy=0.8),
+                 paired_arm("floored", seed, m_act_mean=seed + m_act, accuracy=0.8 - accuracy)]
+    record = {"arms": arms, "paired": paired_summary(arms)}
+    worse = claim_rows(record, ["m_act_mean", "accuracy"], arm="floored", reference="gated", expect="worse")
+    assert [(r["figure"], r["better"], r["holds"], r["arm"], r["reference"]) for r in worse] == [
+        ("m_act_mean", "higher", True, "floored", "gated"), ("accuracy", "lower", True, "floored", "gated")]
+    assert worse[0]["ci_low"] == pytest.approx(4 - 2.484338, abs=1e-6) and worse[0]["baseline"] == 1.0
+    better = claim_rows(record, ["m_act_mean", "accuracy"], arm="floored", reference="gated")
+    assert [(r["better"], r["holds"]) for r in better] == [("lower", False), ("higher", False)]
+    against_baseline = claim_rows(record, ["m_act_mean"], arm="floored")[0]   # the record's own paired table
+    assert against_baseline["reference"] == "baseline" and against_baseline["difference"] == pytest.approx(-4.0)
+    with pytest.raises(ValueError, match=re.escape("expect='wrose' is invalid: expected 'better' or 'worse'")):
+        claim_rows(record, ["m_act_mean"], arm="floored", expect="wrose")
+    header = claims_table(worse, arm="floored", reference="gated").splitlines()[0]
+    assert re.split(r"\s{2,}", header) == ["figure", "claimed", "gated", "floored", "floored-gated", "95% CI",
+                                           "sign-flip p", "n", "holds"]
+
 def test_claims_of_another_arm_missing_figures_and_undirected_ones():
     record = claim_record(m_act_mean=(-2.0, -1.0), gate_score_mean=(0.1, 0.2))
     record["paired"]["other"] = {"m_act_mean": {**record["paired"]["gated"]["m_act_mean"], "ci_low": 1.0,
@@ -775,14 +1062,15 @@ def test_fake_quant_linear_by_hand():
 
 class HandLM(nn.Module):
     """A GatedLM in miniature: embeddings (token 1 is [0, 4], token 0 is zero), one block with two
-    Linears reading the same input (q and k: weight 2I and I), an identity final norm and a tied head."""
+    Linears reading the same input (q: weight 2I; k: weight I, bias (1, -1), its output unused), an
+    identity final norm and a tied head."""
 
     def __init__(self):
         super().__init__()
         self.embed = nn.Embedding(2, 2)
         block = nn.Module()
         block.q = nn.Linear(2, 2, bias=False)
-        block.k = nn.Linear(2, 2, bias=False)
+        block.k = nn.Linear(2, 2)
         self.blocks = nn.ModuleList([block])
         self.norm = nn.Identity()
         self.lm_head = None
@@ -790,6 +1078,7 @@ class HandLM(nn.Module):
             self.embed.weight.copy_(torch.tensor([[0.0, 0.0], [0.0, 4.0]]))
             block.q.weight.copy_(2 * torch.eye(2))
             block.k.weight.copy_(torch.eye(2))
+            block.k.bias.copy_(torch.tensor([1.0, -1.0]))
 
     def forward(self, tokens):
         x = self.embed(tokens)
@@ -801,7 +1090,8 @@ def test_per_linear_input_stats_and_damage_by_hand():
     """Tokens [0, 0, 0, 1]: q and k read [0]*7 + [4]: mean 0.5, centred seven -0.5 and one 3.5,
     variance 14/8, fourth moment 150.5/8, kurtosis 18.8125 / 3.0625 = 43/7, infinity norm 4. The head
     reads q's output (doubled: same kurtosis, infinity norm 8). Damage: a "quantized" q with twice the
-    weight is off by ||2Wx - Wx|| / ||Wx|| = 1; a head with 1.5 times the weight by 0.5; k unchanged by 0."""
+    weight is off by ||2Wx - Wx|| / ||Wx|| = 1; a head with 1.5 times the weight by 0.5; k unchanged
+    (weight and bias) by 0."""
     model = HandLM().eval()
     tokens = torch.tensor([[0, 0, 0, 1]])
     stats = linear_input_stats(model, tokens, ["blocks.0.q", "blocks.0.k", HEAD])
@@ -809,14 +1099,20 @@ def test_per_linear_input_stats_and_damage_by_hand():
                      "blocks.0.k": {"kurtosis": pytest.approx(43 / 7), "inf_norm": 4.0},
                      HEAD: {"kurtosis": pytest.approx(43 / 7), "inf_norm": 8.0}}
     assert set(linear_input_stats(model, tokens)) == {"blocks.0.q", "blocks.0.k"}   # the block Linears by default
-    doubled, same, head = nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False)
+    doubled, same, head = nn.Linear(2, 2, bias=False), nn.Linear(2, 2), nn.Linear(2, 2, bias=False)
     with torch.no_grad():
         doubled.weight.copy_(4 * torch.eye(2))
         same.weight.copy_(torch.eye(2))
+        same.bias.copy_(model.blocks[0].k.bias)
         head.weight.copy_(1.5 * model.embed.weight)
-    damage = per_linear_damage(model, {"blocks.0.q": doubled, "blocks.0.k": same, HEAD: head}, tokens)
-    assert damage == {"blocks.0.q": pytest.approx(1.0), "blocks.0.k": 0.0, HEAD: pytest.approx(0.5)}
+    errors = per_linear_damage(model, {"blocks.0.q": doubled, "blocks.0.k": same, HEAD: head}, tokens)
+    assert errors == {"blocks.0.q": pytest.approx(1.0), "blocks.0.k": 0.0, HEAD: pytest.approx(0.5)}
     assert not model.norm._forward_hooks and not model.blocks[0].q._forward_pre_hooks
+    plain = nn.Sequential(nn.Linear(2, 2))   # no LM head (none asked): only the Linears named
+    with torch.no_grad():
+        plain[0].weight.copy_(torch.eye(2))
+        plain[0].bias.zero_()
+    assert per_linear_damage(plain, {"0": doubled}, torch.tensor([[3.0, 4.0]])) == {"0": pytest.approx(3.0)}  # 4I vs I
 
 
 def test_relative_output_error_by_hand():
@@ -837,10 +1133,11 @@ class FixedLogits(nn.Module):
 
 def test_output_kl_by_hand():
     """Token 1: p = (1/2, 1/2) from logits (0, 0), q = (1/4, 3/4) from (0, log 3): KL = 1/2 log 2 +
-    1/2 log(2/3) = 1/2 log(4/3). Token 2 identical: 0. Mean over the 2 tokens: log(4/3) / 4."""
-    reference = FixedLogits(torch.tensor([[[0.0, 0.0], [1.0, 2.0]]]))
-    quantized = FixedLogits(torch.tensor([[[0.0, math.log(3)], [1.0, 2.0]]]))
-    assert output_kl(reference, quantized, None) == pytest.approx(math.log(4 / 3) / 4, rel=1e-6)
+    1/2 log(2/3) = 1/2 log(4/3). Tokens 2 and 3 identical: 0. Mean over the 3 tokens (not over the 2
+    classes): log(4/3) / 6."""
+    reference = FixedLogits(torch.tensor([[[0.0, 0.0], [1.0, 2.0], [1.0, 2.0]]]))
+    quantized = FixedLogits(torch.tensor([[[0.0, math.log(3)], [1.0, 2.0], [1.0, 2.0]]]))
+    assert output_kl(reference, quantized, None) == pytest.approx(math.log(4 / 3) / 6, rel=1e-6)
     assert output_kl(quantized, quantized, None) == 0.0
 
 
@@ -859,6 +1156,13 @@ def test_cast_counts_by_hand():
     assert _cast_counts([FakeQuantLinear(nn.Linear(2, 2), None, None)], None) == {"activation_zeroed_fraction": 0.0}
     assert _cast_counts([nn.Linear(2, 2)], Cast()) == {"overflow_fraction": 0.25, "underflow_fraction": 0.5}
     assert _cast_counts([], None) == {}
+
+
+def test_damage_is_quantized_minus_full_precision():
+    """Loss 3.0 -> 3.5 (damage +0.5), perplexity 20 -> 33 (+13), accuracy 0.5 -> 0.25 (-0.25)."""
+    full = {"heldout_loss": 3.0, "perplexity": 20.0, "accuracy": 0.5}
+    assert damage({"heldout_loss": 3.5, "perplexity": 33.0, "accuracy": 0.25}, full) == {
+        "damage_loss": 0.5, "damage_perplexity": 13.0, "damage_accuracy": -0.25}
 
 
 def test_quant_figures_flatten_the_schemes_that_ran():

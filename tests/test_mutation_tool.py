@@ -38,7 +38,7 @@ def test_every_hand_written_slip_and_equivalent_still_applies():
         assert text.count(slip.original) == 1, f"slip {slip.what!r}: {slip.original!r} is not once in the module"
     for equivalent in tool.EQUIVALENTS:
         text = (ROOT / tool.TARGETS[equivalent.module].path).read_text()
-        first = equivalent.original.split(" / ")[0]
+        first = " ".join(equivalent.original.split(" / ")[0].split())
         assert first in " ".join(text.split()), f"equivalent of {equivalent.function}: {first!r} is gone"
 
 
@@ -55,3 +55,17 @@ def test_decorated_functions_are_out_of_mutmut_reach(tmp_path):
 def test_the_changed_lines_of_a_mutant_diff():
     diff = "--- stability/stats.py\n+++ stability/stats.py\n@@ -1,2 +1,2 @@\n def f(n):\n-    return n - 1\n+    return n + 1\n"
     assert tool.changed_lines(diff) == ("return n - 1", "return n + 1")
+
+
+def test_the_score_counts_timeouts_as_killed_and_leaves_equivalents_out():
+    """10 mutants: 7 killed, 1 timed out, 1 equivalent, 1 survivor: (7 + 1) / (10 - 1) = 88.9%."""
+    score = tool.Score("stats", mutants=10, killed=7, timeout=1, seconds=90.0,
+                       equivalents=[("m1", "f", "a < b", "a <= b", "never equal")],
+                       survivors=[("m2", "survived", "-    a\n+    b")], slips=[("slip", "killed")])
+    assert score.score == 8 / 9 and score.failed
+    lines = tool.report([score]).splitlines()
+    assert lines[2].split() == ["module", "mutants", "killed", "timeout", "equivalent", "survived", "score", "slips",
+                                "killed", "minutes"]
+    assert lines[3].split() == ["stats", "10", "7", "1", "1", "1", "88.9%", "1/1", "1.5"]
+    assert "stats: equivalent f: a < b -> a <= b: never equal" in lines
+    assert not tool.Score("stats", mutants=2, killed=1, equivalents=[("m", "f", "a", "b", "why")]).failed
