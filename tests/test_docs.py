@@ -25,7 +25,7 @@ from _workflow import ROOT, fresh_copy, prepare_venv
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"^<!-- test: (default|slow|ci) -->$")
-DOWNLOADS = re.compile(r"python3 -m venv \.venv|pip install [^&;|]+")
+DOWNLOADS = re.compile(r"python3 -m venv \.venv|pip install [^&;|\n]+")
 
 
 def blocks(path: Path) -> list[tuple[str, str]]:
