@@ -41,21 +41,25 @@ def cmd_run(args) -> int:
     from stability import distributed
 
     if distributed.launched() > 1:   # started by torchrun: one arm across the processes
-        return run_distributed(args)
+        from stability.experiment import run_pair
+
+        return under_torchrun(args, "run", lambda config, run_dir: train_and_keep(args, config, run_dir, None, None),
+                              run_pair)
     config, run_dir, resume, checkpoint_dir = resolve_session(args, "run")
     return train_and_keep(args, config, run_dir, resume, checkpoint_dir)
 
 
-def run_distributed(args) -> int:
-    """``stability run`` under torchrun: every process trains every arm (sharded, see
-    ``stability.distributed``); rank 0 alone makes the run directory, writes the record and talks to
-    MLflow. A lost process stops the job: the others end with the record so far kept by rank 0."""
+def under_torchrun(args, label: str, lead, follow) -> int:
+    """A training command under torchrun: every process trains every arm (sharded, see
+    ``stability.distributed``); rank 0 alone makes the run directory, writes the records and talks to
+    MLflow (``lead(config, run_dir)``), the others only train (``follow(config)``). A lost process
+    stops the job: the others end, with the records so far kept by rank 0."""
     import signal
 
     import torch
 
     from stability import distributed
-    from stability.experiment import Interrupted, load_inputs, run_pair
+    from stability.experiment import Interrupted, load_inputs
     from stability.rundir import new_run_dir
     from stability.stress import cpu_threads
 
@@ -78,13 +82,13 @@ def run_distributed(args) -> int:
         if world.rank != 0:
             try:
                 with cpu_threads(config.stress.threads):
-                    run_pair(config)
+                    follow(config)
             except Interrupted:
                 return 130
             return 0
         print(f"torchrun: {world.size} processes, distributed.strategy={config.run.distributed.strategy}, "
-              f"backend {world.backend}; rank 0 writes the record", flush=True)
-        return train_and_keep(args, config, new_run_dir(args.out, "run"), None, None)
+              f"backend {world.backend}; rank 0 writes the records", flush=True)
+        return lead(config, new_run_dir(args.out, label))
     finally:
         distributed.shutdown()
 
