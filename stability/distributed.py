@@ -49,10 +49,12 @@ class World:
     local_rank: int
     backend: str
 
-    def describe(self, strategy: str) -> dict:
-        """What an arm record says about how it was trained."""
-        return {"world_size": self.size, "backend": self.backend, "strategy": strategy,
-                "torch": torch.__version__}
+    def describe(self, run: RunConfig) -> dict:
+        """What an arm record says about how it was trained across the processes."""
+        bf16 = run.precision.dtype == "bf16"
+        return {"world_size": self.size, "backend": self.backend, "strategy": run.distributed.strategy,
+                "param_dtype": "bf16" if bf16 and run.distributed.strategy == "fsdp" else "fp32",
+                "reduce_dtype": "fp32", "torch": torch.__version__}
 
 
 def launched() -> int:
@@ -91,7 +93,12 @@ def init(device: str, timeout_s: float = 600.0) -> World | None:
     if not torch.distributed.is_initialized():
         cuda = device.startswith("cuda")
         if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            if local_rank >= torch.cuda.device_count():
+                raise ConfigError(f"device={device!r} is invalid for local rank {local_rank}: expected one GPU per "
+                                  f"process (this node has {torch.cuda.device_count()}; NCCL takes no two ranks on "
+                                  f"one GPU): launch at most that many processes per node")
+            torch.cuda.set_device(local_rank)
         torch.distributed.init_process_group("nccl" if cuda else "gloo",
                                              timeout=datetime.timedelta(seconds=timeout_s))
     return current()

@@ -188,7 +188,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
                   layer_names=list(groups), model=model.describe(),
                   precision={"dtype": run.precision.dtype, **policy.describe()})
     if world is not None:
-        record["distributed"] = world.describe(run.distributed.strategy)
+        record["distributed"] = world.describe(run)
     series = record["series"]
     # everything that carries over from one step to the next besides model, optimiser and policy
     loop = {"record": record, "initial_loss": None, "above_initial": 0, "tokens_seen": 0, "train_seconds": 0.0,

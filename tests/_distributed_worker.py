@@ -17,6 +17,7 @@ from stability.config import (
     GateConfig,
     ModelConfig,
     OptimConfig,
+    PrecisionConfig,
     ProbeConfig,
     RunConfig,
 )
@@ -30,6 +31,7 @@ TINY = RunConfig(   # gated (so the gate score is probed), clipped (so the globa
     probes=ProbeConfig(every=6, spike_window=20, spike_min_history=5, diverge_patience=10, eval_batches=2),
     steps=12,
 )
+BF16 = replace(TINY, precision=PrecisionConfig(dtype="bf16"), steps=6)
 NAN_FAULT = FaultConfig(kind="nan", step=5, layer=1, rank=1)   # block 1's output NaN on rank 1 only, at step 5
 
 
@@ -44,7 +46,7 @@ def main(out: str) -> None:
         found["unsharded_probes"] = probes.heavy_probes(model, probe_x)
 
     for name, run in (("fsdp", TINY), ("ddp", replace(TINY, distributed=DistributedConfig(strategy="ddp"))),
-                      ("nan", replace(TINY, fault=NAN_FAULT))):
+                      ("nan", replace(TINY, fault=NAN_FAULT)), ("bf16", BF16)):
         record = train(run, arm="gated", corpus=corpus, on_trained=unsharded_probes if name == "fsdp" else None)
         found[name] = {key: record[key] for key in ("status", "diverged_at_step", "series", "events", "probes",
                                                     "final", "distributed")}

@@ -108,6 +108,17 @@ def test_two_processes_reproduce_the_single_process_steps(two_ranks, one_process
     assert rank0["final"]["heldout_loss"] == pytest.approx(one_process["final"]["heldout_loss"], rel=TOLERANCE)
 
 
+def test_bf16_trains_sharded_under_fsdp2_mixed_precision_within_bf16_rounding(two_ranks):
+    from _distributed_worker import BF16
+
+    sharded = two_ranks[0]["bf16"]
+    assert sharded["distributed"]["param_dtype"] == "bf16" and sharded["distributed"]["reduce_dtype"] == "fp32"
+    single = train(BF16, arm="gated")   # autocast in one process: the same casts up to where they happen
+    assert sharded["status"] == single["status"] == "completed"
+    for step, (x, y) in enumerate(zip(sharded["series"]["loss"], single["series"]["loss"])):
+        assert x == pytest.approx(y, rel=2 ** -8), f"bf16 loss at step {step}: {x} vs {y}"   # bf16: 8 bits
+
+
 def test_sharded_heavy_probes_equal_those_of_the_unsharded_weights(two_ranks, one_process):
     sharded = dict(two_ranks[0]["fsdp"]["probes"][-1])
     assert sharded.pop("step") == 11
