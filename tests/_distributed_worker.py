@@ -4,6 +4,8 @@ what each rank measured to OUT/rank<R>.json (the test compares it with a single-
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from dataclasses import replace
 
@@ -50,6 +52,12 @@ def main(out: str) -> None:
         record = train(run, arm="gated", corpus=corpus, on_trained=unsharded_probes if name == "fsdp" else None)
         found[name] = {key: record[key] for key in ("status", "diverged_at_step", "series", "events", "probes",
                                                     "final", "distributed")}
+    def ctrl_c_on_rank_1(step, _row):   # as if Ctrl-C reached process 1 alone, during step 3
+        if world.rank == 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    record = train(replace(TINY, steps=8), arm="gated", corpus=corpus, on_step=ctrl_c_on_rank_1)
+    found["ctrl_c"] = {key: record[key] for key in ("status", "series")}
     with open(f"{out}/rank{world.rank}.json", "w") as handle:
         json.dump(found, handle)
     distributed.shutdown()
