@@ -69,9 +69,13 @@ def under_torchrun(args, label: str, lead, follow) -> int:
     config = resolve_from_args(args)
     world = distributed.init(config.run.device)
 
-    def stop(_signum, _frame):   # torchrun ends the others with SIGTERM when one process is lost
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
+    def stop(_signum, _frame):
+        # torchrun ends the processes with SIGTERM (when one is lost, or when it is stopped itself). While an
+        # arm trains this is a Ctrl-C: every rank stops after the same step. Otherwise nothing happens, so a
+        # record being written is not cut short (a collective with a lost peer raises anyway; torchrun
+        # kills what is still running 30 s later).
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            signal.raise_signal(signal.SIGINT)
     signal.signal(signal.SIGTERM, stop)
     try:
         for name in config.arm_names:
