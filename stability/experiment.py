@@ -11,7 +11,8 @@ baseline.
 ``session`` (``stability.session``) the case record is on disk after every run, each step is
 in a per-step file, checkpoints and replay bundles are kept, and a resumed case takes its
 finished runs from disk. On Ctrl-C the case stops as a whole: ``Interrupted`` carries the
-case record so far (the killed arm included) up to the command.
+case record so far (the killed arm included) up to the command; under torchrun an arm that ended
+in an error (a lost process) stops the case the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from stability import config as cfg
+from stability import distributed
 from stability.data import load_corpus
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.trainer import train
@@ -62,7 +64,8 @@ def train_arm(case_record: dict, config: cfg.ExperimentConfig, run: cfg.RunConfi
                            on_trained=after_training(run, config), hooks=hooks)
     if session is not None:
         session.arm_done(case_record, arm_record)
-    if arm_record["status"] == "killed":
+    if arm_record["status"] == "killed" or (arm_record["status"] == "error" and distributed.current() is not None):
+        # under torchrun an error (a lost process above all) ends the job: the others cannot go on alone
         case_record["arms"].append(arm_record)
         case_record["paired"] = paired_summary(case_record["arms"])
         case_record["status"] = "killed"

@@ -10,15 +10,28 @@ from stability.table import ladder_table, paired_table, quant_table
 
 
 def cmd_stress(args) -> int:
-    from stability.cli.run import make_session, print_tracking
-    from stability.experiment import Interrupted
-    from stability.pipeline import run_recorded
-
     kinds = args.kinds or list(cfg.STRESS_CASES)
     for kind in kinds:
         if kind not in cfg.STRESS_CASES:
             raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {cfg.STRESS_CASES}")
+    from stability import distributed
+
+    if distributed.launched() > 1:   # started by torchrun: one arm across the processes
+        from stability.cli.run import under_torchrun
+        from stability.stress import run_case
+
+        return under_torchrun(args, "stress", lambda config, run_dir: stress_cases(args, kinds, config, run_dir, None, None),
+                              lambda config: [run_case(kind, config) for kind in kinds])
     config, run_dir, resume, checkpoint_dir = resolve_session(args, "stress")
+    return stress_cases(args, kinds, config, run_dir, resume, checkpoint_dir)
+
+
+def stress_cases(args, kinds, config, run_dir, resume, checkpoint_dir) -> int:
+    """Run the stress cases ``kinds`` in a session on ``run_dir``, keep each record, print the tables."""
+    from stability.cli.run import make_session, print_tracking
+    from stability.experiment import Interrupted
+    from stability.pipeline import run_recorded
+
     print(f"run directory: {run_dir}" + (" (continuing an interrupted run; --fresh starts a new one)"
                                           if resume else ""), flush=True)
     session = make_session(args, "stress", run_dir, checkpoint_dir, resume)
