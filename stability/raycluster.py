@@ -35,9 +35,6 @@ import dataclasses
 import os
 
 from stability import config as cfg
-from stability.experiment import after_training, load_inputs
-from stability.stress import cpu_threads
-from stability.trainer import train
 from stability.units import Unit
 
 _CORPORA: dict[str, object] = {}   # per worker process: corpus of a config, loaded once
@@ -69,6 +66,10 @@ def parse_address(spec: str) -> dict:
 def train_alone(config: cfg.ExperimentConfig, unit: Unit) -> dict:
     """Train one unit in this process without a session (the body of a Ray task): its arm record."""
     import torch
+
+    from stability.experiment import after_training, load_inputs
+    from stability.stress import cpu_threads
+    from stability.trainer import train
 
     run = unit.run
     if run.device.startswith("cuda") and torch.cuda.device_count() == 1:

@@ -20,7 +20,6 @@ import hashlib
 import json
 
 from stability import config as cfg
-from stability.checkpoint import run_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +45,8 @@ class Unit:
     @property
     def id(self) -> str:
         """16 hex digits, the same for the same run of the same case wherever it is computed."""
+        from stability.checkpoint import run_fingerprint   # (torch: a Ray actor imports this module without it)
+
         fingerprint = run_fingerprint(dataclasses.asdict(self.run), self.schedule.name)
         text = json.dumps({"case": self.case, "arm": self.arm, "seed": self.seed, "rung": self.rung,
                            "run": fingerprint}, sort_keys=True)
