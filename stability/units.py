@@ -45,7 +45,8 @@ class Unit:
     @property
     def id(self) -> str:
         """16 hex digits, the same for the same run of the same case wherever it is computed."""
-        from stability.checkpoint import run_fingerprint   # (torch: a Ray actor imports this module without it)
+        # imported here: checkpoint imports torch, and the attempts actor of a Ray run imports units without it
+        from stability.checkpoint import run_fingerprint
 
         fingerprint = run_fingerprint(dataclasses.asdict(self.run), self.schedule.name)
         text = json.dumps({"case": self.case, "arm": self.arm, "seed": self.seed, "rung": self.rung,
