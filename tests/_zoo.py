@@ -41,8 +41,8 @@ ZOO = (
         ("stability/attention.py", "self.scale = 1.0 / math.sqrt(head_dim)", "self.scale = 1.0"),)),
     Entry("gate_sigmoid_to_identity", True, "the gate multiplies by its raw logits instead of sigmoid(logits)", (
         ("stability/attention.py",
-         '    score = torch.sigmoid(logits) if gate.activation == "sigmoid" else F.silu(logits)\n    return target',
-         '    score = logits if gate.activation == "sigmoid" else F.silu(logits)\n    return target'),)),
+         "    score = torch.sigmoid(logits)\n    return gate.floor",
+         "    score = logits\n    return gate.floor"),)),
     Entry("rope_theta_x100", True, "RoPE base 100x larger than configured (positions barely rotate)", (
         ("stability/model.py", "rope_tables(config.context, config.rotary_dim, config.rope_theta)",
          "rope_tables(config.context, config.rotary_dim, config.rope_theta * 100)"),)),

@@ -33,3 +33,15 @@ def test_zoo_entries_harmful_caught_harmless_passed(tmp_path, name, expected):
     assert check.returncode == expected, check.stdout[-3000:]
     named = [row for row in json.loads((copy / "check.json").read_text())["rows"] if row["verdict"] == "regressed"]
     assert bool(named) == bool(expected) and (not expected or "REGRESSED" in check.stdout)
+
+
+def test_every_zoo_patch_still_applies_to_the_code_exactly_once():
+    """A zoo entry whose text moved away would measure nothing: each edit's old text occurs once."""
+    from pathlib import Path
+
+    from _zoo import ZOO
+
+    root = Path(__file__).resolve().parents[1]
+    drifted = [(entry.name, name) for entry in ZOO for name, old, _ in entry.edits
+               if (root / name).read_text().count(old) != 1]
+    assert not drifted, drifted
