@@ -5,6 +5,7 @@ Options:  --scale smoke|ci|full   (default $STABILITY_SCALE or smoke)
                                    entry N of the caller's CUDA_VISIBLE_DEVICES, as cuda:0)
           --seeds 0,1,2           (override the preset's seeds)
           --tracking-uri URI      (default $MLFLOW_TRACKING_URI or sqlite:///reports/mlflow-tests.db)
+          --ray auto|local:N|ADDR (default $STABILITY_RAY or none: the stress cases' runs as Ray tasks)
 
 Records: one run directory per test session, reports/runs/<UTC time>-pytest-<id>/ (created with its
 first record; $STABILITY_RUN_DIR names another). pytest-xdist workers write into their controller's.
@@ -63,6 +64,9 @@ def pytest_addoption(parser):
                     help="cpu or cuda (default: the preset's device: cpu for smoke/ci, cuda for full)")
     group.addoption("--seeds", default=None, help="comma-separated seeds overriding the preset's")
     group.addoption("--tracking-uri", default=None, help="MLflow tracking URI for the suites")
+    group.addoption("--ray", default=os.environ.get("STABILITY_RAY"), metavar="auto|local:N|HOST:PORT",
+                    help="train the runs of the stress cases as Ray tasks (docs/scale-out.md); with -n, use a "
+                         "running cluster (auto or HOST:PORT): local:N starts one Ray instance per worker")
     group.addoption("--run-slow", action="store_true", default=os.environ.get("STABILITY_RUN_SLOW") == "1",
                     help="also run tests marked slow (long CPU runs, regime searches)")
 
@@ -168,7 +172,22 @@ def stress_config(scale, device, seeds):
 
 
 @pytest.fixture(scope="session")
-def stress_record(stress_config, tracking_uri, run_dir):
+def ray_runner(pytestconfig):
+    """The Ray runner of ``--ray`` (None without it): the stress cases' runs become Ray tasks."""
+    spec = pytestconfig.getoption("--ray")
+    if not spec:
+        yield None
+        return
+    from stability.raycluster import RayRunner
+
+    runner = RayRunner(spec)
+    runner.connect()
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="session")
+def stress_record(stress_config, tracking_uri, run_dir, ray_runner):
     """Factory: ``stress_record("lr_sweep")`` runs that stress case (``stability.stress.CASES``) on
     the scale preset once per session: JSON record first (this session's run directory), then one
     MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
@@ -181,7 +200,8 @@ def stress_record(stress_config, tracking_uri, run_dir):
     def get(kind: str, overrides: dict | None = None) -> dict:
         config = stress_config(overrides)
         if (kind, config) not in cache:
-            cache[(kind, config)] = run_recorded(kind, config, run_dir, tracking_uri=tracking_uri, plots=plots)
+            cache[(kind, config)] = run_recorded(kind, config, run_dir, tracking_uri=tracking_uri, plots=plots,
+                                                 runner=ray_runner)
         return cache[(kind, config)]
 
     get.records = cache

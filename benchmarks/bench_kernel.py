@@ -89,6 +89,15 @@ def make_inputs(batch, heads, kv_heads, seq_len, head_dim, dtype, gate_width=Non
 # ----------------------------------------------------------------------------- correctness
 
 
+def flash_rule(kernel, torch_out, ref, factor, dtype):
+    """(ok, kernel error, bound): max|kernel - ref| <= factor * max|torch_out - ref| + u * max|ref| + 1e-3,
+    u = eps(dtype) / 2 (the flash-attention test suite's rule; factor 2 for the output, 3 for grads)."""
+    err_k = (kernel.double() - ref).abs().max().item()
+    err_t = (torch_out.double() - ref).abs().max().item()
+    bound = factor * err_t + torch.finfo(dtype).eps / 2 * ref.abs().max().item() + 1e-3
+    return err_k <= bound, err_k, bound
+
+
 def correctness_check(dtype):
     """bf16 fwd + bwd vs a float64 reference: kernel error <= 2x (fwd) / 3x (grads) the SDPA
     path's error + u * max|ref| + 1e-3. Returns a list of failure messages."""
@@ -106,11 +115,8 @@ def correctness_check(dtype):
             y = fn(*ins, causal=causal)
             results.append([y, *torch.autograd.grad(y, ins, grad_out)])
         for name, kern, torch_path, ref in zip(("y", "dq", "dk", "dv", "dgate"), *results):
-            factor = 2 if name == "y" else 3
-            err_k = (kern.double() - ref).abs().max().item()
-            err_t = (torch_path.double() - ref).abs().max().item()
-            bound = factor * err_t + torch.finfo(dtype).eps / 2 * ref.abs().max().item() + 1e-3
-            if not (err_k <= bound):
+            ok, err_k, bound = flash_rule(kern, torch_path, ref, 2 if name == "y" else 3, dtype)
+            if not ok:
                 failures.append(f"B={batch} H={heads} Hkv={kv_heads} S={seq_len} D={head_dim} gate={gate_width} "
                                 f"causal={causal} {name}: kernel error {err_k:.3e} > bound {bound:.3e}")
     return failures

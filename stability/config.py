@@ -394,21 +394,55 @@ class ProbeConfig:
                "a positive integer (count low-precision overflow / underflow on every N-th step)")
 
 
+FAULT_KINDS = ("none", "nan", "inf", "lr_spike", "kill")
+
+
 @dataclass(frozen=True)
 class FaultConfig:
     """A deliberate fault, used to prove the detectors: at ``step``, make the output of
-    block ``layer`` NaN ("nan") or multiply the learning rate by ``lr_factor`` ("lr_spike")."""
+    block ``layer`` NaN ("nan") or multiply the learning rate by ``lr_factor`` ("lr_spike").
+    Under torchrun: ``rank`` limits a "nan"/"inf" fault to that process (-1: every process), and
+    "kill" makes process ``rank`` die at once (SIGKILL) at ``step``, to prove a lost process stops
+    the job with the steps so far on disk."""
 
     kind: str = "none"
     step: int = 0
     layer: int = 0
     lr_factor: float = 100.0
+    rank: int = -1
 
     def __post_init__(self) -> None:
-        _check(self.kind in ("none", "nan", "inf", "lr_spike"), "fault.kind", self.kind,
-               "one of ('none', 'nan', 'inf', 'lr_spike')")
+        _check(self.kind in FAULT_KINDS, "fault.kind", self.kind, f"one of {FAULT_KINDS}")
         _check(self.step >= 0 and self.layer >= 0, "fault.step", (self.step, self.layer),
                "a non-negative step and layer")
+        _check(isinstance(self.rank, int) and not isinstance(self.rank, bool) and self.rank >= -1, "fault.rank",
+               self.rank, "a process rank >= 0, or -1 for every process")
+        if self.kind == "kill":
+            _check(self.rank >= 0, "fault.rank", self.rank, "the rank >= 0 of the process that fault.kind='kill' "
+                   "kills (it is meant for runs under torchrun)")
+
+
+DISTRIBUTED_STRATEGIES = ("fsdp", "ddp")
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How one arm trains when the command runs under torchrun (``WORLD_SIZE`` > 1); ignored otherwise.
+
+    strategy: "fsdp" shards every block and the root with FSDP2 (``torch.distributed.fsdp.fully_shard``);
+        "ddp" keeps a full replica per process (``DistributedDataParallel``).
+    reshard_after_forward: FSDP2 frees the gathered parameters of a block after its forward (less memory,
+        one more all-gather in the backward); False keeps them until the backward.
+    """
+
+    strategy: str = "fsdp"
+    reshard_after_forward: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.strategy in DISTRIBUTED_STRATEGIES, "distributed.strategy", self.strategy,
+               f"one of {DISTRIBUTED_STRATEGIES}")
+        _check(isinstance(self.reshard_after_forward, bool), "distributed.reshard_after_forward",
+               self.reshard_after_forward, "true or false")
 
 
 @dataclass(frozen=True)
@@ -511,6 +545,7 @@ class RunConfig:
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     steps: int = 200
     seed: int = 0
     device: str = "cpu"

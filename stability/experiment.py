@@ -7,11 +7,17 @@ seed and k) and start from identical values in every parameter they share
 crosses to tracking, regression and report; ``record["paired"]`` compares each treatment arm with the
 baseline.
 
-``train_arm`` is how every case (this pair and the stress cases) trains one run: with a
+``train_units`` is how every case (this pair and the stress cases) trains its runs: it yields the arm
+record of each ``stability.units.Unit`` in the order of the case's list, trained here one after the
+other by ``train_arm`` or, with a ``runner``, elsewhere (``stability.raycluster.RayRunner``: one Ray
+task per unit), so a case reads the same records either way.
+
+``train_arm`` trains one run here: with a
 ``session`` (``stability.session``) the case record is on disk after every run, each step is
 in a per-step file, checkpoints and replay bundles are kept, and a resumed case takes its
 finished runs from disk. On Ctrl-C the case stops as a whole: ``Interrupted`` carries the
-case record so far (the killed arm included) up to the command.
+case record so far (the killed arm included) up to the command; under torchrun an arm that ended
+in an error (a lost process) stops the case the same way.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import time
 from collections.abc import Callable
 
 from stability import config as cfg
+from stability import distributed
 from stability.data import load_corpus
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.trainer import train
+from stability.units import Unit, check_unique
 
 
 def load_inputs(config: cfg.ExperimentConfig):
@@ -62,7 +70,8 @@ def train_arm(case_record: dict, config: cfg.ExperimentConfig, run: cfg.RunConfi
                            on_trained=after_training(run, config), hooks=hooks)
     if session is not None:
         session.arm_done(case_record, arm_record)
-    if arm_record["status"] == "killed":
+    if arm_record["status"] == "killed" or (arm_record["status"] == "error" and distributed.current() is not None):
+        # under torchrun an error (a lost process above all) ends the job: the others cannot go on alone
         case_record["arms"].append(arm_record)
         case_record["paired"] = paired_summary(case_record["arms"])
         case_record["status"] = "killed"
@@ -72,6 +81,25 @@ def train_arm(case_record: dict, config: cfg.ExperimentConfig, run: cfg.RunConfi
             session.arm_done(case_record, None)
         raise Interrupted(case_record)
     return arm_record
+
+
+def train_units(case_record: dict, config: cfg.ExperimentConfig, units: list[Unit], corpus, session=None,
+                runner=None, on_step=None):
+    """Yield the arm record of each of ``units``, in their order. Without a ``runner``, each is trained
+    here when the case asks for it (``train_arm``, ``on_step(arm, seed, step, figures)``); with one,
+    ``runner.train(case_record, config, units)`` trains them (in parallel, elsewhere: no per-step
+    callback) and the ``session`` notes each record as it comes back."""
+    check_unique(units)
+    if runner is None:
+        for unit in units:
+            step_cb = (lambda step, figures, arm=unit.arm, seed=unit.seed: on_step(arm, seed, step, figures)) \
+                if on_step else None
+            yield train_arm(case_record, config, unit.run, unit.schedule, corpus, unit.arm, session, on_step=step_cb)
+        return
+    for arm_record in runner.train(case_record, config, units):
+        if session is not None:
+            session.arm_done(case_record, arm_record)
+        yield arm_record
 
 
 def quantization_hook(run: cfg.RunConfig, schemes: tuple[str, ...]):
@@ -117,11 +145,12 @@ def after_training(run: cfg.RunConfig, config: cfg.ExperimentConfig):
 
 
 def run_pair(config: cfg.ExperimentConfig, schedule=None, on_arm_done: Callable[[dict], None] | None = None,
-             on_step=None, description: str = "", purpose: str = "regression", session=None) -> dict:
+             on_step=None, description: str = "", purpose: str = "regression", session=None, runner=None) -> dict:
     """Train every (seed, arm) of ``config``, seed by seed, and return the pair record.
 
-    ``on_arm_done(record)`` is called after each arm. ``session``: see ``train_arm``. Ctrl-C ends
-    the arm in flight as "killed" and raises ``Interrupted`` with the record so far."""
+    ``on_arm_done(record)`` is called after each arm. ``session``: see ``train_arm``; ``runner``: see
+    ``train_units``. Ctrl-C ends the arm in flight as "killed" and raises ``Interrupted`` with the
+    record so far."""
     from stability.schedules import Standard
 
     schedule = schedule or Standard()
@@ -130,16 +159,13 @@ def run_pair(config: cfg.ExperimentConfig, schedule=None, on_arm_done: Callable[
                              purpose=purpose)
     corpus = load_inputs(config)
     record["corpus"] = corpus.info
-    for seed in config.seeds:
-        for arm in config.arm_names:
-            run = config.arm_config(arm, seed)
-            step_cb = (lambda step, figures, arm=arm, seed=seed: on_step(arm, seed, step, figures)) if on_step \
-                else None
-            arm_record = train_arm(record, config, run, schedule, corpus, arm, session, on_step=step_cb)
-            record["arms"].append(arm_record)
-            record["paired"] = paired_summary(record["arms"])
-            if on_arm_done:
-                on_arm_done(record)
+    units = [Unit("pair", arm, seed, config.arm_config(arm, seed), schedule)
+             for seed in config.seeds for arm in config.arm_names]
+    for arm_record in train_units(record, config, units, corpus, session, runner, on_step):
+        record["arms"].append(arm_record)
+        record["paired"] = paired_summary(record["arms"])
+        if on_arm_done:
+            on_arm_done(record)
     record["status"] = finish_status(record)
     record["timing"] = case_timing([a["timing"] for a in record["arms"]], time.perf_counter() - started)
     return record

@@ -60,8 +60,10 @@ def keep(record: dict, run_dir: str | Path, tracking_uri: str | None = None, exp
 
 
 def run_recorded(kind: str, config, run_dir: str | Path, tracking_uri: str | None = None,
-                 experiment: str | None = None, track: bool = True, plots: bool = True, session=None) -> dict:
-    """Run the stress case ``kind`` on ``config`` and keep its record (see ``keep``).
+                 experiment: str | None = None, track: bool = True, plots: bool = True, session=None,
+                 runner=None) -> dict:
+    """Run the stress case ``kind`` on ``config`` and keep its record (see ``keep``). ``runner``: who
+    trains the runs (None: this process; ``stability.raycluster.RayRunner``: Ray tasks).
 
     Without a ``session``, one that keeps the record and per-step files in ``run_dir`` after every run
     (no live tracking, no lock: pytest-xdist workers share a run directory). On Ctrl-C the partial
@@ -72,7 +74,7 @@ def run_recorded(kind: str, config, run_dir: str | Path, tracking_uri: str | Non
 
     session = session or Session(run_dir, label="cases")
     try:
-        record = run_case(kind, config, session=session)
+        record = run_case(kind, config, session=session, runner=runner)
     except KeyboardInterrupt as stop:
         record = stopped_record(stop, session)
         if record is None:

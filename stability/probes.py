@@ -22,6 +22,11 @@ from torch import nn
 SINK_THRESHOLD = 0.3  # Gu et al. (ICLR 2025): a head has a sink at k=0 when alpha_0 > 0.3
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this process holds: the local shard of a DTensor (FSDP), else the tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 # ----------------------------------------------------------------------------- spikes
 
 class SpikeDetector:
@@ -85,14 +90,19 @@ class GradNorms:
         self.n_groups = len(groups)
 
     def __call__(self) -> torch.Tensor:
-        pairs = [(i, p.grad) for i, p in enumerate(self.params) if p.grad is not None]
-        device = self.params[0].device
+        return self.squares().sqrt()
+
+    def squares(self) -> torch.Tensor:
+        """The squared norms, laid out like the call's result. Under FSDP each process holds shards of the
+        gradients (``local``): their squares add up over the processes to the global ones."""
+        pairs = [(i, local(p.grad)) for i, p in enumerate(self.params) if p.grad is not None]
+        device = local(self.params[0]).device
         if not pairs:
             return torch.zeros(self.n_groups + 1, device=device)
         index = self.group_of[[i for i, _ in pairs]].to(device)
         squares = torch.stack(torch._foreach_norm([g for _, g in pairs])).float().pow(2)
         per_group = torch.zeros(self.n_groups, device=device).index_add_(0, index, squares)
-        return torch.cat([squares.sum().reshape(1), per_group]).sqrt()
+        return torch.cat([squares.sum().reshape(1), per_group])
 
 
 class UpdateNorms:
@@ -107,19 +117,24 @@ class UpdateNorms:
         self.params = [p for params in groups.values() for p in params]
         self.group_of = torch.tensor([i for i, params in enumerate(groups.values()) for _ in params])
         self.n_groups = len(groups)
-        self.previous = [torch.empty_like(p, memory_format=torch.preserve_format) for p in self.params]
+        self.previous = [torch.empty_like(local(p.detach()), memory_format=torch.preserve_format)
+                         for p in self.params]
 
     def before(self) -> None:
         with torch.no_grad():
-            torch._foreach_copy_(self.previous, [p.detach() for p in self.params])
+            torch._foreach_copy_(self.previous, [local(p.detach()) for p in self.params])
 
     def after(self) -> torch.Tensor:
+        return self.squares().sqrt()
+
+    def squares(self) -> torch.Tensor:
+        """``after`` before the square root (under FSDP: of this process's shards, see ``GradNorms.squares``)."""
         with torch.no_grad():
-            torch._foreach_sub_(self.previous, [p.detach() for p in self.params])   # W_before - W_after, in place
-            device = self.params[0].device
+            torch._foreach_sub_(self.previous, [local(p.detach()) for p in self.params])   # W_before - W_after
+            device = self.previous[0].device
             squares = torch.stack(torch._foreach_norm(self.previous)).float().pow(2)
             per_group = torch.zeros(self.n_groups, device=device).index_add_(0, self.group_of.to(device), squares)
-            return torch.cat([squares.sum().reshape(1), per_group]).sqrt()
+            return torch.cat([squares.sum().reshape(1), per_group])
 
 
 def grad_norms(groups: dict[str, list[nn.Parameter]]) -> torch.Tensor:
@@ -156,7 +171,8 @@ def first_nonfinite_module(model: nn.Module, run_forward) -> str | None:
 
 def nonfinite_grad_modules(model: nn.Module) -> list[str]:
     """Names of parameters whose gradient holds a NaN or Inf, in registration order."""
-    return [name for name, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    return [name for name, p in model.named_parameters()
+            if p.grad is not None and not torch.isfinite(local(p.grad)).all()]
 
 
 def layer_of(module_name: str | None, block_names: list[str] | None = None) -> int | None:

@@ -54,6 +54,15 @@ def run_label(case_record: dict, run: cfg.RunConfig) -> str:
     return ""
 
 
+def run_names(case_record: dict, run: cfg.RunConfig, schedule, arm: str) -> tuple[str, str, str]:
+    """(name, key, fingerprint) of one run: the name of its MLflow child run (arm, seed, LR or precision),
+    the name of its per-step file and checkpoint (the name and the fingerprint's start), the run's
+    fingerprint (its whole config and schedule)."""
+    fingerprint = run_fingerprint(dataclasses.asdict(run), schedule.name)
+    name = f"{arm}-seed{run.seed}{run_label(case_record, run)}"
+    return name, f"{name}-{fingerprint[:8]}", fingerprint
+
+
 def case_label(case_record: dict) -> str:
     stress = case_record.get("stress") or "pair"
     return "standard" if stress == "pair" else stress
@@ -202,9 +211,7 @@ class Session:
     def arm_hooks(self, case_record: dict, run: cfg.RunConfig, schedule, arm: str):
         """The hooks of one run, or its finished arm record when a resumed case already has it."""
         case = self._case(case_record)
-        fingerprint = run_fingerprint(dataclasses.asdict(run), schedule.name)
-        name = f"{arm}-seed{run.seed}{run_label(case_record, run)}"
-        key = f"{name}-{fingerprint[:8]}"
+        name, key, fingerprint = run_names(case_record, run, schedule, arm)
         steps_file = self.run_dir / "steps" / case_record["id"] / f"{key}.jsonl"
         checkpoint_file = self.checkpoint_dir / case_record["id"] / f"{key}.pt"
         resume_state, resume_after = None, None

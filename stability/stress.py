@@ -12,6 +12,10 @@
 
 Nothing here keeps state between calls: the config (including its ``stress`` settings) is the
 whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
+Each case lists its runs as ``stability.units.Unit`` s and reads their arm records back in that
+order (``stability.experiment.train_units``): trained here one after the other, or, with a
+``runner``, elsewhere (``stability.raycluster.RayRunner``: one Ray task per run), with the same
+figures.
 CPU intra-op threads are set from ``stress.threads`` for the duration of a case and restored.
 
 Every case trains every arm of the config (``config.arm_names``: the baseline and its treatment arms,
@@ -56,9 +60,10 @@ import torch
 
 from stability import ao, precision
 from stability import config as cfg
-from stability.experiment import load_inputs, run_pair, train_arm
+from stability.experiment import load_inputs, run_pair, train_units
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.schedules import Standard, from_stress
+from stability.units import Unit
 
 CASES_ORDER = cfg.STRESS_CASES
 
@@ -106,38 +111,43 @@ def run_summary(arm_record: dict, **extra) -> dict:
 
 class _Case:
     """Shared bookkeeping of a stress case: the record, the corpus, the per-run timings, the session
-    (``stability.experiment.train_arm``: record on disk after every run, resume, Ctrl-C)."""
+    (``stability.experiment.train_arm``: record on disk after every run, resume, Ctrl-C), the runner
+    (None: train here; see ``stability.experiment.train_units``)."""
 
     def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
-                 session=None):
+                 session=None, runner=None):
         self.started = time.perf_counter()
         self.kind = kind
         self.config = config
         self.session = session
+        self.runner = runner
         self.record = new_case_record(config, schedule_name, description, stress=kind)
         self.corpus = load_inputs(config)
         self.record["corpus"] = self.corpus.info
         self.runs: list[dict] = []  # timing dicts of every run trained
 
-    def train(self, run: cfg.RunConfig, schedule, arm: str) -> dict:
-        arm_record = train_arm(self.record, self.config, run, schedule, self.corpus, arm, self.session)
-        self.runs.append(arm_record["timing"])
-        return arm_record
+    def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
+        return Unit(self.kind, arm, seed, run, schedule)
+
+    def train_units(self, units: list[Unit]):
+        """Yield the arm record of each unit, in order (trained here or by the runner)."""
+        for arm_record in train_units(self.record, self.config, units, self.corpus, self.session, self.runner):
+            self.runs.append(arm_record["timing"])
+            yield arm_record
 
     def train_each_arm(self, schedule, figures_of) -> list[dict]:
         """Train every seed and arm under ``schedule``. ``figures_of(run, arm_record)`` returns
         (figures added to the arm's ``final``, extra entries for its summary). Returns one summary
         per arm: arm, seed, status, diverged_at_step, the figures and the extras."""
         per_arm = []
-        for seed in self.config.seeds:
-            for arm in self.config.arm_names:
-                run = self.config.arm_config(arm, seed)
-                arm_record = self.train(run, schedule, arm)
-                figures, extras = figures_of(run, arm_record)
-                arm_record["final"].update(figures)
-                self.record["arms"].append(arm_record)
-                per_arm.append({"arm": arm, "seed": seed, "status": arm_record["status"],
-                                "diverged_at_step": arm_record["diverged_at_step"], **figures, **extras})
+        units = [self.unit(arm, seed, self.config.arm_config(arm, seed), schedule)
+                 for seed in self.config.seeds for arm in self.config.arm_names]
+        for unit, arm_record in zip(units, self.train_units(units)):
+            figures, extras = figures_of(unit.run, arm_record)
+            arm_record["final"].update(figures)
+            self.record["arms"].append(arm_record)
+            per_arm.append({"arm": unit.arm, "seed": unit.seed, "status": arm_record["status"],
+                            "diverged_at_step": arm_record["diverged_at_step"], **figures, **extras})
         return per_arm
 
     def finish(self) -> dict:
@@ -170,12 +180,16 @@ def sweep_figures(lrs: list[float], losses: list[float | None], diverged: list[b
             "best_lr": lrs[best_index], "best_lr_loss": best, "loss_init": loss_init}
 
 
+def with_lr(run: cfg.RunConfig, lr: float) -> cfg.RunConfig:
+    return replace(run, optim=replace(run.optim, lr=lr))
+
+
 def reference_index(lrs: tuple[float, ...], lr: float) -> int:
     """Index of the grid LR nearest ``lr`` on a log scale."""
     return min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i]) - math.log(lr)))
 
 
-def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None) -> dict:
+def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None, runner=None) -> dict:
     """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
 
     ``record["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
@@ -187,15 +201,16 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None) -> dict:
     ref = reference_index(grid, config.run.optim.lr)
     with cpu_threads(config.stress.threads):
         case = _Case("lr_sweep", config, "lr_sweep",
-                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session)
+                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session, runner)
         per_arm, runs = [], []
+        units = [case.unit(arm, seed, with_lr(config.arm_config(arm, seed), lr), Standard())
+                 for seed in config.seeds for arm in config.arm_names for lr in grid]
+        trained = case.train_units(units)
         for seed in config.seeds:
             for arm in config.arm_names:
-                base = config.arm_config(arm, seed)
                 records = []
                 for lr in grid:
-                    run = replace(base, optim=replace(base.optim, lr=lr))
-                    arm_record = case.train(run, Standard(), arm)
+                    arm_record = next(trained)
                     records.append(arm_record)
                     runs.append(run_summary(arm_record, lr=lr))
                 losses = [r["final"].get("heldout_loss") for r in records]
@@ -246,12 +261,12 @@ def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr
                 losses[max(0, best - smoothing + 1):best + 1])) if best is not None else None}
 
 
-def run_lr_ramp(config: cfg.ExperimentConfig, session=None) -> dict:
+def run_lr_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """One LR range test per arm and seed: exponential LR from ``ramp_start_lr`` to ``ramp_end_lr``."""
     schedule = from_stress("lr_ramp", config)
     stress = config.stress
     with cpu_threads(stress.threads):
-        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe(), session)
+        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
         case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
@@ -275,7 +290,7 @@ def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
     return out
 
 
-def run_batch_ramp(config: cfg.ExperimentConfig, session=None) -> dict:
+def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """Batch doubling every ``batch_double_every`` steps up to ``batch_max_size``, LR by ``batch_lr_rule``."""
     stress = config.stress
     if stress.batch_max_size < config.run.data.batch_size:
@@ -283,7 +298,8 @@ def run_batch_ramp(config: cfg.ExperimentConfig, session=None) -> dict:
                               f"data.batch_size={config.run.data.batch_size}")
     schedule = from_stress("batch_ramp", config)
     with cpu_threads(stress.threads):
-        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session)
+        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session,
+                     runner)
 
         def figures_of(_run, arm_record):
             series = arm_record["series"]
@@ -313,7 +329,12 @@ def ladder_skips(config: cfg.ExperimentConfig) -> dict[str, str]:
     return skipped
 
 
-def run_precision_ladder(config: cfg.ExperimentConfig, session=None) -> dict:
+def at_precision(run: cfg.RunConfig, dtype: str, ladder_steps: int) -> cfg.RunConfig:
+    """``run`` in ``dtype`` for ``ladder_steps`` steps (0: the run's own)."""
+    return replace(run, precision=replace(run.precision, dtype=dtype), steps=ladder_steps or run.steps)
+
+
+def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """The same run (reference LR, Standard schedule) at every precision of ``stress.precisions``.
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
@@ -326,16 +347,16 @@ def run_precision_ladder(config: cfg.ExperimentConfig, session=None) -> dict:
     with cpu_threads(config.stress.threads):
         case = _Case("precision_ladder", config, "precision_ladder",
                      f"the same run in {', '.join(precisions)}"
-                     + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session)
+                     + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session, runner)
         runs, sources = [], {}
+        units = [case.unit(arm, seed, at_precision(config.arm_config(arm, seed), p, config.stress.ladder_steps),
+                           Standard()) for seed in config.seeds for arm in config.arm_names for p in precisions]
+        trained = case.train_units(units)
         for seed in config.seeds:
             for arm in config.arm_names:
-                base = config.arm_config(arm, seed)
                 by_precision = {}
                 for p in precisions:
-                    run = replace(base, precision=replace(base.precision, dtype=p),
-                                  steps=config.stress.ladder_steps or base.steps)
-                    arm_record = case.train(run, Standard(), arm)
+                    arm_record = next(trained)
                     by_precision[p] = arm_record
                     sources.setdefault(p, arm_record.get("precision"))
                     runs.append(run_summary(arm_record, precision=p))
@@ -393,7 +414,7 @@ def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoo
             "shock_recovered": recovered, "shock_spikes": sum(spikes[shock_step + 1:])}
 
 
-def run_shock(config: cfg.ExperimentConfig, session=None) -> dict:
+def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """An LR shock: ``shock_factor`` x the LR from ``shock_step`` on ("jump"), or no warmup ("no_warmup")."""
     stress = config.stress
     schedule = from_stress("shock", config)
@@ -401,7 +422,7 @@ def run_shock(config: cfg.ExperimentConfig, session=None) -> dict:
         raise cfg.ConfigError(f"stress.shock_step={stress.shock_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
-        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session)
+        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
@@ -412,10 +433,10 @@ def run_shock(config: cfg.ExperimentConfig, session=None) -> dict:
 
 # ----------------------------------------------------------------------------- the plain pair
 
-def run_standard(config: cfg.ExperimentConfig, session=None) -> dict:
+def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """The plain pair (every arm of the config) at the preset's settings (``stability run`` trains the same)."""
     with cpu_threads(config.stress.threads):
-        return run_pair(config, session=session)
+        return run_pair(config, session=session, runner=runner)
 
 
 # ----------------------------------------------------------------------------- by name
@@ -424,9 +445,10 @@ CASES = {"standard": run_standard, "lr_sweep": run_sweep, "lr_ramp": run_lr_ramp
          "precision_ladder": run_precision_ladder, "shock": run_shock}
 
 
-def run_case(kind: str, config: cfg.ExperimentConfig, session=None) -> dict:
+def run_case(kind: str, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record. ``session``:
-    record after every run, per-step files, checkpoints, resume (``stability.experiment.train_arm``)."""
+    record after every run, per-step files, checkpoints, resume (``stability.experiment.train_arm``);
+    ``runner``: who trains the runs (None: this process; ``stability.experiment.train_units``)."""
     if kind not in CASES:
         raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
-    return CASES[kind](config, session=session)
+    return CASES[kind](config, session=session, runner=runner)

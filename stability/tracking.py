@@ -258,7 +258,12 @@ def ensure_experiment(client, uri: str, name: str) -> str:
     found = _retry(client.get_experiment_by_name, name)
     experiment_id = found.experiment_id if found else _create_experiment(client, uri, name)
     if found is None or found.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
-        _retry(client.set_experiment_tag, experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        try:
+            _retry(client.set_experiment_tag, experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        except Exception:  # another writer set it at the same moment (PostgreSQL: a unique-key violation)
+            again = client.get_experiment_by_name(name)
+            if again is None or again.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                raise
     return experiment_id
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import signal
 import threading
 import time
@@ -31,9 +32,9 @@ from typing import Any
 
 import torch
 
-from stability import precision, probes
+from stability import distributed, precision, probes
 from stability.checkpoint import arm_state, restore, step_bundle
-from stability.config import RunConfig
+from stability.config import ConfigError, RunConfig
 from stability.data import Corpus, eval_batches, get_batch, load_corpus, probe_batch
 from stability.model import next_token_loss, z_loss
 from stability.models import build_model
@@ -100,10 +101,11 @@ def make_optimizer(model: torch.nn.Module, run: RunConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
 
 
-def install_fault(model: torch.nn.Module, run: RunConfig, current_step: list[int]):
-    """A forward hook that turns block ``fault.layer``'s output NaN/Inf at ``fault.step``."""
+def install_fault(model: torch.nn.Module, run: RunConfig, current_step: list[int], rank: int = 0):
+    """A forward hook that turns block ``fault.layer``'s output NaN/Inf at ``fault.step`` (in process
+    ``fault.rank`` only, when it is not -1)."""
     fault = run.fault
-    if fault.kind not in ("nan", "inf"):
+    if fault.kind not in ("nan", "inf") or fault.rank not in (-1, rank):
         return None
     poison = float("nan") if fault.kind == "nan" else float("inf")
 
@@ -143,17 +145,30 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     ``on_trained(model, corpus, record)``, when given, runs after the final evaluation of an arm that
     completed or diverged (the experiment uses it for quantization evaluation). ``hooks``: callbacks,
     checkpoints and replay bundles (``ArmHooks``); with a checkpoint to resume from, training continues
-    after its step with the record, model, optimiser, loss scaler and RNG states it holds."""
+    after its step with the record, model, optimiser, loss scaler and RNG states it holds.
+
+    Under a process group (torchrun; ``stability.distributed``) the arm trains sharded with FSDP2 (or
+    DDP), every figure global; checkpoints and replay bundles are single-process only and left out."""
     schedule = schedule or Standard()
     hooks = hooks or ArmHooks()
     device = torch.device(run.device)
     precision.check(run.precision, run.device, run.data.batch_size * run.model.context)  # ConfigError: nothing ran
+    world = distributed.current()
+    if world is not None:
+        distributed.check(run, world)
+        if hooks.checkpoints is not None and hooks.checkpoints.resume_state is not None:
+            raise ConfigError("resuming an arm is single-process only: expected a run started without torchrun")
+        hooks = dataclasses.replace(hooks, checkpoints=None, bundles=None)
     corpus = corpus or load_corpus(run.data, run.model.vocab_size, run.model.context)
     torch.manual_seed(run.seed)
     model = build_model(run.model, run.seed).to(device)
     policy = PrecisionPolicy(run.precision, run.device)
     model = policy.prepare(model)
     policy.watch(model)  # counts overflow/underflow on the device (the own fp8 counts in its casts)
+    forward = model      # what the training step calls: the model, or its DDP wrapper
+    if world is not None:  # every rank built the same values from the same seed: now shard them
+        forward = distributed.wrap(model, run, world)
+    sharded = world is not None and run.distributed.strategy == "fsdp"
     optimizer = make_optimizer(model, run)
     groups = probes.layer_groups(model)
     grad_norms = probes.GradNorms(groups)
@@ -166,12 +181,14 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     held_out = eval_batches(corpus, cfg_p.eval_batches, run.data.batch_size, run.model.context, run.data.bos,
                             device)
     current_step = [-1]
-    fault_handle = install_fault(model, run, current_step)
+    fault_handle = install_fault(model, run, current_step, world.rank if world is not None else 0)
 
     record = new_arm_record(arm, run.variant, run.seed, schedule.name)
     record.update(num_parameters=model.num_parameters(), gate_parameters=model.num_gate_parameters(),
                   layer_names=list(groups), model=model.describe(),
                   precision={"dtype": run.precision.dtype, **policy.describe()})
+    if world is not None:
+        record["distributed"] = world.describe(run)
     series = record["series"]
     # everything that carries over from one step to the next besides model, optimiser and policy
     loop = {"record": record, "initial_loss": None, "above_initial": 0, "tokens_seen": 0, "train_seconds": 0.0,
@@ -195,6 +212,8 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
         snapshot["step"] = step
         record["probes"].append(snapshot)
         if run.precision.dtype != "fp32":
+            if world is not None:
+                distributed.reduce_counts(policy.tally)
             record["precision_stats"].append({"step": step, **policy.pop_stats()})
         loop["probe_seconds"] += time.perf_counter() - t0
 
@@ -222,34 +241,47 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
                 batch_size = schedule.batch_size_at(step, run)
                 x, y = get_batch(corpus, "train", step, batch_size, run.model.context, run.seed, run.data.bos,
                                  device)
+                tokens = x.numel()
+                if world is not None:  # this rank's rows of the global batch
+                    x, y = distributed.local_rows(x, world), distributed.local_rows(y, world)
+                    if run.fault.kind == "kill" and step == run.fault.step and world.rank == run.fault.rank:
+                        os.kill(os.getpid(), signal.SIGKILL)
                 policy_before = policy.state_dict() if hooks.bundles is not None else None
                 with policy.autocast():
-                    logits = model(x)
+                    logits = forward(x)
                 loss = next_token_loss(logits, y)  # the logged loss: cross-entropy only, comparable across arms
                 policy.backward(loss + run.optim.z_loss * z_loss(logits) if run.optim.z_loss else loss)
                 policy.unscale_(optimizer)
-                norms = grad_norms()
-                figures = torch.cat([loss.detach().float().reshape(1), norms]).tolist()  # the one sync per step
+                if world is None:
+                    norms = grad_norms()
+                    figures = torch.cat([loss.detach().float().reshape(1), norms]).tolist()  # the one sync per step
+                else:  # one all-reduce: global loss, gradient norms and stop request, the same on every rank
+                    loss_all, squares, stop_all = distributed.reduce_step(loss, grad_norms.squares(),
+                                                                          stop.requested, sharded, world)
+                    figures = torch.cat([loss_all.reshape(1), squares.sqrt()]).tolist()
                 loss_value, grad_norm, layer_norms = figures[0], figures[1], figures[2:]
                 grads_finite = math.isfinite(grad_norm)
                 loss_finite = math.isfinite(loss_value)
                 nonfinite = "" if loss_finite and grads_finite else ("loss" if not loss_finite else "grad")
                 if nonfinite:  # localise before the optimizer step can spread the NaN into the weights
-                    record["events"].append(_nonfinite_event(model, policy, step, nonfinite, x, cfg_p))
+                    record["events"].append(_nonfinite_event(model, policy, step, nonfinite, x, cfg_p, forward, world))
                 loss_spike = detectors["loss"].update(loss_value)
                 grad_spike = detectors["grad"].update(grad_norm)
                 if hooks.bundles is not None and (loss_spike or grad_spike or nonfinite):
                     _keep_bundle(hooks, step, model, optimizer, policy_before, x, y, lr, loss_value, grad_norm,
                                  layer_norms, loss_spike, grad_spike, nonfinite, detectors)
                 if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:
-                    torch._foreach_mul_([p.grad for p in params if p.grad is not None],
+                    torch._foreach_mul_([probes.local(p.grad) for p in params if p.grad is not None],
                                         run.optim.grad_clip / (grad_norm + 1e-6))
                 update_norms.before()
                 stepped = policy.step(optimizer, grads_finite)
                 optimizer.zero_grad(set_to_none=True)
-                updates = update_norms.after().tolist()
+                if world is None:
+                    updates = update_norms.after().tolist()
+                else:
+                    updates = distributed.reduce_squares(update_norms.squares(), sharded, world).sqrt().tolist()
                 update_norm, layer_updates = updates[0], updates[1:]
-                loop["tokens_seen"] += x.numel()
+                loop["tokens_seen"] += tokens
                 loop["train_seconds"] += time.perf_counter() - t0
 
                 row = {"step": step, "lr": lr, "batch_size": batch_size, "tokens": loop["tokens_seen"],
@@ -287,7 +319,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
                 if hooks.checkpoints is not None and hooks.checkpoints.due(step) and step < run.steps - 1:
                     checkpoint(step)
                 at_boundary = True
-                if stop.requested:
+                if stop_all if world is not None else stop.requested:  # under torchrun: any rank's Ctrl-C
                     raise KeyboardInterrupt
             else:
                 record["status"] = "completed"
@@ -309,8 +341,12 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
             take_probes(last)
         t0 = time.perf_counter()
         record["final"].update(evaluate(model, held_out, policy))
-        if on_trained is not None:
+        if on_trained is not None and world is None:
             on_trained(model, corpus, record)
+        elif on_trained is not None:  # on an unsharded copy, on rank 0 (whose record is kept)
+            copy = distributed.full_model(model, run, lambda: policy.prepare(build_model(run.model, run.seed)))
+            if copy is not None:
+                on_trained(copy, corpus, record)
         eval_seconds = time.perf_counter() - t0
     else:
         eval_seconds = 0.0
@@ -342,16 +378,21 @@ def _keep_bundle(hooks, step, model, optimizer, policy_state, x, y, lr, loss_val
                                    hooks.replay_optimizer))
 
 
-def _nonfinite_event(model, policy, step, what, x, cfg_p) -> dict:
+def _nonfinite_event(model, policy, step, what, x, cfg_p, forward_model=None, world=None) -> dict:
     """Describe a non-finite step: the first module whose output went non-finite (re-running
-    the step's forward with hooks), or the parameters whose gradients did."""
+    the step's forward with hooks), or the parameters whose gradients did. Under a process group every
+    rank re-runs its rows and the event names the first rank where a module went non-finite ("rank")
+    and every rank's finding ("rank_modules")."""
     event = {"step": step, "what": what, "skipped": False, "module": None, "layer": None,
              "grad_params": probes.nonfinite_grad_modules(model)[:20]}
     if cfg_p.localize_nonfinite:
         def forward():
             with policy.autocast():
-                model(x)
+                (forward_model or model)(x)
         module = probes.first_nonfinite_module(model, forward)
+        if world is not None:
+            rank, module, found = distributed.first_rank_module(module, world)
+            event.update(rank=rank, rank_modules=found)
         if module is not None:
             event.update(what="activation" if what == "loss" else what, module=module,
                          layer=probes.layer_of(module, model.block_names))

@@ -286,3 +286,32 @@ def test_same_code_logs_to_a_tracking_server(server_uri):
     assert len(client.get_metric_history(result["child_run_ids"]["baseline-seed0"], "loss")) == 30
     fetched = tracking.fetch_records("main", server_uri, preset="smoke")
     assert [r["id"] for r in fetched] == [record["id"]]
+
+
+class _RacingClient:
+    """An MLflow client of a server store on which another writer creates the same experiment at the same
+    moment: our create finds none, their tag lands first, ours is a unique-key violation (PostgreSQL)."""
+
+    def __init__(self, tagged_after: bool):
+        self.tagged_after, self.lookups = tagged_after, 0
+
+    def get_experiment_by_name(self, name):
+        from types import SimpleNamespace
+
+        self.lookups += 1
+        if self.lookups == 1:
+            return None
+        tags = {tracking.EXPERIMENT_KIND_TAG: tracking.EXPERIMENT_KIND} if self.tagged_after else {}
+        return SimpleNamespace(experiment_id="7", tags=tags)
+
+    def create_experiment(self, name, artifact_location=None):
+        return "7"
+
+    def set_experiment_tag(self, *args):
+        raise RuntimeError('duplicate key value violates unique constraint "experiment_tag_pk"')
+
+
+def test_two_writers_creating_one_experiment_on_a_server():
+    assert tracking.ensure_experiment(_RacingClient(tagged_after=True), "http://127.0.0.1:1", "e") == "7"
+    with pytest.raises(RuntimeError, match="experiment_tag_pk"):   # the tag is still missing: a real failure
+        tracking.ensure_experiment(_RacingClient(tagged_after=False), "http://127.0.0.1:1", "e")

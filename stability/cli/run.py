@@ -6,7 +6,7 @@ import json
 import sys
 
 from stability import config as cfg
-from stability.cli.options import add_config_options, resolve_session
+from stability.cli.options import add_config_options, resolve_from_args, resolve_session
 from stability.table import paired_table, quant_table
 
 
@@ -38,11 +38,71 @@ def print_tracking(record: dict) -> None:
 
 
 def cmd_run(args) -> int:
+    from stability import distributed
+
+    if distributed.launched() > 1:   # started by torchrun: one arm across the processes
+        from stability.experiment import run_pair
+
+        return under_torchrun(args, "run", lambda config, run_dir: train_and_keep(args, config, run_dir, None, None),
+                              run_pair)
+    config, run_dir, resume, checkpoint_dir = resolve_session(args, "run")
+    return train_and_keep(args, config, run_dir, resume, checkpoint_dir)
+
+
+def under_torchrun(args, label: str, lead, follow) -> int:
+    """A training command under torchrun: every process trains every arm (sharded, see
+    ``stability.distributed``); rank 0 alone makes the run directory, writes the records and talks to
+    MLflow (``lead(config, run_dir)``), the others only train (``follow(config)``). A lost process
+    stops the job: the others end, with the records so far kept by rank 0."""
+    import signal
+
+    import torch
+
+    from stability import distributed
+    from stability.experiment import Interrupted, load_inputs
+    from stability.rundir import new_run_dir
+    from stability.stress import cpu_threads
+
+    if args.resume:
+        raise cfg.ConfigError(f"--resume {args.resume!r} is invalid under torchrun: expected a run started in one "
+                              f"process (checkpoints and resuming are single-process only)")
+    config = resolve_from_args(args)
+    world = distributed.init(config.run.device)
+
+    def stop(_signum, _frame):
+        # torchrun ends the processes with SIGTERM (when one is lost, or when it is stopped itself). While an
+        # arm trains this is a Ctrl-C: every rank stops after the same step. Otherwise nothing happens, so a
+        # record being written is not cut short (a collective with a lost peer raises anyway; torchrun
+        # kills what is still running 30 s later).
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            signal.raise_signal(signal.SIGINT)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for name in config.arm_names:
+            distributed.check(config.arm_config(name, config.seeds[0]), world)
+        if world.rank == 0:
+            load_inputs(config)   # a tokenizer cache is written once, by rank 0, before the others read it
+        torch.distributed.barrier()
+        if world.rank != 0:
+            try:
+                with cpu_threads(config.stress.threads):
+                    follow(config)
+            except Interrupted:
+                return 130
+            return 0
+        print(f"torchrun: {world.size} processes, distributed.strategy={config.run.distributed.strategy}, "
+              f"backend {world.backend}; rank 0 writes the records", flush=True)
+        return lead(config, new_run_dir(args.out, label))
+    finally:
+        distributed.shutdown()
+
+
+def train_and_keep(args, config, run_dir, resume, checkpoint_dir) -> int:
+    """Train the arms of ``config`` in a session on ``run_dir``, keep the record, print the tables."""
     from stability.experiment import Interrupted, run_pair
     from stability.pipeline import keep, stopped_record
     from stability.stress import cpu_threads
 
-    config, run_dir, resume, checkpoint_dir = resolve_session(args, "run")
     steps = config.run.steps
     arms = ", ".join(f"{name} ({config.arm_config(name, 0).variant})" for name in config.arm_names)
     print(f"stability run: preset {config.preset}, {len(config.seeds)} seed(s) x {len(config.arm_names)} arms "

@@ -10,15 +10,55 @@ from stability.table import ladder_table, paired_table, quant_table
 
 
 def cmd_stress(args) -> int:
-    from stability.cli.run import make_session, print_tracking
-    from stability.experiment import Interrupted
-    from stability.pipeline import run_recorded
-
     kinds = args.kinds or list(cfg.STRESS_CASES)
     for kind in kinds:
         if kind not in cfg.STRESS_CASES:
             raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {cfg.STRESS_CASES}")
-    config, run_dir, resume, checkpoint_dir = resolve_session(args, "stress")
+    from stability import distributed
+
+    if distributed.launched() > 1:   # started by torchrun: one arm across the processes
+        from stability.cli.run import under_torchrun
+        from stability.stress import run_case
+
+        if args.ray:
+            raise cfg.ConfigError(f"--ray {args.ray!r} is invalid under torchrun: expected one of the two (Ray sends "
+                                  f"whole runs to its workers; torchrun shards one run over its processes)")
+        return under_torchrun(args, "stress",
+                              lambda config, run_dir: finish(args, stress_cases(args, kinds, config, run_dir)),
+                              lambda config: [run_case(kind, config) for kind in kinds])
+    runner = None
+    if args.ray:
+        from stability.raycluster import RayRunner
+
+        runner = RayRunner(args.ray, max_retries=args.ray_retries)
+        args.no_live = True   # the tasks train elsewhere: the driver logs each case once it is whole
+    try:
+        config, run_dir, resume, checkpoint_dir = resolve_session(args, "stress")
+        if runner is not None:
+            runner.connect()   # an unreachable cluster: exit 2 before anything is written
+        records = stress_cases(args, kinds, config, run_dir, resume, checkpoint_dir, runner)
+    finally:
+        if runner is not None:
+            runner.close()
+    return finish(args, records)
+
+
+def finish(args, records: list[dict]) -> int:
+    """Write the baseline asked for with --baseline-out; the exit status (1 when a case ended in error)."""
+    if args.baseline_out:
+        from stability.regression import make_baseline, write_baseline
+
+        print(f"baseline written: {write_baseline(make_baseline(records), args.baseline_out)}")
+    return 1 if any(r["status"] == "error" for r in records) else 0
+
+
+def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None, runner=None) -> list[dict]:
+    """Run the stress cases ``kinds`` in a session on ``run_dir`` (on Ray when ``runner`` is given), keep
+    each record, print the tables; the records."""
+    from stability.cli.run import make_session, print_tracking
+    from stability.experiment import Interrupted
+    from stability.pipeline import run_recorded
+
     print(f"run directory: {run_dir}" + (" (continuing an interrupted run; --fresh starts a new one)"
                                           if resume else ""), flush=True)
     session = make_session(args, "stress", run_dir, checkpoint_dir, resume)
@@ -34,7 +74,8 @@ def cmd_stress(args) -> int:
             print(f"stability stress {kind}: preset {config.preset}, seeds {config.seeds}", flush=True)
             try:
                 record = run_recorded(kind, config, run_dir, args.tracking_uri, args.experiment,
-                                      track=not args.no_track, plots=not args.no_plots, session=session)
+                                      track=not args.no_track, plots=not args.no_plots, session=session,
+                                      runner=runner)
             except Interrupted as stop:
                 print(f"interrupted in {kind}: the record so far is {stop.record.get('record_path')}; continue "
                       f"with `stability stress {' '.join(kinds)} --resume {run_dir}`", file=sys.stderr)
@@ -51,11 +92,7 @@ def cmd_stress(args) -> int:
             print()
     finally:
         session.close()
-    if args.baseline_out:
-        from stability.regression import make_baseline, write_baseline
-
-        print(f"baseline written: {write_baseline(make_baseline(records), args.baseline_out)}")
-    return 1 if any(r["status"] == "error" for r in records) else 0
+    return records
 
 
 def add_parsers(sub) -> None:
@@ -67,4 +104,10 @@ def add_parsers(sub) -> None:
     parser.add_argument("--no-plots", action="store_true", help="no plots or report among the MLflow artifacts")
     parser.add_argument("--baseline-out", metavar="PATH",
                         help="also write a regression baseline made from these records to PATH")
+    parser.add_argument("--ray", metavar="auto|local:N|HOST:PORT",
+                        help="train each run (case, arm, seed, LR / precision) as a Ray task: local:N starts Ray "
+                             "here with N CPUs, auto joins this machine's cluster, HOST:PORT another (pip install "
+                             "-e \".[ray]\")")
+    parser.add_argument("--ray-retries", type=int, default=3, metavar="N",
+                        help="reruns of a Ray task whose worker died (default 3)")
     parser.set_defaults(func=cmd_stress)

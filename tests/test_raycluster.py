@@ -1,0 +1,141 @@
+"""Runs of a case as Ray tasks (stability.raycluster): the same records as a run in one process, a
+killed worker's unit retried and kept once, stable unit ids, clear errors for bad --ray values.
+
+The tests that train share one local Ray instance with 2 CPUs (started once for the module: a few
+seconds; every task trains a 6-step model of 32 channels)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import replace
+
+import pytest
+
+from stability import config as cfg
+from stability.cli import main
+from stability.config import resolve
+from stability.schedules import Standard
+from stability.stress import run_case
+from stability.units import Unit, check_unique
+
+TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 16,
+        "data.batch_size": 4, "data.builtin_bytes": 20_000, "probes.every": 5, "probes.eval_batches": 1,
+        "probes.probe_batch_size": 2, "steps": 6, "seeds": "0", "stress.sweep_lrs": "0.001,0.1",
+        "stress.shock_step": 3}
+
+
+def tiny(**overrides):
+    return resolve("smoke", {**TINY, **overrides})
+
+
+def figures(record: dict) -> str:
+    """Everything a case measured, timings and run bookkeeping aside, as comparable text."""
+    timing_free = ("timing", "unit", "run_name", "run_key")
+    arms = [{k: v for k, v in arm.items() if k not in timing_free} for arm in record["arms"]]
+    case = {k: v for k, v in (record.get(record["stress"]) or {}).items() if k != "runs"}
+    runs = [{k: v for k, v in run.items() if k != "timing"} for run in (record.get(record["stress"]) or {})
+            .get("runs", [])]
+    return json.dumps({"arms": arms, "case": case, "runs": runs, "paired": record["paired"],
+                       "status": record["status"]}, sort_keys=True, default=str)
+
+
+# ----------------------------------------------------------------------------- without Ray
+
+def test_unit_ids_are_stable_and_tell_runs_apart():
+    config = tiny()
+    run = config.arm_config("gated", 0)
+    unit = Unit("lr_sweep", "gated", 0, run, Standard())
+    again = Unit("lr_sweep", "gated", 0, config.arm_config("gated", 0), Standard())
+    assert unit.id == again.id and len(unit.id) == 16          # the same run, computed twice
+    other_lr = Unit("lr_sweep", "gated", 0, replace(run, optim=replace(run.optim, lr=0.5)), Standard())
+    others = [other_lr, Unit("lr_sweep", "baseline", 0, config.arm_config("baseline", 0), Standard()),
+              Unit("lr_sweep", "gated", 1, config.arm_config("gated", 1), Standard()),
+              Unit("lr_ramp", "gated", 0, run, Standard())]
+    assert len({unit.id, *(u.id for u in others)}) == 5
+    assert other_lr.rung == "lr=0.5" and other_lr.name == "lr_sweep/gated/seed0/lr=0.5"
+    with pytest.raises(ValueError, match=unit.id):
+        check_unique([unit, again])
+
+
+@pytest.mark.parametrize("spec, expected", [("auto", {"address": "auto"}), ("local:3", {"num_cpus": 3}),
+                                            ("10.0.0.5:6379", {"address": "10.0.0.5:6379"}),
+                                            ("ray://head:10001", {"address": "ray://head:10001"})])
+def test_ray_addresses(spec, expected):
+    from stability.raycluster import parse_address
+
+    assert parse_address(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["local:0", "local:two", "somewhere", "host:port"])
+def test_a_bad_ray_value_is_exit_2_before_anything_is_written(spec, tmp_path, capsys):
+    assert main(["stress", "standard", "--ray", spec, "--out", str(tmp_path), "--no-track"]) == 2
+    assert repr(spec) in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- on a local Ray instance
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    from stability.raycluster import RayRunner
+
+    runner = RayRunner("local:2", max_retries=2)
+    runner.connect()
+    yield runner
+    runner.close()
+    assert not ray.is_initialized()
+
+
+def test_a_ray_run_equals_a_local_run_figure_for_figure(ray_local):
+    config = tiny()
+    local = run_case("lr_sweep", config)
+    remote = run_case("lr_sweep", config, runner=ray_local)
+    assert figures(remote) == figures(local)
+    assert [(a["arm"], a["seed"]) for a in remote["arms"]] == [(a["arm"], a["seed"]) for a in local["arms"]]
+    units = remote["ray"]["units"]
+    assert [u["name"] for u in units] == [f"lr_sweep/{arm}/seed0/lr={lr}" for arm in ("baseline", "gated")
+                                          for lr in ("0.001", "0.1")]
+    assert remote["ray"]["retries"] == 0 and remote["ray"]["task_resources"] == {"num_cpus": 1}
+    assert "ray" not in local
+
+
+def test_a_killed_worker_is_retried_and_its_unit_counted_once(ray_local):
+    from stability.raycluster import RayRunner
+
+    config = tiny()
+    victim = Unit("pair", "gated", 0, config.arm_config("gated", 0), Standard()).id
+
+    def kill_first_attempt(unit_id, attempt):   # the worker process dies in the middle of its task
+        if unit_id == victim and attempt == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    runner = RayRunner(ray_local.address, max_retries=2, before_unit=kill_first_attempt)  # joins ray_local's Ray
+    record = run_case("standard", config, runner=runner)
+    attempts = {u["id"]: u["attempts"] for u in record["ray"]["units"]}
+    assert attempts[victim] == 2 and record["ray"]["retries"] == 1
+    assert sorted(attempts.values()) == [1, 2]
+    assert [(a["arm"], a["unit"]["id"]) for a in record["arms"]].count(("gated", victim)) == 1
+    assert len(record["arms"]) == 2 and record["status"] == "completed"
+    killed = next(a for a in record["arms"] if a["unit"]["id"] == victim)
+    assert killed["unit"]["attempt"] == 2
+    assert figures(record) == figures(run_case("standard", config))   # the retried run measured the same
+
+
+def test_stress_cli_with_ray(ray_local, tmp_path, capsys):
+    """``stability stress --ray`` joins the Ray instance of this process and writes the usual records."""
+    assert main(["stress", "shock", "--ray", "local:2", "--out", str(tmp_path), "--no-track", "--quiet",
+                 *[arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}")]]) == 0
+    out = capsys.readouterr().out
+    (path,) = tmp_path.glob("*/*shock*.json")
+    record = json.loads(path.read_text())
+    assert record["ray"]["address"] == "local:2" and len(record["arms"]) == 2 and str(path) in out
+    assert record["shock"]["per_arm"][0]["shock_step"] == 3 and record["status"] == "completed"
+
+
+def test_negative_retries_are_a_config_error():
+    from stability.raycluster import RayRunner
+
+    with pytest.raises(cfg.ConfigError, match="max_retries=-1"):
+        RayRunner("local:1", max_retries=-1)
