@@ -117,8 +117,7 @@ class UpdateNorms:
         self.params = [p for params in groups.values() for p in params]
         self.group_of = torch.tensor([i for i, params in enumerate(groups.values()) for _ in params])
         self.n_groups = len(groups)
-        self.previous = [torch.empty_like(local(p.detach()), memory_format=torch.preserve_format)
-                         for p in self.params]
+        self.previous = [torch.empty_like(local(p.detach()), memory_format=torch.preserve_format) for p in self.params]
 
     def before(self) -> None:
         with torch.no_grad():
