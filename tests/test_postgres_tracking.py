@@ -9,8 +9,8 @@ After each, every record the processes wrote is in MLflow exactly once: its pare
 run per arm under it (the ``mlflow.parentRunId`` tag), and nothing else in the experiment; no run
 failed to track (a lock error or a lost write shows as "not tracked" in the record).
 
-Slow (the server's schema migration on PostgreSQL alone takes about 30 s on 2 cores): run with
-``--run-slow``. Skipped, with the reason, only where PostgreSQL or the server cannot be started
+The first runs by default (about 50 CPU-seconds, most of it the server's schema migration on
+PostgreSQL); the other two are slow (``--run-slow``). Skipped, with the reason, only where PostgreSQL or the server cannot be started
 (Debian: ``apt-get install postgresql``)."""
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 16,
@@ -89,6 +87,7 @@ def test_two_stress_commands_at_once(server, tmp_path):
     assert_each_once(server, "two-at-once", records)
 
 
+@pytest.mark.slow
 def test_stress_suites_with_two_xdist_workers(server, tmp_path):
     env = {**os.environ, "STABILITY_RUN_DIR": str(tmp_path / "run"), "STABILITY_PLOTS": "0"}
     out = subprocess.run([sys.executable, "-m", "pytest", "suites/test_shock.py", "suites/test_lr_ramp.py", "-m",
@@ -100,6 +99,7 @@ def test_stress_suites_with_two_xdist_workers(server, tmp_path):
     assert_each_once(server, "stability-smoke", records)
 
 
+@pytest.mark.slow
 def test_a_ray_run_tracks_each_case_once(server, tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
     proc = stress(server, tmp_path, "ray", "--ray", "local:2")
