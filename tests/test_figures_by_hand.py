@@ -91,6 +91,18 @@ def test_the_spike_score_is_the_distance_above_the_mean_in_stds():
     assert flat.score == pytest.approx(1.0, rel=1e-3)   # std 0: the distance over 1e-12
 
 
+def test_local_takes_the_shard_of_a_sharded_tensor():
+    """Under FSDP2 a parameter is a DTensor; the norms read the part this process holds (``to_local``)."""
+    shard = torch.tensor([1.0, 2.0])
+
+    class Sharded:   # what a DTensor offers the probes: its local shard
+        def to_local(self):
+            return shard
+
+    plain = torch.ones(3)
+    assert probes.local(Sharded()) is shard and probes.local(plain) is plain
+
+
 def test_update_norms_by_hand():
     """Two groups: "a" holds [1, 2] (step to [4, 6]: change (3, 4), norm 5), "b" holds [0] and
     [[1, 1]] (steps to [12] and [[1, 1]]: norm 12). Global sqrt(25 + 144) = 13. A second step measures
