@@ -17,7 +17,6 @@ import glob
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from _mlflow_store import stop_server
 
 
 class Unavailable(RuntimeError):
@@ -129,11 +130,5 @@ def mlflow_server(backend_uri: str, artifact_root: Path, timeout: float = 180):
             time.sleep(0.5)
         yield uri
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)     # the server and the workers it started (its own session)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_server(server, timeout=30)   # the server and the workers it started (its own session)
         log.close()

@@ -9,10 +9,8 @@ saved in the test's tmp directory (its path is printed). Skipped when Chromium i
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +19,7 @@ import urllib.request
 
 import pytest
 from _chromium import Chromium, executable
+from _mlflow_store import stop_server
 
 from stability.cli import main
 
@@ -75,11 +74,7 @@ def mlflow_ui(written, tmp_path):
                 time.sleep(1)
         yield base
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(process.pid, signal.SIGKILL)
+        stop_server(process)
         log.close()
 
 

@@ -12,13 +12,11 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from _stability_records import edited, pair_record
@@ -40,19 +38,10 @@ def _fresh_failure_memory(monkeypatch):
 
 @pytest.fixture(scope="module")
 def template_db(request, tmp_path_factory):
-    """An empty, migrated MLflow SQLite store to copy from; kept in pytest's cache per MLflow version (the
-    migration takes seconds), made under tmp when the cache is off."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
+    """An empty, migrated MLflow SQLite store to copy from (tests/_mlflow_store.py)."""
+    from _mlflow_store import migrated_template
 
-    cache = getattr(request.config, "cache", None)
-    folder = cache.mkdir("stability-mlflow-template") if cache is not None else tmp_path_factory.mktemp("template")
-    path = Path(folder) / f"mlflow-{mlflow.__version__}.db"
-    if not path.is_file():
-        fresh = path.with_suffix(f".{os.getpid()}.tmp")
-        MlflowClient(tracking_uri=f"sqlite:///{fresh}").search_experiments()   # creates and migrates the schema
-        os.replace(fresh, path)
-    return path
+    return migrated_template(request.config, tmp_path_factory)
 
 
 @pytest.fixture
@@ -107,11 +96,9 @@ def mlflow_server(tmp_path_factory, template_db):
          "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     state = {"uri": f"http://127.0.0.1:{port}", "process": process, "log": root / "server.log", "up": False}
     yield state
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=15)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(process.pid, signal.SIGKILL)
+    from _mlflow_store import stop_server
+
+    stop_server(process)
     log.close()
 
 
