@@ -49,6 +49,7 @@ MARKERS = {
     "stress": "paired stress runs through the public API (pytest suites/ -m stress)",
     "claim": "a paper claim asserted on held-out seeds (suites/test_claims.py)",
     "kernel": "Triton kernel correctness (interpreter on the CPU, real kernels on a GPU)",
+    "agreement": "the quick kernel check the CPU workflow job runs: forward and every gradient against float64",
     "quant": "post-training quantization evaluation",
     "gpu": "needs a CUDA GPU; skipped cleanly without one",
     "slow": "long runs (ci/full scale, searches); deselect with -m 'not slow'",

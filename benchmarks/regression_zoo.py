@@ -8,11 +8,14 @@ For each entry of ``tests/_zoo.py`` (plus ``unchanged``, the code as it is): a f
 repository, the entry's patch, then the steps of the ``stress-cpu`` job of
 ``.github/workflows/stability.yml`` exactly as written (``--scale``/``BASELINE`` switched to the
 chosen preset), run by ``tests/_workflow.py``. A harmful entry is *caught* when the job fails; a
-harmless one is *flagged* when it fails. The table says which step failed and which figures
-``stability check`` named, and is written to ``reports/zoo-<scale>.md``. The copies (with their run
-directories) are kept under ``--work`` so ``--rejudge`` can apply the current check to the same
-records without training again. Nothing is asserted here; tests/test_workflow.py checks a few
-entries of each kind.
+harmless one is *flagged* when it fails. The table says which step failed (stress tests other than
+the per-case regression check, the kernel step, ``stability check``) and which figures the check
+named, and is written to ``reports/zoo-<scale>.md``. The copies (with their run directories) are kept
+under ``--work`` so ``--rejudge`` can apply the current check to the same records without training
+again: the stress suites' own regression tests apply the same rule per case, so a rejudged entry's
+stress step counts as failed only for its other tests (from the step's JUnit file); its kernel step is
+the one it ran (none, for a copy made before the step existed). Nothing is asserted here;
+tests/test_zoo.py checks a few entries of each kind.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +56,20 @@ def regressed_figures(copy: Path) -> list[str]:
     return [f"{r['case'].split('/', 1)[1]} {r['arm']} {r['figure']}" for r in rows if r["verdict"] == "regressed"]
 
 
+def other_stress_failures(copy: Path, scale: str) -> list[str]:
+    """Stress tests that failed, other than the per-case regression check (``TestRegression``)."""
+    junit = copy / "reports" / f"junit-stress-{scale}.xml"
+    if not junit.is_file():
+        return ["(no JUnit file: the stress step did not finish)"]
+    failed = [f"{case.get('classname')}::{case.get('name')}" for case in ElementTree.parse(junit).iter("testcase")
+              if case.find("failure") is not None or case.find("error") is not None]
+    return [name for name in failed if ".TestRegression::" not in name]
+
+
+def failed(row: dict) -> bool:
+    return bool(row["stress_other"]) or row["kernel_exit"] not in (0, None) or row["check_exit"] != 0
+
+
 def run_entry(entry: Entry, scale: str, work: Path) -> dict:
     copy = work / entry.name
     if copy.exists():
@@ -62,9 +80,10 @@ def run_entry(entry: Entry, scale: str, work: Path) -> dict:
     job = run_job(scaled_workflow(scale, work), "stress-cpu", copy, install=prepare_venv, timeout=6 * 3600)
     seconds = time.perf_counter() - started
     (copy / "job.log").write_text(job.log())
-    stress, check = job.steps.get("stress"), job.steps.get("check")
+    stress, kernel, check = job.steps.get("stress"), job.steps.get("kernel"), job.steps.get("check")
     return {"entry": entry.name, "harmful": entry.harmful, "what": entry.what, "job_failed": job.failed,
-            "stress_exit": stress.code if stress else None,
+            "stress_exit": stress.code if stress else None, "stress_other": other_stress_failures(copy, scale),
+            "kernel_exit": kernel.code if kernel and kernel.ran else None,
             "check_exit": int(check.outputs.get("code", -1)) if check and check.outputs else None,
             "regressed": regressed_figures(copy), "seconds": seconds}
 
@@ -78,8 +97,10 @@ def rejudge(entry: Entry, scale: str, work: Path) -> dict:
                             capture_output=True, text=True, check=False)
     previous = json.loads((work / f"zoo-{scale}.json").read_text())
     before = next(r for r in previous if r["entry"] == entry.name)
-    return {**before, "check_exit": result.returncode, "regressed": regressed_figures(copy),
-            "job_failed": before["stress_exit"] != 0 or result.returncode != 0}
+    row = {**before, "check_exit": result.returncode, "regressed": regressed_figures(copy),
+           "stress_other": other_stress_failures(copy, scale), "kernel_exit": before.get("kernel_exit"),
+           "rejudged": True}
+    return {**row, "job_failed": failed(row)}
 
 
 def verdict(row: dict) -> str:
@@ -96,14 +117,18 @@ def table(rows: list[dict], scale: str) -> str:
     lines = [f"## Regression zoo at `{scale}`", "",
              (f"Harmful changes caught: **{caught} of {len(harmful)}**; harmless changes flagged: "
               f"**{flagged} of {len(harmless)}**."), "",
-             "| entry | kind | change | verdict | stress step exit | check exit | figures the check named |",
-             "|---|---|---|---|---|---|---|"]
+             "| entry | kind | change | verdict | stress tests failed (besides the check) | kernel step exit | "
+             "check exit | figures the check named |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         named = r["regressed"]
         shown = ", ".join(named[:6]) + (f" (+{len(named) - 6} more)" if len(named) > 6 else "")
         kind = "harmful" if r["harmful"] else ("reference" if r["entry"] == "unchanged" else "harmless")
-        lines.append(f"| `{r['entry']}` | {kind} | {r['what']} | {verdict(r)} | {r['stress_exit']} | "
-                     f"{r['check_exit']} | {shown or '-'} |")
+        other = r.get("stress_other") or []
+        stress = ", ".join(name.rsplit(".", 1)[-1] for name in other) if other else "none"
+        kernel = "not run" if r.get("kernel_exit") is None else r["kernel_exit"]
+        lines.append(f"| `{r['entry']}` | {kind} | {r['what']} | {verdict(r)}{' (rejudged)' if r.get('rejudged') else ''} | "
+                     f"{stress} | {kernel} | {r['check_exit']} | {shown or '-'} |")
     return "\n".join(lines) + "\n"
 
 

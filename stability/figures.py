@@ -10,8 +10,12 @@ Fields of a ``Figure``:
   never judged (the gate score, the peak LR of a run).
 * ``kind``: "eval" for a figure of the *trained model* (held-out loss, M-Act ...). The figures of an
   arm that diverged describe a broken model, so the regression check leaves them out and compares
-  the arm by its status and divergence step instead. "run" for a figure of the training trajectory
-  (spikes, divergence, the stress-case figures), meaningful whatever the status.
+  the arm by its status and divergence step instead. "peak" for a maximum or spike score taken over the
+  whole trajectory (largest gradient / update norm, spike scores): in an arm that diverged it measures
+  the explosion itself, whose size any change of rounding moves by a factor of several, so it is left
+  out the same way; the stress cases' own figures name what happened before the divergence
+  (``ramp_spikes``, ``ramp_divergence_lr``). "run" for a figure of the training trajectory that keeps
+  its meaning whatever the status (non-finite events, divergence step, the stress-case figures).
 * ``floor`` / ``rel_floor``: the smallest change the regression check will call a change, in the
   figure's unit and as a fraction of the baseline value. They stop a deterministic figure (the
   same in every seed, so no spread) from failing on a difference nobody would act on.
@@ -38,8 +42,13 @@ class Figure:
     def __post_init__(self) -> None:
         if self.better not in (None, "lower", "higher"):
             raise ValueError(f"figure {self.name}: better={self.better!r}, expected 'lower', 'higher' or None")
-        if self.kind not in ("eval", "run"):
-            raise ValueError(f"figure {self.name}: kind={self.kind!r}, expected 'eval' or 'run'")
+        if self.kind not in ("eval", "peak", "run"):
+            raise ValueError(f"figure {self.name}: kind={self.kind!r}, expected 'eval', 'peak' or 'run'")
+
+    @property
+    def needs_completed_arm(self) -> bool:
+        """Left out of comparisons for an arm that did not complete (kinds "eval" and "peak")."""
+        return self.kind in ("eval", "peak")
 
 
 def _table(*figures: Figure) -> dict[str, Figure]:
@@ -58,9 +67,9 @@ FIGURES: dict[str, Figure] = _table(
            rel_floor=0.005),
     # the trajectory
     Figure("loss_spike_score", "lower", "% of steps", "steps whose loss is >= k std above the rolling mean",
-           kind="run", floor=1.0),
+           kind="peak", floor=1.0),
     Figure("grad_spike_score", "lower", "% of steps", "steps whose gradient norm is >= k std above the rolling mean",
-           kind="run", floor=2.0),
+           kind="peak", floor=2.0),
     Figure("nonfinite_events", "lower", "count", "steps with a NaN/Inf loss or gradient", kind="run", floor=0.5),
     Figure("skipped_steps", "lower", "count", "optimizer steps skipped (fp16 loss-scale overflow)", kind="run",
            floor=0.5, rel_floor=0.1),
@@ -70,15 +79,15 @@ FIGURES: dict[str, Figure] = _table(
            "step at which the arm diverged (the run length when it did not)", kind="run", floor=2.0,
            rel_floor=0.1),
     Figure("steps_completed", None, "steps", "steps trained before the arm stopped", kind="run"),
-    Figure("max_grad_norm", "lower", "L2 norm", "largest global gradient norm before clipping", floor=0.5,
-           rel_floor=0.5),
+    Figure("max_grad_norm", "lower", "L2 norm", "largest global gradient norm before clipping", kind="peak",
+           floor=0.5, rel_floor=0.5),
     Figure("update_spike_score", "lower", "% of steps",
            "steps whose optimiser update norm ||W_after - W_before|| is >= k std above the rolling mean",
-           kind="run", floor=2.0),
-    Figure("update_spikes", "lower", "count", "steps flagged by the update-norm spike score", kind="run",
+           kind="peak", floor=2.0),
+    Figure("update_spikes", "lower", "count", "steps flagged by the update-norm spike score", kind="peak",
            floor=2.0, rel_floor=0.5),
     Figure("max_update_norm", "lower", "L2 norm", "largest global optimiser update norm ||W_after - W_before||",
-           kind="run", floor=0.05, rel_floor=0.5),
+           kind="peak", floor=0.05, rel_floor=0.5),
     # heavy probes of the final model (probe batch, explicit attention path)
     Figure("m_act_mean", "lower", "|activation|",
            "max |value| of each block's residual output, mean over layers (Qiu et al. Table 4)", floor=1.0,

@@ -230,11 +230,12 @@ def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
 
 
 def usable_value(arm: ArmRecord, name: str) -> float | None:
-    """An arm's figure as a float for comparisons, or None: missing, non-finite, or an evaluation
-    figure of an arm that did not complete (its trained model is broken; see ``stability.figures``)."""
+    """An arm's figure as a float for comparisons, or None: missing, non-finite, or an evaluation or
+    peak figure of an arm that did not complete (a broken model, or the size of the explosion; see
+    ``stability.figures``)."""
     value = (arm.get("final") or {}).get(name)
     entry = fig.figure(name)
-    if entry is not None and entry.kind == "eval" and arm.get("status") != "completed":
+    if entry is not None and entry.needs_completed_arm and arm.get("status") != "completed":
         return None
     if isinstance(value, bool):
         return float(value)

@@ -10,17 +10,24 @@ regression this project exists to catch is "the gate stops helping", which can h
 arms that each look fine). The rule:
 
 1. **Status first.** An evaluation figure (``kind="eval"``: held-out loss, M-Act ...) of an arm that
-   did not complete describes a broken model and is left out. A seed whose baseline arm completed
+   did not complete describes a broken model, and a peak figure (``kind="peak"``: largest gradient or
+   update norm, spike scores) of such an arm measures the explosion: both are left out, on the
+   baseline's side too (seed by seed, by the baseline's status). A seed whose baseline arm completed
    and whose arm now diverged regressed. Divergence that comes earlier is judged through the
    ``divergence_step`` figure like any other.
 2. **Noise comes from the baseline alone.** ``s`` is the sample standard deviation of the
    baseline's per-seed values. When the records hold the baseline's seeds, the comparison is paired:
-   ``delta = mean over seeds of (current - baseline)``, with standard error ``s * sqrt(2 / n)``; else
-   ``delta = mean(current) - mean(baseline)`` with ``s * sqrt(1/n_baseline + 1/n_current)``. The
+   ``delta = mean over seeds of (current - baseline)``, with standard error ``s * sqrt(2 / n)`` (as if
+   the two runs of a seed were independent: the most two runs of one seed can differ by noise) and
+   multiplier ``k``. Else it is unpaired: ``delta = mean(current) - mean(baseline)`` with standard
+   error ``s * sqrt(1/n_baseline + 1/n_current)``; every seed-to-seed difference then enters delta,
+   and ``s`` is itself estimated from n_baseline seeds, so the multiplier is the Student-t value with
+   n_baseline - 1 degrees of freedom whose one-sided tail equals the normal tail beyond ``k``
+   (``stability.stats.t_quantile_for_z``: 19.2 for 3 baseline seeds, 5.5 for 6, at k = 3). The
    current run's own spread never widens the band, so a regression cannot hide in the noise it
    makes.
-3. **Band** ``= max(floor, rel_floor * |baseline mean|, k * standard error)``, ``k = 3`` by default;
-   ``floor`` and ``rel_floor`` come from the figure table (the smallest change worth acting on).
+3. **Band** ``= max(floor, rel_floor * |baseline mean|, multiplier * standard error)``, ``k = 3`` by
+   default; ``floor`` and ``rel_floor`` come from the figure table (the smallest change worth acting on).
    A figure regressed when it moved in its worse direction by more than the band, improved when it
    moved the other way by more than the band. A figure the baseline had finite that is now missing
    or non-finite (in an arm that completed) regressed.
@@ -58,7 +65,7 @@ from stability.record import (
     where,
     write_json,
 )
-from stability.stats import sample_std
+from stability.stats import sample_std, t_quantile_for_z
 from stability.table import fmt, text_table
 
 BASELINE_SCHEMA_VERSION = 2
@@ -135,8 +142,8 @@ def case_values(records: list[dict]) -> dict[str, dict]:
                 entry_ = fig.figure(name)
                 if entry_ is None or entry_.better is None:
                     continue
-                if entry_.kind == "eval" and arm["status"] != "completed":
-                    continue  # the figure of a broken model: left out (the status rows judge the arm)
+                if entry_.needs_completed_arm and arm["status"] != "completed":
+                    continue  # a broken model or the explosion's size: left out (the status rows judge the arm)
                 entry["figures"].setdefault(name, {})[seed] = usable_value(arm, name)
     return cases
 
@@ -301,12 +308,14 @@ def compare_values(baseline: dict, current: dict, name: str, k: float = DEFAULT_
     if common and set(cur) <= set(base):
         delta = _mean(cur[s] - base[s] for s in common)
         error = spread * math.sqrt(2.0 / len(common))
+        multiplier = k
         mode = f"paired n={len(common)}"
     else:
         delta = cur_mean - base_mean
         error = spread * math.sqrt(1.0 / len(base) + 1.0 / len(cur))
+        multiplier = t_quantile_for_z(k, len(base) - 1) if len(base) > 1 else k
         mode = f"unpaired {len(base)}/{len(cur)}"
-    band = max(floor, rel_floor * abs(base_mean), k * error)
+    band = max(floor, rel_floor * abs(base_mean), multiplier * error)
     worse = delta if entry.better == "lower" else -delta
     if lost:
         return ("regressed", base_mean, cur_mean, delta, band, mode,
@@ -321,6 +330,15 @@ def _paired_values(case_arms: dict, arm: str, name: str) -> dict:
     own = case_arms.get(arm, {}).get("figures", {}).get(name, {})
     return {s: (own[s] - ref[s] if own.get(s) is not None and ref.get(s) is not None else None)
             for s in own if s in ref}
+
+
+def _completed_only(arm: dict) -> dict:
+    """A baseline arm without the evaluation and peak figures of its seeds that did not complete (a
+    baseline made before a figure became "peak" may still hold them)."""
+    figures = {name: {s: v for s, v in values.items()
+                      if not (fig.figure(name).needs_completed_arm and arm["status"].get(s) != "completed")}
+               for name, values in arm["figures"].items()}
+    return {**arm, "figures": {name: values for name, values in figures.items() if values}}
 
 
 def _status_rows(key: str, arm: str, base: dict, cur: dict) -> list[Row]:
@@ -383,7 +401,9 @@ class CheckResult:
         out = [f"### Stability check: {icon} {self.verdict}", "",
                (f"Preset `{self.preset}`, device `{self.device}`, baseline from commit "
                 f"`{str(self.baseline_commit)[:12]}`. Band = max(floor, rel_floor × \\|baseline\\|, "
-                f"{self.k:g} × baseline seed std × √(2/n)); the noise comes from the baseline alone."), ""]
+                f"{self.k:g} × baseline seed std × √(2/n)) when the seeds match; unpaired, the Student-t value of "
+                f"the same tail replaces {self.k:g} and the standard error is std × √(1/n_b + 1/n_c). The noise "
+                f"comes from the baseline alone."), ""]
         out += [f"- **error:** {e}" for e in self.errors]
         out += [f"- note: {n}" for n in self.notes]
         if self.regressed:
@@ -404,9 +424,10 @@ class CheckResult:
 
 
 def _compare_case(result: CheckResult, key: str, base: dict, case: dict, tolerances: dict, k: float) -> None:
-    arms = arm_names([{"arm": a} for a in {**base["arms"], **case["arms"]}])
+    base_arms = {name: _completed_only(entry) for name, entry in base["arms"].items()}
+    arms = arm_names([{"arm": a} for a in {**base_arms, **case["arms"]}])
     for arm in arms:
-        base_arm, cur_arm = base["arms"].get(arm), case["arms"].get(arm)
+        base_arm, cur_arm = base_arms.get(arm), case["arms"].get(arm)
         if base_arm is None or cur_arm is None:
             result.notes.append(f"case {key}: arm {arm} is only in the {'records' if base_arm is None else 'baseline'}"
                                 f": not compared")
@@ -421,7 +442,7 @@ def _compare_case(result: CheckResult, key: str, base: dict, case: dict, toleran
         if arm == REFERENCE_ARM:
             continue
         for name in names:
-            base_d, cur_d = _paired_values(base["arms"], arm, name), _paired_values(case["arms"], arm, name)
+            base_d, cur_d = _paired_values(base_arms, arm, name), _paired_values(case["arms"], arm, name)
             if not any(v is not None for v in list(base_d.values()) + list(cur_d.values())):
                 continue
             verdict, b, c, delta, band, mode, note = compare_values(base_d, cur_d, name, k, tolerances.get(name))

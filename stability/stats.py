@@ -23,6 +23,40 @@ def t_critical(df: int) -> float:
     return T_975[max(usable)] if usable else float("nan")
 
 
+def t_two_sided_mass(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with ``df`` (integer >= 1) degrees of freedom: the finite sums of
+    Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df), with theta = atan(t / sqrt(df))."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom df={df!r}: expected an integer >= 1")
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/pi) [theta + sin cos (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ...)], df - 2 terms in the sum
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for j in range(1, (df - 1) // 2):
+            term *= c2 * (2 * j) / (2 * j + 1)
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term, total = 1.0, 1.0  # even: sin [1 + 1/2 c^2 + 1*3/(2*4) c^4 + ...]
+    for j in range(1, df // 2):
+        term *= c2 * (2 * j - 1) / (2 * j)
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile_for_z(z: float, df: int) -> float:
+    """The Student-t value with ``df`` degrees of freedom whose one-sided tail equals the normal tail
+    beyond ``z`` (z = 3: 0.135%): what "z standard errors" becomes when the standard deviation is itself
+    estimated from df + 1 values (df = 2: 19.2; df = 5: 5.5; df = infinity: z)."""
+    tail = 0.5 * math.erfc(z / math.sqrt(2))
+    low, high = 0.0, 1.0
+    while 1 - t_two_sided_mass(high, df) > 2 * tail:
+        high *= 2
+    for _ in range(200):
+        middle = (low + high) / 2
+        low, high = (middle, high) if 1 - t_two_sided_mass(middle, df) > 2 * tail else (low, middle)
+    return high
+
+
 def sign_flip_p_value(differences: list[float]) -> float | None:
     """Exact two-sided sign-flip test of mean(differences) == 0 (None for n < 2; sampled above n=16)."""
     n = len(differences)

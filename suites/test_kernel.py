@@ -140,6 +140,17 @@ CPU_DTYPES = [torch.float32, torch.float16]
 # ----------------------------------------------------------------------------- grids
 
 
+@pytest.mark.agreement
+@pytest.mark.parametrize("gate_mode", ["elem", "head"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_gradient_agrees_with_the_float64_reference_in_each_gate_mode(gate_mode, causal):
+    """The CPU workflow job's kernel step (``-m agreement``, seconds): the output and dq, dk, dv, dgate
+    of one grouped-query shape per gate mode, through many small blocks, against float64. The stress
+    suites on the CPU train on the ``torch`` backend, so without this step a wrong kernel backward
+    would reach the merge unseen (the regression zoo's ``kernel_dg_missing_factor``)."""
+    check_against_reference(2, 4, 2, 37, 32, gate_mode, causal, torch.float32, seed=11, small=True)
+
+
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
 @pytest.mark.parametrize("gate_mode", ["elem", "head", None])
 @pytest.mark.parametrize("causal", [True, False])

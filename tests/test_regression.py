@@ -140,12 +140,16 @@ def test_seed_spread_of_the_baseline_widens_the_band():
         ["regressed"]
 
 
-def test_other_seeds_are_compared_unpaired_with_the_standard_error_of_both_means():
+def test_other_seeds_are_compared_unpaired_with_the_standard_error_of_both_means_and_student_t():
+    """Unpaired, s comes from 3 baseline seeds (2 degrees of freedom): the multiplier is the t value of
+    the normal tail beyond 3 (0.135% one-sided), 19.2067 by the t table, not 3."""
     base_record = _set(pair_record(), "gated", "m_act_mean", [2.0, 10.0, 6.0])   # mean 6, s = 4
     other = _set(pair_record(seeds=(5, 6, 7)), "gated", "m_act_mean", [7.0, 7.0, 7.0])
     row = _row(reg.check([other], reg.make_baseline([base_record])), "gated", "m_act_mean")
     assert row.mode == "unpaired 3/3" and row.delta == pytest.approx(1.0)
-    assert row.band == pytest.approx(3 * 4.0 * math.sqrt(1 / 3 + 1 / 3))
+    assert row.band == pytest.approx(19.2067 * 4.0 * math.sqrt(1 / 3 + 1 / 3), rel=1e-5)
+    far = _set(pair_record(seeds=(5, 6, 7)), "gated", "m_act_mean", [70.0, 70.0, 70.0])   # +64 > 62.7
+    assert _verdicts(reg.check([far], reg.make_baseline([base_record])), "gated", "m_act_mean") == ["regressed"]
 
 
 def test_figures_of_an_arm_that_diverged_are_left_out_and_its_status_is_judged(record, baseline):
