@@ -48,7 +48,15 @@ from stability.schedules import (
     lr_scale,
     warmup_cosine,
 )
-from stability.stats import paired_difference, sample_std, sign_flip_p_value, t_critical
+from stability.stats import (
+    T_975,
+    paired_difference,
+    sample_std,
+    sign_flip_p_value,
+    t_critical,
+    t_quantile_for_z,
+    t_two_sided_mass,
+)
 from stability.stress import (
     _finite,
     _rolling_min_index,
@@ -171,6 +179,23 @@ def test_t_critical_is_the_tabulated_value_at_or_below_df():
     assert t_critical(1) == 12.706 and t_critical(2) == 4.303 and t_critical(20) == 2.086
     assert t_critical(22) == 2.086 and t_critical(25) == 2.060 and t_critical(1000) == 1.980
     assert math.isnan(t_critical(0))
+
+
+def test_the_t_quantile_of_a_normal_tail_matches_the_t_table_and_the_closed_forms():
+    """z = 1.959964 (2.5% one-sided) gives the two-sided 95% table values for every tabulated df; df = 1
+    (Cauchy, t = tan(pi (1/2 - p))) and df = 2 (P(|T| < t) = t / sqrt(t^2 + 2)) have closed forms: at
+    z = 3 (p = 0.0013499) they give 235.80 and 19.2067; a large df tends to z itself."""
+    for df, value in T_975.items():
+        assert t_quantile_for_z(1.959964, df) == pytest.approx(value, abs=1.5e-3), df
+    p = 0.5 * math.erfc(3 / math.sqrt(2))
+    assert t_quantile_for_z(3, 1) == pytest.approx(math.tan(math.pi * (0.5 - p)), rel=1e-9)
+    a = 1 - 2 * p
+    assert t_quantile_for_z(3, 2) == pytest.approx(math.sqrt(2) * a / math.sqrt(1 - a * a), rel=1e-9)
+    assert t_quantile_for_z(3, 2) == pytest.approx(19.2067, abs=1e-4)
+    assert 3.0 < t_quantile_for_z(3, 1000) < 3.01
+    assert t_two_sided_mass(0.0, 5) == 0.0 and t_two_sided_mass(1e9, 5) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="df=0"):
+        t_two_sided_mass(1.0, 0)
 
 
 def test_the_95_percent_t_interval_of_three_differences():

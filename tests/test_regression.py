@@ -178,6 +178,38 @@ def test_earlier_divergence_than_the_baseline_regresses():
         ["regressed"]
 
 
+def test_peak_figures_of_diverged_arms_are_left_out_on_both_sides_and_judged_when_they_completed():
+    """The largest update norm of an arm that diverged is the size of its explosion (baseline 6.5e4,
+    a harmless change 4.4e6 in the regression zoo): left out seed by seed, on the baseline's side as
+    well (a baseline made before the figure was a peak figure still holds it). The same jump in arms
+    that completed regresses."""
+    def ramp(norms, status):
+        rec = pair_record()
+        for arm, norm in zip([a for a in rec["arms"] if a["arm"] == "gated"], norms):
+            arm["final"].update(max_update_norm=norm, max_grad_norm=norm, loss_spike_score=norm)
+            if status == "diverged":
+                arm.update(status="diverged", diverged_at_step=40)
+                arm["final"].update(diverged=True, divergence_step=40)
+        return rec
+    new_baseline = reg.make_baseline([ramp([6.0e4, 7.0e4, 6.5e4], "diverged")])
+    figures = new_baseline["cases"]["smoke/standard"]["arms"]["gated"]["figures"]
+    assert "max_update_norm" not in figures and "max_grad_norm" not in figures
+    old_baseline = copy.deepcopy(new_baseline)
+    old_figures = old_baseline["cases"]["smoke/standard"]["arms"]["gated"]["figures"]
+    for name in ("max_update_norm", "max_grad_norm", "loss_spike_score"):
+        old_figures[name] = {"0": 6.0e4, "1": 7.0e4, "2": 6.5e4}
+    exploded = ramp([4.4e6, 3.9e5, 6.4e5], "diverged")
+    for baseline in (old_baseline, new_baseline):
+        result = reg.check([exploded], baseline)
+        assert not [r for r in result.rows if r.figure in ("max_update_norm", "max_grad_norm", "loss_spike_score")
+                    and r.arm.startswith("gated")], result.table()
+        assert result.exit_code == 0, result.table()
+    completed = reg.make_baseline([ramp([6.0e4, 7.0e4, 6.5e4], "completed")])
+    result = reg.check([ramp([4.4e6, 3.9e5, 6.4e5], "completed")], completed)
+    assert _verdicts(result, "gated", "max_update_norm") == ["regressed"]
+    assert _verdicts(result, "gated", "loss_spike_score") == ["regressed"]
+
+
 def test_a_finite_baseline_figure_turning_non_finite_in_a_completed_arm_regresses(record, baseline):
     broken = _set(record, "gated", "heldout_loss", [None, None, None])
     result = reg.check([broken], baseline)

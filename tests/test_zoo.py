@@ -38,6 +38,24 @@ def test_zoo_entries_harmful_caught_harmless_passed(tmp_path, name, expected):
     assert bool(named) == bool(expected) and (not expected or "REGRESSED" in check.stdout)
 
 
+def test_the_cpu_jobs_kernel_step_catches_a_wrong_gate_gradient(tmp_path):
+    """The CPU stress suites train on the torch backend, so only the job's kernel step reaches the Triton
+    backward: with the zoo's ``kernel_dg_missing_factor`` applied, that step, run as the workflow
+    writes it, fails and names dgate."""
+    import yaml
+    from _workflow import WORKFLOW
+
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["stress-cpu"]["steps"]
+    script = next(step["run"] for step in steps if step.get("id") == "kernel")
+    copy = patched_copy(tmp_path / "kernel", "kernel_dg_missing_factor")
+    prepare_venv(copy)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STABILITY_", "PYTEST_", "VIRTUAL_ENV"))}
+    result = subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=copy, env=env, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "dgate: kernel error" in result.stdout and "[True-elem]" in result.stdout
+
+
 def test_every_zoo_patch_still_applies_to_the_code_exactly_once():
     """A zoo entry whose text moved away would measure nothing: each edit's old text occurs once."""
     from pathlib import Path
