@@ -571,7 +571,9 @@ def test_the_band_and_verdict_of_one_figure_by_hand():
     = 0.16330, band max(0.02, 0.016, 3 * 0.16330 = 0.48990) -> 0.5 is worse by more: regressed. With
     k = 1 the band is 0.16330; with a tolerance floor of 1.0 it is 1.0 (ok); rel_floor 0.5 -> 1.6.
     Unpaired (new seeds 3 and 4 at 3.0, 3.1): delta 3.05 - 3.2 = -0.15, error 0.2 * sqrt(1/3 + 1/2) =
-    0.18257, band 0.54772: ok. The baseline's seeds plus a new one: unpaired too (3/4), delta 0."""
+    0.18257, multiplier the t value with 2 degrees of freedom at the normal tail beyond 3, 19.2067,
+    band 3.50666: ok (so is 3.5, 3.6: +0.35). The baseline's seeds plus a new one: unpaired too (3/4),
+    delta 0."""
     base = {"0": 3.0, "1": 3.2, "2": 3.4}
     worse = {"0": 3.5, "1": 3.7, "2": 3.9}
     error = 0.2 * math.sqrt(2 / 3)
@@ -584,7 +586,9 @@ def test_the_band_and_verdict_of_one_figure_by_hand():
     assert reg.compare_values(base, worse, "heldout_loss", tolerance={"rel_floor": 0.5})[4] == pytest.approx(1.6)
     assert reg.compare_values(base, {"3": 3.0, "4": 3.1}, "heldout_loss") == (
         "ok", pytest.approx(3.2), pytest.approx(3.05), pytest.approx(-0.15),
-        pytest.approx(3 * 0.2 * math.sqrt(1 / 3 + 1 / 2)), "unpaired 3/2", "")
+        pytest.approx(19.2067 * 0.2 * math.sqrt(1 / 3 + 1 / 2), rel=1e-5), "unpaired 3/2", "")
+    assert reg.compare_values(base, {"3": 3.5, "4": 3.6}, "heldout_loss")[0] == "ok"
+    assert reg.compare_values(base, {"3": 6.8, "4": 6.8}, "heldout_loss")[0] == "regressed"   # +3.6
     extra = reg.compare_values(base, {**base, "3": 3.2}, "heldout_loss")
     assert extra[0] == "ok" and extra[3] == pytest.approx(0.0) and extra[5] == "unpaired 3/4"
 
