@@ -193,6 +193,8 @@ def test_the_t_quantile_of_a_normal_tail_matches_the_t_table_and_the_closed_form
     assert t_quantile_for_z(3, 2) == pytest.approx(math.sqrt(2) * a / math.sqrt(1 - a * a), rel=1e-9)
     assert t_quantile_for_z(3, 2) == pytest.approx(19.2067, abs=1e-4)
     assert 3.0 < t_quantile_for_z(3, 1000) < 3.01
+    small = 1 - 2 * (0.5 * math.erfc(0.5 / math.sqrt(2)))   # z = 0.5: a t value below 1
+    assert t_quantile_for_z(0.5, 2) == pytest.approx(math.sqrt(2) * small / math.sqrt(1 - small * small), rel=1e-9)
     assert t_two_sided_mass(0.0, 5) == 0.0 and t_two_sided_mass(1e9, 5) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="df=0"):
         t_two_sided_mass(1.0, 0)
@@ -591,6 +593,16 @@ def test_the_band_and_verdict_of_one_figure_by_hand():
     assert reg.compare_values(base, {"3": 6.8, "4": 6.8}, "heldout_loss")[0] == "regressed"   # +3.6
     extra = reg.compare_values(base, {**base, "3": 3.2}, "heldout_loss")
     assert extra[0] == "ok" and extra[3] == pytest.approx(0.0) and extra[5] == "unpaired 3/4"
+
+
+def test_the_unpaired_multiplier_follows_the_baseline_seeds_that_have_a_value():
+    """One usable baseline value: no spread, the floor decides (0.02 for heldout_loss; no t with 0
+    degrees of freedom is asked for). Two: t with 1 degree of freedom at the tail beyond 3, 235.8015;
+    s = 0.2 / sqrt(2) = 0.141421, error s * sqrt(1/2 + 1/1), band 235.8015 * 0.173205 = 40.842."""
+    one = reg.compare_values({"0": 3.0, "1": None, "2": None}, {"5": 3.01}, "heldout_loss")
+    assert one[0] == "ok" and one[4] == pytest.approx(0.02) and one[5] == "unpaired 1/1"
+    two = reg.compare_values({"0": 3.0, "1": 3.2}, {"5": 3.1}, "heldout_loss")
+    assert two[5] == "unpaired 2/1" and two[4] == pytest.approx(40.842, abs=1e-3)
 
 
 def test_a_change_exactly_the_size_of_the_band_is_ok():
