@@ -118,10 +118,6 @@ EQUIVALENTS: tuple[Equivalent, ...] = (
                "the line is in the branch of odd df, where df > 1 and df > 2 are the same test"),
     Equivalent("stats", "t_quantile_for_z", "low, high = 0.0, 1.0", "low, high = 0.0, 2.0",
                "the bracket only has to hold the root: 200 halvings narrow either one to the same value"),
-    Equivalent("stats", "t_quantile_for_z", "while 1 - t_two_sided_mass(high, df) > 2 * tail:",
-               "while 1 - t_two_sided_mass(high, df) >= 2 * tail:",
-               "differs only when the tail at a power of two equals the target exactly; the bracket holds the "
-               "root either way"),
     Equivalent("stats", "t_quantile_for_z", "high *= 2", "high *= 3",
                "any growing bracket holds the root: the bisection then narrows it to the same value"),
     Equivalent("stats", "t_quantile_for_z", "for _ in range(200):", "for _ in range(201):",
