@@ -26,8 +26,8 @@ import shutil
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -117,8 +117,8 @@ def table(rows: list[dict], scale: str) -> str:
     lines = [f"## Regression zoo at `{scale}`", "",
              (f"Harmful changes caught: **{caught} of {len(harmful)}**; harmless changes flagged: "
               f"**{flagged} of {len(harmless)}**."), "",
-             "| entry | kind | change | verdict | stress tests failed (besides the check) | kernel step exit | "
-             "check exit | figures the check named |",
+             ("| entry | kind | change | verdict | stress tests failed (besides the check) | kernel step exit | "
+              "check exit | figures the check named |"),
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         named = r["regressed"]
@@ -127,8 +127,9 @@ def table(rows: list[dict], scale: str) -> str:
         other = r.get("stress_other") or []
         stress = ", ".join(name.rsplit(".", 1)[-1] for name in other) if other else "none"
         kernel = "not run" if r.get("kernel_exit") is None else r["kernel_exit"]
-        lines.append(f"| `{r['entry']}` | {kind} | {r['what']} | {verdict(r)}{' (rejudged)' if r.get('rejudged') else ''} | "
-                     f"{stress} | {kernel} | {r['check_exit']} | {shown or '-'} |")
+        rejudged = " (rejudged)" if r.get("rejudged") else ""
+        lines.append(f"| `{r['entry']}` | {kind} | {r['what']} | {verdict(r)}{rejudged} | {stress} | {kernel} | "
+                     f"{r['check_exit']} | {shown or '-'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,12 @@ import pytest
 from _workflow import prepare_venv
 from _zoo import BY_NAME, patched_copy
 
-ZOO_CASES = ("standard", "lr_sweep")   # the cases these entries move; the zoo benchmark runs the whole job
+ZOO_CASES = ("standard", "lr_sweep")
+
+
+def copy_environment() -> dict:
+    """This process's environment without what would point a patched copy's commands elsewhere."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("STABILITY_", "MLFLOW_", "PYTEST_", "VIRTUAL_ENV"))}   # the cases these entries move; the zoo benchmark runs the whole job
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -27,7 +32,7 @@ def test_zoo_entries_harmful_caught_harmless_passed(tmp_path, name, expected):
     copy = patched_copy(tmp_path / name, name)
     prepare_venv(copy)
     stability = str(copy / ".venv" / "bin" / "stability")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STABILITY_", "MLFLOW_", "PYTEST_"))}
+    env = copy_environment()
     stress = subprocess.run([stability, "stress", *ZOO_CASES, "--preset", "smoke", "--no-track"], cwd=copy,
                             env=env, capture_output=True, text=True, check=False)
     assert stress.returncode == 0, stress.stdout[-2000:] + stress.stderr[-2000:]
@@ -49,7 +54,7 @@ def test_the_cpu_jobs_kernel_step_catches_a_wrong_gate_gradient(tmp_path):
     script = next(step["run"] for step in steps if step.get("id") == "kernel")
     copy = patched_copy(tmp_path / "kernel", "kernel_dg_missing_factor")
     prepare_venv(copy)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STABILITY_", "PYTEST_", "VIRTUAL_ENV"))}
+    env = copy_environment()
     result = subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=copy, env=env, capture_output=True,
                             text=True, check=False)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
