@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 # One GPU per pytest-xdist worker, from the caller's own CUDA_VISIBLE_DEVICES: set before torch is
-# imported (stability.gpus imports nothing heavy). An impossible assignment is reported at configure.
-from stability.gpus import GpuAssignmentError, pin_this_worker
+# imported (stability.cases.gpus imports nothing heavy). An impossible assignment is reported at configure.
+from stability.cases.gpus import GpuAssignmentError, pin_this_worker
 
 try:
     _GPU_PINNING_ERROR = None
@@ -84,7 +84,7 @@ def pytest_configure(config):
     if worker_input is not None and RUN_DIR_KEY in worker_input:
         config._stability_run_dir = worker_input[RUN_DIR_KEY]
     else:
-        from stability.rundir import ENV_VAR, new_run_dir
+        from stability.record.rundir import ENV_VAR, new_run_dir
 
         config._stability_run_dir = os.environ.get(ENV_VAR) or str(new_run_dir(label="pytest"))
 
@@ -179,7 +179,7 @@ def ray_runner(pytestconfig):
     if not spec:
         yield None
         return
-    from stability.raycluster import RayRunner
+    from stability.cases.ray_runner import RayRunner
 
     runner = RayRunner(spec)
     runner.connect()
@@ -189,11 +189,11 @@ def ray_runner(pytestconfig):
 
 @pytest.fixture(scope="session")
 def stress_record(stress_config, tracking_uri, run_dir, ray_runner):
-    """Factory: ``stress_record("lr_sweep")`` runs that stress case (``stability.stress.CASES``) on
+    """Factory: ``stress_record("lr_sweep")`` runs that stress case (``stability.cases.stress.CASES``) on
     the scale preset once per session: JSON record first (this session's run directory), then one
     MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
     overrides return the same record (``.records`` holds all)."""
-    from stability.pipeline import run_recorded
+    from stability.cases.pipeline import run_recorded
 
     cache: dict = {}
     plots = os.environ.get("STABILITY_PLOTS", "1") != "0"

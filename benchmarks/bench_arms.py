@@ -26,12 +26,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
+from stability.cases.experiment import run_pair
 from stability.config import resolve
 from stability.data import load_corpus
-from stability.experiment import run_pair
-from stability.extrapolation import evaluate_lengths
-from stability.table import text_table
-from stability.trainer import train
+from stability.report.tables import text_table
+from stability.train.extrapolation import evaluate_lengths
+from stability.train.trainer import train
 
 
 def arms_table(preset: str, overrides: dict, rounds: int) -> str:

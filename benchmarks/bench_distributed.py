@@ -24,7 +24,7 @@ import tempfile
 
 import torch
 
-from stability.table import text_table
+from stability.report.tables import text_table
 
 WAYS = {"1 process": [], "FSDP2, 2 processes": ["--set", "distributed.strategy=fsdp"],
         "DDP, 2 processes": ["--set", "distributed.strategy=ddp"]}

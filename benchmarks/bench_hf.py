@@ -11,7 +11,7 @@ KV heads, MLP width, vocabulary and batch: the harness's llama family (``model.s
 Rounds alternate the models in ABBA order so machine noise favours none. On the CPU the times are
 the process's CPU time (``time.process_time``, one thread), which a busy shared machine does not
 inflate; on CUDA they are wall times after a synchronize. The heavy probes
-(``stability.probes.heavy_probes``: one forward through the eager probe attention with hooks) are timed
+(``stability.train.probes.heavy_probes``: one forward through the eager probe attention with hooks) are timed
 per snapshot on the probe batch. Prints a Markdown table with ratios to the harness's model; nothing
 is asserted.
 """
@@ -24,13 +24,13 @@ import time
 
 import torch
 
-from stability import probes
 from stability.cli.options import parse_sets
 from stability.config import resolve
 from stability.data import get_batch, load_corpus, probe_batch
-from stability.model import next_token_loss
-from stability.models import build_model
-from stability.trainer import make_optimizer
+from stability.model.build import build_model
+from stability.model.lm import next_token_loss
+from stability.train import probes
+from stability.train.trainer import make_optimizer
 
 SOURCES = (("harness (llama family)", {}), ("HF LlamaForCausalLM", {"model.source": "hf"}),
            ("HF Qwen3ForCausalLM", {"model.source": "hf", "model.hf_config": "qwen3"}))

@@ -55,11 +55,11 @@ def migrated_store(folder: Path) -> Path:
 
 def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], list[float]]:
     """Train ``run`` once in ``mode``; (seconds between consecutive non-probe steps, callback seconds)."""
+    from stability.cases.session import Session
     from stability.config import ExperimentConfig
     from stability.record import new_case_record
-    from stability.schedules import Standard
-    from stability.session import Session
-    from stability.trainer import train
+    from stability.train.schedules import Standard
+    from stability.train.trainer import train
 
     stamps: list[tuple[int, float, float]] = []
     inside: list[float] = []
@@ -99,7 +99,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure(name: str, run, repeats: int, workdir: Path, template: Path) -> list[tuple]:
-    from stability.livetrack import LiveTracker
+    from stability.track.live import LiveTracker
 
     modes = ("plain", "files", "live mlflow")
     gaps = {m: [] for m in modes}

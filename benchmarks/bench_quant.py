@@ -24,10 +24,10 @@ import time
 
 import torch
 
-from stability import quantize as q
 from stability.config import QUANT_SCHEMES, resolve
 from stability.data import eval_batches, load_corpus, probe_batch
-from stability.trainer import evaluate, train
+from stability.train import quantize as q
+from stability.train.trainer import evaluate, train
 
 
 def timed(fn, rounds: int):

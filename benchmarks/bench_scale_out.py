@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     import torch
 
     from stability import config as cfg
-    from stability.raycluster import RayRunner
-    from stability.stress import run_case
+    from stability.cases.ray_runner import RayRunner
+    from stability.cases.stress import run_case
 
     torch.set_num_threads(1)
     overrides = dict(item.split("=", 1) for item in args.set)

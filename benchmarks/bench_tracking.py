@@ -27,8 +27,8 @@ from pathlib import Path
 
 
 def _train(preset: str) -> dict:
+    from stability.cases.experiment import run_pair
     from stability.config import resolve
-    from stability.experiment import run_pair
 
     return run_pair(resolve(preset))
 
@@ -51,10 +51,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the warm-store logging and the check")
     args = parser.parse_args(argv)
 
-    from stability import regression, tracking
-    from stability.pipeline import report_artifacts
+    from stability.cases.pipeline import report_artifacts
+    from stability.check import regression
     from stability.record import clean, read_record
-    from stability.rundir import load_records
+    from stability.record.rundir import load_records
+    from stability.track import runs as tracking
 
     if args.record:
         record = read_record(args.record)

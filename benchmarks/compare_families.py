@@ -18,7 +18,7 @@ seeds whose two arms are both there into the Markdown table::
     nice -n 10 python benchmarks/compare_families.py --family llama --seed 3 --arm gated
     python benchmarks/compare_families.py --merge --out reports/families-table.md
 
-Paired statistics: ``stability.stats.paired_difference`` (difference = gated - baseline per seed,
+Paired statistics: ``stability.record.stats.paired_difference`` (difference = gated - baseline per seed,
 95% t-interval over seeds, exact sign-flip p).
 """
 
@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from stability import config as cfg
-from stability.stats import paired_difference
+from stability.record.stats import paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "reports" / "families"
@@ -60,13 +60,13 @@ def run_one(family: str, seed: int, arm: str, steps: int) -> Path:
     """Train one arm of one family at one seed and write its summary JSON; returns the path.
 
     The arms of a seed are paired as in ``run_pair`` (same batches, same shared init): each is
-    ``config.arm_config(arm, seed)`` trained by ``stability.trainer.train``, so the two arms of a
+    ``config.arm_config(arm, seed)`` trained by ``stability.train.trainer.train``, so the two arms of a
     seed can run in separate processes."""
     torch.set_num_threads(1)
     config = cfg.resolve("smoke", {**REGIME, **FAMILIES[family], "steps": steps, "seeds": str(seed)})
     from stability.data import load_corpus
     from stability.record import env_info
-    from stability.trainer import train
+    from stability.train.trainer import train
 
     run = config.arm_config(arm, seed)
     corpus = load_corpus(run.data, run.model.vocab_size, run.model.context)

@@ -5,7 +5,7 @@ Each candidate regime is a preset ("smoke" or "ci") plus dotted overrides, which
 ``run_pair`` (every arm, same seeds, same data order) and prints one Markdown row per treatment
 arm: the overrides, the seeds, the steps, the wall time and, per figure, "baseline -> arm,
 difference [95% CI] p" (paired over seeds: t-interval and exact sign-flip p, see
-``stability.stats``). With one seed there is no interval. A regime may also name ``contrasts``,
+``stability.record.stats``). With one seed there is no interval. A regime may also name ``contrasts``,
 pairs of arms compared with each other the same way (e.g. the floored gate against the gate).
 
 Held-out protocol. A regime's ``discovery`` seeds are searched; its ``held_out`` seeds, written
@@ -48,10 +48,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from stability import config as cfg
-from stability import figures as fig
-from stability.experiment import run_pair
+from stability.cases.experiment import run_pair
 from stability.record import REFERENCE_ARM, usable_value
-from stability.stats import paired_difference
+from stability.record import figures as fig
+from stability.record.stats import paired_difference
 
 # Figures shown in the table, in order, with a short column name.
 SHOWN = (

@@ -180,8 +180,8 @@ def determinism(args) -> list[Row]:
 
 
 def pair(args) -> list[Row]:
+    from stability.cases.experiment import run_pair
     from stability.config import resolve
-    from stability.experiment import run_pair
 
     overrides = {"model.backend": "triton", "precision.dtype": "bf16", "device": "cuda", "seeds": "0"}
     calibration = run_pair(resolve("full", {**overrides, "steps": 10}))   # compiles; seconds per step

@@ -5,7 +5,7 @@
 ``build(config)`` is called once per arm with that arm's ``ModelConfig`` (sizes, and ``config.gate``:
 enabled for the gated arm) after ``torch.manual_seed(seed)``; it returns an ``nn.Module`` mapping
 token ids (B, S) to logits (B, S, vocab_size). Its attention modules have ``q_proj`` and ``o_proj``
-and feed ``o_proj`` the heads concatenated head after head, so ``stability.inject.inject_gate`` can
+and feed ``o_proj`` the heads concatenated head after head, so ``stability.model.inject.inject_gate`` can
 add the G1 gate; its blocks are found as the parents of those attention modules.
 """
 
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stability.config import ModelConfig
-from stability.inject import inject_gate
+from stability.model.inject import inject_gate
 
 
 class CausalSelfAttention(nn.Module):

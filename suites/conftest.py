@@ -29,7 +29,7 @@ REPORTED = "reported-figures"
 @pytest.fixture(scope="session")
 def stress_baseline(scale, device):
     """The committed regression baseline of this preset and device, or None when there is none."""
-    from stability.regression import default_baseline_path, load_baseline
+    from stability.check.regression import default_baseline_path, load_baseline
 
     path = default_baseline_path(scale, device or "cpu", BASELINE_DIR)
     return load_baseline(path) if path.is_file() else None
@@ -38,7 +38,7 @@ def stress_baseline(scale, device):
 @pytest.fixture
 def regression_check(stress_baseline, scale, device):
     """Callable: compare one stress record with the baseline; returns the CheckResult (printed)."""
-    from stability.regression import check, default_baseline_path
+    from stability.check.regression import check, default_baseline_path
 
     def run(record):
         if stress_baseline is None:
@@ -71,7 +71,7 @@ def report_figures(pytestconfig, run_dir):
     """Callable: ``report_figures(record, figures, title)`` adds the paired table of ``figures`` (each
     treatment arm - baseline) to this session's reported figures (a file in the run directory, and the terminal
     summary). Reporting is not testing: nothing is asserted here."""
-    from stability.claims import claim_rows, claims_table
+    from stability.check.claims import claim_rows, claims_table
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     collected = pytestconfig.stash.setdefault(_REPORTED_KEY, [])

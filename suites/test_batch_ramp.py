@@ -13,7 +13,7 @@ import math
 import pytest
 
 from stability.config import RunConfig, from_dict
-from stability.schedules import lr_scale, warmup_cosine
+from stability.train.schedules import lr_scale, warmup_cosine
 
 pytestmark = pytest.mark.stress
 KIND = "batch_ramp"

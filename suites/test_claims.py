@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from stability.claims import claim_rows, claims_table, held_out
+from stability.cases.experiment import run_pair
+from stability.cases.pipeline import keep
+from stability.cases.stress import cpu_threads
+from stability.check.claims import claim_rows, claims_table, held_out
 from stability.config import resolve
-from stability.experiment import run_pair
-from stability.pipeline import keep
-from stability.stress import cpu_threads
 
 pytestmark = pytest.mark.claim
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stability.cases.stress import cpu_threads
 from stability.config import FP8_RECIPES, ConfigError, GateConfig, resolve
-from stability.stress import cpu_threads
-from stability.trainer import train
+from stability.train.trainer import train
 
 pytestmark = pytest.mark.stress
 

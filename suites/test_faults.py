@@ -7,7 +7,7 @@
 * a deliberately exploding config (huge LR, no warmup, no clipping) is recorded as diverged with
   its step, and the run (and the suite) goes on.
 
-Each case trains a pair (both arms must show the detection) through ``stability.experiment.run_pair``,
+Each case trains a pair (both arms must show the detection) through ``stability.cases.experiment.run_pair``,
 writes the JSON record (purpose "fault": never part of a regression check or a baseline), then logs
 it to MLflow."""
 
@@ -17,11 +17,11 @@ import math
 
 import pytest
 
-from stability.experiment import run_pair
-from stability.pipeline import keep
+from stability.cases.experiment import run_pair
+from stability.cases.pipeline import keep
+from stability.cases.stress import cpu_threads
 from stability.record import read_record
-from stability.schedules import warmup_cosine
-from stability.stress import cpu_threads
+from stability.train.schedules import warmup_cosine
 
 pytestmark = pytest.mark.stress
 

@@ -68,7 +68,7 @@ class TestInvariants:
                 assert "GradScaler" in source["recipe"]
         if "fp8" in sources and recipe != "own":
             assert sources["fp8"]["recipe"] == f"float8 {recipe}"
-        from stability.table import ladder_table
+        from stability.report.tables import ladder_table
 
         table = ladder_table(record)
         print("\n" + table)

@@ -33,14 +33,14 @@ import sys
 import pytest
 import torch
 
-from stability import quantize
+from stability.cases.experiment import run_pair
 from stability.cli import build_parser, main
 from stability.cli.options import resolve_from_args
 from stability.config import QUANT_SCHEMES, ConfigError
-from stability.experiment import run_pair
-from stability.table import quant_rows, quant_table
-from stability.tracking import log_to_mlflow
-from stability.trainer import make_optimizer, train
+from stability.report.tables import quant_rows, quant_table
+from stability.track.runs import log_to_mlflow
+from stability.train import quantize
+from stability.train.trainer import make_optimizer, train
 
 pytestmark = pytest.mark.quant
 
@@ -249,7 +249,7 @@ def test_adamw8bit_runs_on_the_cpu_with_8bit_state(stress_config):
     record = train(run, arm="gated")
     assert record["status"] == "completed", record["stop_reason"]
     assert all(math.isfinite(v) for v in record["series"]["loss"])
-    from stability.model import GatedLM
+    from stability.model.lm import GatedLM
 
     model = GatedLM(run.model).to(run.device)
     optimizer = make_optimizer(model, run)
@@ -282,7 +282,7 @@ def test_fp8_run_trains_through_torchao_with_the_overflow_figures(tmp_path, caps
     emulated on the CPU, named in every arm's record with torchao's version; the overflow and
     underflow fractions in its final figures."""
     from stability.record import read_record
-    from stability.rundir import record_files
+    from stability.record.rundir import record_files
 
     code = main(["run", "--set", "precision.dtype=fp8", "--set", "steps=4", "--set", "seeds=0", "--set",
                  "probes.every=2", "--no-track", "--quiet", "--out", str(tmp_path)])

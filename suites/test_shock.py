@@ -11,10 +11,10 @@ import math
 
 import pytest
 
+from stability.cases.stress import run_case
 from stability.config import ExperimentConfig, RunConfig, from_dict
 from stability.record import clean
-from stability.schedules import Shock, warmup_cosine
-from stability.stress import run_case
+from stability.train.schedules import Shock, warmup_cosine
 
 pytestmark = pytest.mark.stress
 KIND = "shock"

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from stability.config import DataConfig, GateConfig, ModelConfig, OptimConfig, ProbeConfig, RunConfig
-from stability.trainer import train
+from stability.train.trainer import train
 
 pytestmark = pytest.mark.kernel
 

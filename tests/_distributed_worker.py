@@ -11,7 +11,6 @@ from dataclasses import replace
 
 import torch
 
-from stability import distributed, probes
 from stability.config import (
     DataConfig,
     DistributedConfig,
@@ -24,7 +23,8 @@ from stability.config import (
     RunConfig,
 )
 from stability.data import load_corpus, probe_batch
-from stability.trainer import train
+from stability.train import distributed, probes
+from stability.train.trainer import train
 
 TINY = RunConfig(   # gated (so the gate score is probed), clipped (so the global norm steers the update)
     model=ModelConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, context=32, gate=GateConfig(position="G1")),

@@ -1,7 +1,7 @@
 """Model factories for the tests of ``model.factory`` (importable as ``_factories``: tests/ is on the path).
 
 ``tiny_lm`` is "your own module": a small decoder written here, not by the harness, whose gated arm
-gets the G1 gate from ``stability.inject.inject_gate``. The others are bad factories."""
+gets the G1 gate from ``stability.model.inject.inject_gate``. The others are bad factories."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from stability.config import ModelConfig
-from stability.inject import inject_gate
-from stability.model import GatedLM
+from stability.model.inject import inject_gate
+from stability.model.lm import GatedLM
 
 
 class SelfAttention(nn.Module):

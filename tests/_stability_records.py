@@ -64,7 +64,7 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
     }
     if status == "killed":
         record.update(stop_reason="interrupted (Ctrl-C)")
-    if quant:   # stability.quantize.evaluate_schemes layout
+    if quant:   # stability.train.quantize.evaluate_schemes layout
         schemes = {}
         for scheme, damage in (("int8", 0.01 if gated else 0.05), ("nf4", 0.10 if gated else 0.30)):
             schemes[scheme] = {"library": "bitsandbytes", "version": "0.50.2", "method": f"bitsandbytes {scheme} recipe",
@@ -91,7 +91,7 @@ def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2)
     for seed in seeds:
         for arm in config.arm_names:
             arms.append(arm_record(arm, seed, lr=config.run.optim.lr, quant=quant))
-            if lrs:   # stability.stress.run_sweep layout: reference runs in arms, the grid under "lr_sweep"
+            if lrs:   # stability.cases.stress.run_sweep layout: reference runs in arms, the grid under "lr_sweep"
                 critical = 0.1 if arm == "baseline" else 0.3
                 losses = [None if lr >= critical else 3.2 + abs(math.log10(lr / 3e-3)) / 5 for lr in lrs]
                 per_arm.append({"arm": arm, "seed": seed, "lrs": list(lrs), "final_loss": losses,

@@ -1,4 +1,4 @@
-"""torchao's fp8 and MX training through the precision policy (stability/ao.py); small CPU tensors.
+"""torchao's fp8 and MX training through the precision policy (stability/precision/ao.py); small CPU tensors.
 
 Emulated on the CPU: torchao's casts are real, the matmuls run in fp32 on the rounded operands.
 """
@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from stability import ao, precision
+from stability import precision
 from stability.config import ConfigError, PrecisionConfig, resolve
-from stability.precision import Fp8Linear, PrecisionPolicy
-from stability.quantize import full_precision_copy
+from stability.precision import Fp8Linear, PrecisionPolicy, ao
+from stability.train.quantize import full_precision_copy
 
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 
@@ -212,7 +212,7 @@ def test_mx_on_a_torchao_without_it_is_a_config_error_naming_the_format(monkeypa
     assert not isinstance(error.value, ao.TorchaoMissing)  # torchao is there: this is not a skip
     with pytest.raises(ConfigError, match="MX format"):
         PrecisionPolicy(PrecisionConfig(dtype="mxfp4"), "cpu")
-    from stability.stress import ladder_skips
+    from stability.cases.stress import ladder_skips
 
     with pytest.raises(ConfigError, match="MX format"):
         ladder_skips(resolve("smoke"))
@@ -240,7 +240,7 @@ def test_without_torchao_its_rungs_are_skipped_and_nothing_else_breaks(monkeypat
                    PrecisionConfig(dtype="fp8", fp8_recipe="own")):
         precision.check(config, "cpu")
         PrecisionPolicy(config, "cpu").prepare(_mlp())
-    from stability.stress import ladder_skips
+    from stability.cases.stress import ladder_skips
 
     skipped = ladder_skips(resolve("smoke"))
     assert set(skipped) == {"fp8", "mxfp8", "mxfp4"}

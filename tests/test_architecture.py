@@ -85,7 +85,7 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 def test_no_import_cycles_in_the_package():
     graph = import_graph()
     assert "stability.record" in graph and "stability.cli" in graph   # the graph saw the package
-    assert "stability.record" in graph["stability.regression"]         # and function-level imports count
+    assert "stability.record" in graph["stability.check.regression"]         # and function-level imports count
     assert cycles(graph) == [], "import cycles"
 
 
@@ -95,10 +95,64 @@ def test_only_the_cli_package_builds_parsers():
     assert offenders == []
 
 
+# Which rooms of the package each room may import (docs: README "What is where"). Data flows one way:
+# config -> data + model -> precision -> train -> cases -> record -> track / check / report, with the CLI on
+# top; record, check, report and track read JSON and never need torch.
+ALLOWED = {
+    "config": set(),
+    "record": {"config"},
+    "report": {"config", "record"},
+    "check": {"config", "record", "report"},
+    "track": {"config", "record"},
+    "data": {"config"},
+    "model": {"config", "kernels"},
+    "precision": {"config", "record"},
+    "train": {"config", "record", "report", "data", "model", "precision"},
+    "cases": {"config", "record", "report", "track", "data", "model", "precision", "train"},
+    "cli": {"config", "record", "report", "track", "check", "data", "model", "precision", "train", "cases"},
+}
+TORCH_FREE = ("config", "record", "report", "check", "track")
+
+
+def room(module: str) -> str:
+    """stability.train.trainer -> "train"; stability.kernels.* (mapped from kernels/) -> "kernels"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def package_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """(importing room, imported room) -> the module imports behind it."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, targets in graph.items():
+        for target in targets:
+            if room(module) != room(target):
+                edges.setdefault((room(module), room(target)), []).append(f"{module} -> {target}")
+    return edges
+
+
+def test_every_module_lives_in_a_room():
+    flat = sorted(m for m in import_graph() if m.count(".") == 1 and room(m) not in ALLOWED)
+    assert flat == [], f"modules outside the rooms of ALLOWED: {flat}"
+
+
+def test_rooms_import_only_the_rooms_below_them():
+    graph = import_graph()
+    graph["stability.model.attention"] |= {"stability.kernels.gated_attention"}   # mapped folder, not in PACKAGE
+    wrong = {edge: modules for edge, modules in package_edges(graph).items()
+             if edge[0] in ALLOWED and edge[1] and edge[1] not in ALLOWED[edge[0]]}
+    assert wrong == {}, "imports against the package rules: " + "; ".join(
+        f"{a} may not import {b} ({', '.join(m)})" for (a, b), m in wrong.items())
+
+
+def test_the_package_rule_catches_a_planted_upward_import():
+    planted = {"stability.record.figures": {"stability.train.trainer"}, "stability.train.trainer": set()}
+    edges = package_edges(planted)
+    assert ("record", "train") in edges and "train" not in ALLOWED["record"]
+
+
 def test_the_json_readers_import_neither_torch_nor_mlflow():
     graph = import_graph()
-    heavy = {"stability.model", "stability.trainer", "stability.probes", "stability.attention",
-             "stability.tracking", "stability.experiment", "stability.stress", "stability.precision"}
+    heavy = {m for m in graph if room(m) not in TORCH_FREE and room(m) not in ("cli", "")}
 
     def reach(start):
         seen, todo = set(), [start]
@@ -109,7 +163,9 @@ def test_the_json_readers_import_neither_torch_nor_mlflow():
                     seen.add(other)
                     todo.append(other)
         return seen
-    for module in ("stability.record", "stability.regression", "stability.report", "stability.rundir"):
+    readers = [m for m in graph if room(m) in TORCH_FREE]
+    assert "stability.check.regression" in readers and "stability.record.rundir" in readers
+    for module in readers:
         assert not reach(module) & heavy, (module, reach(module) & heavy)
 
 

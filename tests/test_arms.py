@@ -11,14 +11,14 @@ import torch
 from _stability_records import edited, pair_record
 
 from stability import config as cfg
-from stability import regression as reg
-from stability import report
-from stability.claims import claim_rows, claims_table
+from stability.cases.experiment import run_pair
+from stability.cases.stress import cpu_threads
+from stability.check import regression as reg
+from stability.check.claims import claim_rows, claims_table
 from stability.config import ConfigError, ExperimentConfig, from_dict, resolve, to_dict
-from stability.experiment import run_pair
-from stability.model import GatedLM, z_loss
-from stability.stress import cpu_threads
-from stability.trainer import train
+from stability.model.lm import GatedLM, z_loss
+from stability.report import html as report
+from stability.train.trainer import train
 
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 16,
         "data.batch_size": 4, "data.builtin_bytes": 20_000, "probes.every": 5, "probes.eval_batches": 1,
@@ -240,7 +240,7 @@ def test_the_report_has_a_per_arm_table_and_the_extrapolation_curves(three_arms,
 
 
 def test_every_stress_case_runs_more_than_two_arms():
-    from stability.stress import CASES, run_case
+    from stability.cases.stress import CASES, run_case
 
     config = resolve("smoke", {**TINY, "steps": 4, "arms": "gated,qk_norm", "stress.sweep_lrs": "0.001,0.01",
                                "stress.precisions": "fp32,bf16", "stress.ladder_steps": 2, "stress.shock_step": 2,

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from stability.attention import Attention, gate_width, rope_tables
 from stability.config import GateConfig, ModelConfig
-from stability.model import GatedLM
+from stability.model.attention import Attention, gate_width, rope_tables
+from stability.model.lm import GatedLM
 
 BASE = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, context=16, vocab_size=257)
 

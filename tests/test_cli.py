@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
+from stability.cases.stress import cpu_threads
 from stability.cli import main
-from stability.stress import cpu_threads
 
 FAST = ["--set", "steps=8", "--set", "probes.every=4", "--set", "probes.eval_batches=1", "--set", "seeds=0", "--quiet"]
 

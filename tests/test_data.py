@@ -1,4 +1,4 @@
-"""Tests of stability.corpus and stability.data: the built-in corpus, loading, validation and batches."""
+"""Tests of stability.data.builtin and stability.data: the built-in corpus, loading, validation and batches."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from stability import data as data_module
 from stability.config import ConfigError, DataConfig
-from stability.corpus import builtin_corpus
 from stability.data import BOS_ID, Corpus, eval_batches, get_batch, load_corpus, probe_batch
+from stability.data.builtin import builtin_corpus
 
 SMALL = DataConfig(builtin_bytes=60_000)
 

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from stability import distributed
+from stability.cases.steplog import read_steplog
 from stability.config import ConfigError, DistributedConfig, FaultConfig, PrecisionConfig, resolve
-from stability.steplog import read_steplog
-from stability.trainer import train
+from stability.train import distributed
+from stability.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5

@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from stability.attention import rope_tables
+from stability.cases.stress import cpu_threads
 from stability.config import ConfigError, ExtrapolationConfig, resolve
 from stability.data import eval_batches, load_corpus
-from stability.extrapolation import check_corpus, evaluate_lengths, extrapolation_figures, ntk_theta
-from stability.model import GatedLM
+from stability.model.attention import rope_tables
+from stability.model.lm import GatedLM
 from stability.precision import PrecisionPolicy
-from stability.stress import cpu_threads
-from stability.trainer import evaluate
+from stability.train.extrapolation import check_corpus, evaluate_lengths, extrapolation_figures, ntk_theta
+from stability.train.trainer import evaluate
 
 CONFIG = resolve("smoke", {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1,
                            "model.context": 16, "data.batch_size": 2, "data.builtin_bytes": 20_000,

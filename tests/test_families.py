@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from stability.attention import Attention, apply_rope, rope_tables
 from stability.config import GATE_POSITIONS, ConfigError, GateConfig, ModelConfig
-from stability.model import GatedLM
+from stability.model.attention import Attention, apply_rope, rope_tables
+from stability.model.lm import GatedLM
 
 SMALL = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, context=16)
 GPT2 = replace(SMALL, family="gpt2", bias=True)

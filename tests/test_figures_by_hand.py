@@ -15,11 +15,38 @@ import torch
 from _stability_records import pair_record
 from torch import nn
 
-from stability import probes
-from stability import regression as reg
-from stability.claims import claim_rows, claims_table, held_out
+from stability.cases.stress import (
+    _finite,
+    _rolling_min_index,
+    loss_vs_tokens,
+    ramp_figures,
+    reference_index,
+    shock_figures,
+    sweep_figures,
+    update_before,
+)
+from stability.check import regression as reg
+from stability.check.claims import claim_rows, claims_table, held_out
 from stability.config import ConfigError, resolve
-from stability.quantize import (
+from stability.record import (
+    PROBE_FIGURES,
+    RecordError,
+    arm_names,
+    final_figures,
+    paired_summary,
+    usable_value,
+)
+from stability.record.stats import (
+    T_975,
+    paired_difference,
+    sample_std,
+    sign_flip_p_value,
+    t_critical,
+    t_quantile_for_z,
+    t_two_sided_mass,
+)
+from stability.train import probes
+from stability.train.quantize import (
     HEAD,
     FakeQuantLinear,
     _cast_counts,
@@ -31,15 +58,7 @@ from stability.quantize import (
     quant_figures,
     relative_output_error,
 )
-from stability.record import (
-    PROBE_FIGURES,
-    RecordError,
-    arm_names,
-    final_figures,
-    paired_summary,
-    usable_value,
-)
-from stability.schedules import (
+from stability.train.schedules import (
     BatchRamp,
     ExponentialRamp,
     Shock,
@@ -47,25 +66,6 @@ from stability.schedules import (
     from_stress,
     lr_scale,
     warmup_cosine,
-)
-from stability.stats import (
-    T_975,
-    paired_difference,
-    sample_std,
-    sign_flip_p_value,
-    t_critical,
-    t_quantile_for_z,
-    t_two_sided_mass,
-)
-from stability.stress import (
-    _finite,
-    _rolling_min_index,
-    loss_vs_tokens,
-    ramp_figures,
-    reference_index,
-    shock_figures,
-    sweep_figures,
-    update_before,
 )
 
 # ----------------------------------------------------------------------------- the spike detector

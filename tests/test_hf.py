@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from stability import config as cfg
+from stability.cases.experiment import run_pair
 from stability.cli import main
 from stability.config import ConfigError, GateConfig, ModelConfig
-from stability.experiment import run_pair
-from stability.model import GatedLM
-from stability.models import build_model
-from stability.probes import heavy_probes
+from stability.model.build import build_model
+from stability.model.lm import GatedLM
+from stability.train.probes import heavy_probes
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""Live tracking (stability/livetrack.py): steps in MLflow while the arm trains, the training's own start
+"""Live tracking (stability/track/live.py): steps in MLflow while the arm trains, the training's own start
 and end times, and a dead or silent store that degrades to "not tracked" with one message."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import time
 import pytest
 import torch
 
-from stability import tracking
+from stability.cases.experiment import run_pair
+from stability.cases.pipeline import keep
+from stability.cases.session import Session
 from stability.cli import main
 from stability.config import resolve
-from stability.experiment import run_pair
-from stability.livetrack import LiveTracker
-from stability.pipeline import keep
-from stability.session import Session
+from stability.track import runs as tracking
+from stability.track.live import LiveTracker
 
 TINY = {"seeds": "0", "steps": 24, "probes.every": 12, "probes.eval_batches": 1, "model.d_model": 32,
         "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,

@@ -14,13 +14,13 @@ import signal
 import pytest
 import torch
 
-from stability import probes
-from stability.checkpoint import Bundles
+from stability.cases.experiment import Interrupted, run_pair
+from stability.cases.session import Resume, Session
+from stability.cases.steplog import read_steplog
 from stability.cli import main
 from stability.config import resolve
-from stability.experiment import Interrupted, run_pair
-from stability.session import Resume, Session
-from stability.steplog import read_steplog
+from stability.train import probes
+from stability.train.checkpoint import Bundles
 
 TINY = {"seeds": "0", "steps": 24, "probes.every": 6, "probes.eval_batches": 1, "model.d_model": 32,
         "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,

@@ -48,12 +48,12 @@ def test_decorated_functions_are_out_of_mutmut_reach(tmp_path):
                       "class C:\n    @property\n    def p(self):\n        return 3\n\n    @staticmethod\n"
                       "    def s():\n        return 4\n")
     assert tool.functions_in(source) == {"plain": True, "cached": False, "C.p": False, "C.s": True}
-    assert tool.mangled("stability.stats", "t_critical") == "stability.stats.x_t_critical"
-    assert tool.mangled("stability.probes", "SpikeDetector.update") == "stability.probes.x\u01c1SpikeDetector\u01c1update"
+    assert tool.mangled("stability.record.stats", "t_critical") == "stability.record.stats.x_t_critical"
+    assert tool.mangled("stability.train.probes", "SpikeDetector.update") == "stability.train.probes.x\u01c1SpikeDetector\u01c1update"
 
 
 def test_the_changed_lines_of_a_mutant_diff():
-    diff = "--- stability/stats.py\n+++ stability/stats.py\n@@ -1,2 +1,2 @@\n def f(n):\n-    return n - 1\n+    return n + 1\n"
+    diff = "--- stability/record/stats.py\n+++ stability/record/stats.py\n@@ -1,2 +1,2 @@\n def f(n):\n-    return n - 1\n+    return n + 1\n"
     assert tool.changed_lines(diff) == ("return n - 1", "return n + 1")
 
 

@@ -1,4 +1,4 @@
-"""Properties of the precision policies (stability/precision.py); small CPU tensors only."""
+"""Properties of the precision policies (stability/precision/__init__.py); small CPU tensors only."""
 
 import copy
 
@@ -349,7 +349,7 @@ def test_gradscaler_trajectory_of_a_training_run_that_overflows():
     the configured number of clean steps; the record's per-step scale, skipped flags, skipped-step
     count, scale drops and non-finite events all tell the same story."""
     from stability.config import resolve
-    from stability.trainer import train
+    from stability.train.trainer import train
 
     growth, backoff, interval = 4.0, 0.25, 3
     config = resolve("smoke", {"steps": 12, "precision.dtype": "fp16", "precision.init_loss_scale": 2.0 ** 30,

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from stability import probes
 from stability.config import ModelConfig
-from stability.model import GatedLM
+from stability.model.lm import GatedLM
 from stability.record import spike_score
+from stability.train import probes
 
 
 def test_first_token_share_of_a_map_with_half_on_token_zero_is_one_half():

@@ -1,4 +1,4 @@
-"""Unit tests of stability.quantize's helpers (tiny untrained models; seconds on a CPU)."""
+"""Unit tests of stability.train.quantize's helpers (tiny untrained models; seconds on a CPU)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from stability import quantize as q
 from stability.config import QUANT_SCHEMES, ConfigError, GateConfig, ModelConfig, PrecisionConfig, resolve
 from stability.data import load_corpus
-from stability.model import GatedLM
+from stability.model.lm import GatedLM
 from stability.precision import Fp8Linear, PrecisionPolicy
-from stability.probes import heavy_probes
 from stability.record import paired_summary
+from stability.train import quantize as q
+from stability.train.probes import heavy_probes
 
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1,
         "model.context": 16, "data.batch_size": 2, "data.builtin_bytes": 20_000, "probes.eval_batches": 1,

@@ -1,4 +1,4 @@
-"""Runs of a case as Ray tasks (stability.raycluster): the same records as a run in one process, a
+"""Runs of a case as Ray tasks (stability.cases.ray_runner): the same records as a run in one process, a
 killed worker's unit retried and kept once, stable unit ids, clear errors for bad --ray values.
 
 The tests that train share one local Ray instance with 2 CPUs (started once for the module: a few
@@ -14,11 +14,11 @@ from dataclasses import replace
 import pytest
 
 from stability import config as cfg
+from stability.cases.runs import Unit, check_unique
+from stability.cases.stress import run_case
 from stability.cli import main
 from stability.config import resolve
-from stability.schedules import Standard
-from stability.stress import run_case
-from stability.units import Unit, check_unique
+from stability.train.schedules import Standard
 
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 16,
         "data.batch_size": 4, "data.builtin_bytes": 20_000, "probes.every": 5, "probes.eval_batches": 1,
@@ -63,7 +63,7 @@ def test_unit_ids_are_stable_and_tell_runs_apart():
                                             ("10.0.0.5:6379", {"address": "10.0.0.5:6379"}),
                                             ("ray://head:10001", {"address": "ray://head:10001"})])
 def test_ray_addresses(spec, expected):
-    from stability.raycluster import parse_address
+    from stability.cases.ray_runner import parse_address
 
     assert parse_address(spec) == expected
 
@@ -79,7 +79,7 @@ def test_a_bad_ray_value_is_exit_2_before_anything_is_written(spec, tmp_path, ca
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
-    from stability.raycluster import RayRunner
+    from stability.cases.ray_runner import RayRunner
 
     runner = RayRunner("local:2", max_retries=2)
     runner.connect()
@@ -102,7 +102,7 @@ def test_a_ray_run_equals_a_local_run_figure_for_figure(ray_local):
 
 
 def test_a_killed_worker_is_retried_and_its_unit_counted_once(ray_local):
-    from stability.raycluster import RayRunner
+    from stability.cases.ray_runner import RayRunner
 
     config = tiny()
     victim = Unit("pair", "gated", 0, config.arm_config("gated", 0), Standard()).id
@@ -135,7 +135,7 @@ def test_stress_cli_with_ray(ray_local, tmp_path, capsys):
 
 
 def test_negative_retries_are_a_config_error():
-    from stability.raycluster import RayRunner
+    from stability.cases.ray_runner import RayRunner
 
     with pytest.raises(cfg.ConfigError, match="max_retries=-1"):
         RayRunner("local:1", max_retries=-1)

@@ -13,7 +13,7 @@ from stability import config as cfg
 from stability.cli import main
 from stability.config import ConfigError, DataConfig
 from stability.data import load_corpus
-from stability.stdlib_corpus import SEPARATOR, stdlib_corpus, stdlib_files, stdlib_root
+from stability.data.stdlib import SEPARATOR, stdlib_corpus, stdlib_files, stdlib_root
 
 
 def test_stdlib_corpus_is_real_source_split_by_file_with_its_provenance():

@@ -1,4 +1,4 @@
-"""Properties of the merge check (stability/regression.py, `stability check`, `stability baseline update`)."""
+"""Properties of the merge check (stability/check/regression.py, `stability check`, `stability baseline update`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import pytest
 from _stability_records import edited, pair_record
 
-from stability import regression as reg
+from stability.check import regression as reg
 from stability.cli import main
 from stability.record import RecordError, paired_summary
 
@@ -353,7 +353,7 @@ def test_markdown_summary_goes_to_github_step_summary(tmp_path, record, baseline
 # ----------------------------------------------------------------------------- run directories
 
 def _session(root, name, records):
-    from stability.rundir import ensure_run_dir
+    from stability.record.rundir import ensure_run_dir
 
     session = ensure_run_dir(root / name, "test")
     for record in records:
@@ -375,7 +375,7 @@ def test_check_reads_the_newest_run_directory_only(tmp_path, record, baseline, c
 
 
 def test_repeated_seeds_are_never_pooled_twice(record):
-    from stability.rundir import unique_arms
+    from stability.record.rundir import unique_arms
 
     older = copy.deepcopy(record)
     older["created_at"] = "2025-01-01T00:00:00+00:00"

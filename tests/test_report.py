@@ -1,4 +1,4 @@
-"""Properties of the report (stability/report.py, `stability report`), rendered in headless Chromium."""
+"""Properties of the report (stability/report/html.py, `stability report`), rendered in headless Chromium."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import subprocess
 import pytest
 from _stability_records import edited, pair_record
 
-from stability import regression as reg
-from stability import report, table
+from stability.check import regression as reg
 from stability.cli import main
 from stability.record import paired_summary
+from stability.report import html as report
+from stability.report import tables as table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from stability.cases.experiment import run_pair
+from stability.cases.steplog import read_steplog
 from stability.config import resolve
-from stability.experiment import run_pair
-from stability.steplog import read_steplog
 
 STEPS = 160   # a progress line every 16 steps
 CONFIG = {"seeds": "0", "steps": STEPS, "probes.every": 80, "probes.eval_batches": 1, "model.d_model": 32,

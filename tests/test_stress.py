@@ -1,4 +1,4 @@
-"""Unit tests of the stress schedules and the figure functions of stability.stress (no training)."""
+"""Unit tests of the stress schedules and the figure functions of stability.cases.stress (no training)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,18 @@ import math
 
 import pytest
 
-from stability.claims import claim_rows, held_out
+from stability.cases.stress import ramp_figures, reference_index, run_case, shock_figures, sweep_figures
+from stability.check.claims import claim_rows, held_out
 from stability.config import ConfigError, resolve
-from stability.schedules import BatchRamp, ExponentialRamp, Schedule, Shock, Standard, from_stress, lr_scale
-from stability.stress import ramp_figures, reference_index, run_case, shock_figures, sweep_figures
+from stability.train.schedules import (
+    BatchRamp,
+    ExponentialRamp,
+    Schedule,
+    Shock,
+    Standard,
+    from_stress,
+    lr_scale,
+)
 
 RUN = resolve("smoke").run  # 60 steps, batch 8, lr 3e-3, warmup 10
 

@@ -1,4 +1,4 @@
-"""Properties of the MLflow tracking (stability/tracking.py) against SQLite stores and a local server.
+"""Properties of the MLflow tracking (stability/track/runs.py) against SQLite stores and a local server.
 
 Stores live under tmp_path (sqlite:///{tmp_path}/m.db). A fresh MLflow SQLite schema takes
 seconds to create, so most tests copy one migrated template; the parallel-writer test starts
@@ -21,10 +21,10 @@ import urllib.request
 import pytest
 from _stability_records import edited, pair_record
 
-from stability import tracking
+from stability.cases.pipeline import report_artifacts
 from stability.cli import main
-from stability.pipeline import report_artifacts
 from stability.record import write_record
+from stability.track import runs as tracking
 
 SERVER_START_TIMEOUT_S = 150
 

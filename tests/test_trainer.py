@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from stability.cases.experiment import run_pair
 from stability.config import (
     DataConfig,
     ExperimentConfig,
@@ -19,9 +20,8 @@ from stability.config import (
     resolve,
 )
 from stability.data import get_batch, load_corpus
-from stability.experiment import run_pair
 from stability.record import paired_summary
-from stability.trainer import train
+from stability.train.trainer import train
 
 TINY = RunConfig(
     model=ModelConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, context=32),

@@ -54,30 +54,30 @@ class Target:
 
 
 TARGETS = {
-    "probes": Target("stability/probes.py", ("*",), ("tests/test_probes.py", HAND)),
-    "stats": Target("stability/stats.py", ("*",), (HAND, "tests/test_regression.py")),
+    "probes": Target("stability/train/probes.py", ("*",), ("tests/test_probes.py", HAND)),
+    "stats": Target("stability/record/stats.py", ("*",), (HAND, "tests/test_regression.py")),
     # the values compared, the band and the verdicts; not the input checks and their messages, the baseline
     # document, the table/Markdown rendering, nor reading and writing files
-    "regression": Target("stability/regression.py",
+    "regression": Target("stability/check/regression.py",
                          ("case_values", "_mean", "compare_values", "_paired_values", "_status_rows",
                           "_compare_case"),
                          ("tests/test_regression.py", HAND)),
-    "record": Target("stability/record.py",
+    "record": Target("stability/record/__init__.py",
                      ("spike_score", "final_figures", "_finite_mean", "usable_value", "arm_names", "paired_summary"),
                      (HAND, "tests/test_probes.py", "tests/test_regression.py")),
     # every LR and batch-size rule and its settings' checks; not describe() (prose)
-    "schedules": Target("stability/schedules.py",
+    "schedules": Target("stability/train/schedules.py",
                         ("warmup_cosine", "Standard.lr_at", "Standard.batch_size_at", "ExponentialRamp.__post_init__",
                          "ExponentialRamp.lr_at", "ExponentialRamp.batch_size_at", "lr_scale",
                          "BatchRamp.__post_init__", "BatchRamp.batch_size_at", "BatchRamp.lr_at", "Shock.__post_init__",
                          "Shock.shock_step", "Shock.lr_at", "Shock.batch_size_at", "from_stress"),
                         ("tests/test_stress.py", HAND)),
-    "stress": Target("stability/stress.py",
+    "stress": Target("stability/cases/stress.py",
                      ("_finite", "_rolling_min_index", "sweep_figures", "reference_index", "update_before",
                       "ramp_figures", "loss_vs_tokens", "shock_figures"),
                      ("tests/test_stress.py", HAND)),
-    "claims": Target("stability/claims.py", ("*",), ("tests/test_stress.py", HAND)),
-    "quantize": Target("stability/quantize.py",
+    "claims": Target("stability/check/claims.py", ("*",), ("tests/test_stress.py", HAND)),
+    "quantize": Target("stability/train/quantize.py",
                        ("fake_quant_int8", "FakeQuantLinear.forward", "linear_input_stats", "_capture_inputs",
                         "relative_output_error", "output_kl", "per_linear_damage", "damage", "_cast_counts",
                         "quant_figures"),
@@ -255,7 +255,7 @@ def scope(name: str, target: Target) -> tuple[list[str], list[str], list[str]]:
 
 
 def mangled(module: str, function: str) -> str:
-    """mutmut's name of a function: stability.stats.x_t_critical, stability.probes.xǁSpikeDetectorǁupdate."""
+    """mutmut's name of a function: stability.record.stats.x_t_critical, stability.train.probes.xǁSpikeDetectorǁupdate."""
     cls, _, func = function.rpartition(".")
     return f"{module}.x{SEPARATOR}{cls}{SEPARATOR}{func}" if cls else f"{module}.x_{func}"
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from stability.record import RecordError, git_info, record_device
-from stability.rundir import DEFAULT_ROOT, load_records, unique_arms
+from stability.record.rundir import DEFAULT_ROOT, load_records, unique_arms
 
 
 def read_inputs(args) -> tuple[list[dict], list[str]]:
@@ -20,8 +20,8 @@ def read_inputs(args) -> tuple[list[dict], list[str]]:
 
 def baseline_from_mlflow(branch: str, tracking_uri: str | None, preset: str | None, device: str | None) -> dict:
     """A baseline from the JSON records of the latest parent run per case tagged git.branch=BRANCH."""
-    from stability.regression import make_baseline
-    from stability.tracking import fetch_records
+    from stability.check.regression import make_baseline
+    from stability.track.runs import fetch_records
 
     try:
         records = fetch_records(branch=branch, tracking_uri=tracking_uri, preset=preset)
@@ -50,7 +50,7 @@ def write_step_summary(text: str, path: str | None = None) -> Path | None:
 
 def cmd_check(args) -> int:
     """Table on stdout, Markdown to $GITHUB_STEP_SUMMARY / --markdown; exit 0 ok, 1 regressed, 2 unusable."""
-    from stability.regression import CheckResult, check, load_baseline, load_tolerances
+    from stability.check.regression import CheckResult, check, load_baseline, load_tolerances
 
     try:
         records, notes = read_inputs(args)
@@ -78,7 +78,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_baseline_update(args) -> int:
-    from stability.regression import default_baseline_path, make_baseline, write_baseline
+    from stability.check.regression import default_baseline_path, make_baseline, write_baseline
 
     records, notes = read_inputs(args)
     for note in notes:
@@ -103,7 +103,7 @@ def add_record_arguments(parser) -> None:
 
 
 def add_parsers(sub) -> None:
-    from stability.regression import DEFAULT_K
+    from stability.check.regression import DEFAULT_K
 
     chk = sub.add_parser("check", help="compare records with a baseline (exit 0 ok, 1 regressed, 2 unusable)")
     add_record_arguments(chk)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from stability import config as cfg
-from stability.rundir import DEFAULT_ROOT
+from stability.record.rundir import DEFAULT_ROOT
 
 
 def parse_sets(items: list[str]) -> dict[str, str]:
@@ -70,10 +70,10 @@ def resolve_session(args, label: str):
     ``--resume TARGET``, or the interrupted run of the same command and config found under ``--out``
     (unless ``--fresh``). Every check (config, resume target, checkpoints, a writable checkpoint
     directory) happens here, before anything is written."""
-    from stability.checkpoint import check_writable
+    from stability.cases.session import Resume, find_interrupted
     from stability.record import RecordError
-    from stability.rundir import new_run_dir
-    from stability.session import Resume, find_interrupted
+    from stability.record.rundir import new_run_dir
+    from stability.train.checkpoint import check_writable
 
     resume = None
     if args.resume:

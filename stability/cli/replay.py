@@ -10,7 +10,7 @@ def cmd_replay(args) -> int:
     """Exit 0 when every step reproduced bit for bit, 1 when one did not, 2 for a bundle that cannot be used
     (checked before any replay)."""
     from stability.record import RecordError
-    from stability.replay import format_report, replay
+    from stability.train.replay import format_report, replay
 
     for bundle in args.bundles:
         if not Path(bundle).is_file():

@@ -6,8 +6,8 @@ from stability.cli.check import add_record_arguments, read_inputs
 
 
 def cmd_report(args) -> int:
-    from stability.regression import check, load_baseline, load_tolerances
-    from stability.report import write_report
+    from stability.check.regression import check, load_baseline, load_tolerances
+    from stability.report.html import write_report
 
     records, notes = read_inputs(args)
     result = None

@@ -7,17 +7,17 @@ import sys
 
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_from_args, resolve_session
-from stability.table import paired_table, quant_table
+from stability.report.tables import paired_table, quant_table
 
 
 def make_session(args, label: str, run_dir, checkpoint_dir, resume):
     """The session of a training command: records, per-step files and checkpoints in the run directory,
     live MLflow tracking unless --no-track / --no-live, progress lines unless --quiet."""
-    from stability.session import Session
+    from stability.cases.session import Session
 
     tracker = None
     if not args.no_track and not args.no_live:
-        from stability.livetrack import LiveTracker
+        from stability.track.live import LiveTracker
 
         tracker = LiveTracker(args.tracking_uri, args.experiment)
     return Session(run_dir, label=label, tracker=tracker, checkpoint_dir=checkpoint_dir,
@@ -26,7 +26,7 @@ def make_session(args, label: str, run_dir, checkpoint_dir, resume):
 
 def print_tracking(record: dict) -> None:
     """Where the record went in MLflow, or (once per store) why it did not."""
-    from stability.tracking import report_failure, runs_url
+    from stability.track.runs import report_failure, runs_url
 
     tracking = record.get("tracking")
     if tracking and tracking["status"] == "tracked":
@@ -38,10 +38,10 @@ def print_tracking(record: dict) -> None:
 
 
 def cmd_run(args) -> int:
-    from stability import distributed
+    from stability.train import distributed
 
     if distributed.launched() > 1:   # started by torchrun: one arm across the processes
-        from stability.experiment import run_pair
+        from stability.cases.experiment import run_pair
 
         return under_torchrun(args, "run", lambda config, run_dir: train_and_keep(args, config, run_dir, None, None),
                               run_pair)
@@ -51,17 +51,17 @@ def cmd_run(args) -> int:
 
 def under_torchrun(args, label: str, lead, follow) -> int:
     """A training command under torchrun: every process trains every arm (sharded, see
-    ``stability.distributed``); rank 0 alone makes the run directory, writes the records and talks to
+    ``stability.train.distributed``); rank 0 alone makes the run directory, writes the records and talks to
     MLflow (``lead(config, run_dir)``), the others only train (``follow(config)``). A lost process
     stops the job: the others end, with the records so far kept by rank 0."""
     import signal
 
     import torch
 
-    from stability import distributed
-    from stability.experiment import Interrupted, load_inputs
-    from stability.rundir import new_run_dir
-    from stability.stress import cpu_threads
+    from stability.cases.experiment import Interrupted, load_inputs
+    from stability.cases.stress import cpu_threads
+    from stability.record.rundir import new_run_dir
+    from stability.train import distributed
 
     if args.resume:
         raise cfg.ConfigError(f"--resume {args.resume!r} is invalid under torchrun: expected a run started in one "
@@ -99,9 +99,9 @@ def under_torchrun(args, label: str, lead, follow) -> int:
 
 def train_and_keep(args, config, run_dir, resume, checkpoint_dir) -> int:
     """Train the arms of ``config`` in a session on ``run_dir``, keep the record, print the tables."""
-    from stability.experiment import Interrupted, run_pair
-    from stability.pipeline import keep, stopped_record
-    from stability.stress import cpu_threads
+    from stability.cases.experiment import Interrupted, run_pair
+    from stability.cases.pipeline import keep, stopped_record
+    from stability.cases.stress import cpu_threads
 
     steps = config.run.steps
     arms = ", ".join(f"{name} ({config.arm_config(name, 0).variant})" for name in config.arm_names)

@@ -6,7 +6,7 @@ import sys
 
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_session
-from stability.table import ladder_table, paired_table, quant_table
+from stability.report.tables import ladder_table, paired_table, quant_table
 
 
 def cmd_stress(args) -> int:
@@ -14,11 +14,11 @@ def cmd_stress(args) -> int:
     for kind in kinds:
         if kind not in cfg.STRESS_CASES:
             raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {cfg.STRESS_CASES}")
-    from stability import distributed
+    from stability.train import distributed
 
     if distributed.launched() > 1:   # started by torchrun: one arm across the processes
+        from stability.cases.stress import run_case
         from stability.cli.run import under_torchrun
-        from stability.stress import run_case
 
         if args.ray:
             raise cfg.ConfigError(f"--ray {args.ray!r} is invalid under torchrun: expected one of the two (Ray sends "
@@ -28,7 +28,7 @@ def cmd_stress(args) -> int:
                               lambda config: [run_case(kind, config) for kind in kinds])
     runner = None
     if args.ray:
-        from stability.raycluster import RayRunner
+        from stability.cases.ray_runner import RayRunner
 
         runner = RayRunner(args.ray, max_retries=args.ray_retries)
         args.no_live = True   # the tasks train elsewhere: the driver logs each case once it is whole
@@ -46,7 +46,7 @@ def cmd_stress(args) -> int:
 def finish(args, records: list[dict]) -> int:
     """Write the baseline asked for with --baseline-out; the exit status (1 when a case ended in error)."""
     if args.baseline_out:
-        from stability.regression import make_baseline, write_baseline
+        from stability.check.regression import make_baseline, write_baseline
 
         print(f"baseline written: {write_baseline(make_baseline(records), args.baseline_out)}")
     return 1 if any(r["status"] == "error" for r in records) else 0
@@ -55,9 +55,9 @@ def finish(args, records: list[dict]) -> int:
 def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None, runner=None) -> list[dict]:
     """Run the stress cases ``kinds`` in a session on ``run_dir`` (on Ray when ``runner`` is given), keep
     each record, print the tables; the records."""
+    from stability.cases.experiment import Interrupted
+    from stability.cases.pipeline import run_recorded
     from stability.cli.run import make_session, print_tracking
-    from stability.experiment import Interrupted
-    from stability.pipeline import run_recorded
 
     print(f"run directory: {run_dir}" + (" (continuing an interrupted run; --fresh starts a new one)"
                                           if resume else ""), flush=True)

@@ -8,7 +8,7 @@ from stability.record import RecordError, read_record
 
 
 def cmd_upload(args) -> int:
-    from stability.tracking import log_to_mlflow
+    from stability.track.runs import log_to_mlflow
 
     code = 0
     for path in args.records:

@@ -1,0 +1,171 @@
+"""Paired experiments: every arm (baseline first) per seed, same data order, same shared init.
+
+All arms of a seed read identical batches (the batch at step k depends only on the corpus, the
+seed and k) and start from identical values in every parameter they share
+(``stability.model.build.build_model`` initialises by parameter name), so they differ only by what their
+``ArmConfig`` changes: the gate, QK-norm, z-loss, soft-capping. ``run_pair`` returns the record that
+crosses to tracking, regression and report; ``record["paired"]`` compares each treatment arm with the
+baseline.
+
+``train_units`` is how every case (this pair and the stress cases) trains its runs: it yields the arm
+record of each ``stability.cases.runs.Unit`` in the order of the case's list, trained here one after the
+other by ``train_arm`` or, with a ``runner``, elsewhere (``stability.cases.ray_runner.RayRunner``: one Ray
+task per unit), so a case reads the same records either way.
+
+``train_arm`` trains one run here: with a
+``session`` (``stability.cases.session``) the case record is on disk after every run, each step is
+in a per-step file, checkpoints and replay bundles are kept, and a resumed case takes its
+finished runs from disk. On Ctrl-C the case stops as a whole: ``Interrupted`` carries the
+case record so far (the killed arm included) up to the command; under torchrun an arm that ended
+in an error (a lost process) stops the case the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from stability import config as cfg
+from stability.cases.runs import Unit, check_unique
+from stability.data import load_corpus
+from stability.record import case_timing, finish_status, new_case_record, paired_summary
+from stability.train import distributed
+from stability.train.trainer import train
+
+
+def load_inputs(config: cfg.ExperimentConfig):
+    """The corpus of ``config``, after checking that it holds the longest extrapolation length and that
+    each arm's model can be built and run: a model the harness did not write (HF, factory) is built
+    once per arm here, so bad input is a ConfigError before any training."""
+    from stability.model.build import check_models
+    from stability.train.extrapolation import check_corpus
+
+    run = config.run
+    corpus = load_corpus(run.data, run.model.vocab_size, run.model.context)
+    check_corpus(corpus, config)  # long enough for the longest extrapolation length
+    if run.model.source != "harness" or run.model.factory:
+        check_models([config.arm_config(arm, config.seeds[0]).model for arm in config.arm_names], config.seeds[0],
+                     run.model.vocab_size, run.model.context)
+    return corpus
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a case; ``record`` is its case record so far (status "killed")."""
+
+    def __init__(self, record: dict):
+        super().__init__("interrupted (Ctrl-C)")
+        self.record = record
+
+
+def train_arm(case_record: dict, config: cfg.ExperimentConfig, run: cfg.RunConfig, schedule, corpus, arm: str,
+              session=None, on_step=None) -> dict:
+    """Train one run of a case (or, in a resumed case, take the finished run from disk) and return its
+    arm record; the ``session`` keeps the case record on disk after it. A killed run ends the case:
+    it joins ``case_record["arms"]`` and ``Interrupted`` is raised."""
+    hooks = session.arm_hooks(case_record, run, schedule, arm) if session is not None else None
+    if isinstance(hooks, dict):  # finished before the case was interrupted
+        arm_record = hooks
+    else:
+        arm_record = train(run, schedule, corpus=corpus, arm=arm, on_step=on_step,
+                           on_trained=after_training(run, config), hooks=hooks)
+    if session is not None:
+        session.arm_done(case_record, arm_record)
+    if arm_record["status"] == "killed" or (arm_record["status"] == "error" and distributed.current() is not None):
+        # under torchrun an error (a lost process above all) ends the job: the others cannot go on alone
+        case_record["arms"].append(arm_record)
+        case_record["paired"] = paired_summary(case_record["arms"])
+        case_record["status"] = "killed"
+        case_record["timing"] = case_timing([a["timing"] for a in case_record["arms"]],
+                                            sum(a["timing"].get("wall_seconds", 0.0) for a in case_record["arms"]))
+        if session is not None:
+            session.arm_done(case_record, None)
+        raise Interrupted(case_record)
+    return arm_record
+
+
+def train_units(case_record: dict, config: cfg.ExperimentConfig, units: list[Unit], corpus, session=None,
+                runner=None, on_step=None):
+    """Yield the arm record of each of ``units``, in their order. Without a ``runner``, each is trained
+    here when the case asks for it (``train_arm``, ``on_step(arm, seed, step, figures)``); with one,
+    ``runner.train(case_record, config, units)`` trains them (in parallel, elsewhere: no per-step
+    callback) and the ``session`` notes each record as it comes back."""
+    check_unique(units)
+    if runner is None:
+        for unit in units:
+            step_cb = (lambda step, figures, arm=unit.arm, seed=unit.seed: on_step(arm, seed, step, figures)) \
+                if on_step else None
+            yield train_arm(case_record, config, unit.run, unit.schedule, corpus, unit.arm, session, on_step=step_cb)
+        return
+    for arm_record in runner.train(case_record, config, units):
+        if session is not None:
+            session.arm_done(case_record, arm_record)
+        yield arm_record
+
+
+def quantization_hook(run: cfg.RunConfig, schemes: tuple[str, ...]):
+    """After training, evaluate the model under each post-training quantization scheme
+    and store the result in the arm record's "quant" entry (None when no scheme is asked)."""
+    if not schemes:
+        return None
+
+    def evaluate_quantized(model, corpus, record):
+        from stability.train.quantize import evaluate_schemes, quant_figures
+
+        record["quant"] = evaluate_schemes(model, corpus, run, schemes)
+        record["final"].update(quant_figures(record["quant"]))  # quant_<scheme>_damage_* in the paired table
+    return evaluate_quantized
+
+
+def extrapolation_hook(run: cfg.RunConfig, extrapolation: cfg.ExtrapolationConfig):
+    """After training, read the model at the lengths of ``extrapolation`` and store the points in the arm
+    record's "extrapolation" entry and the ``extrap_*`` figures in its final (None when off)."""
+    if not extrapolation.enabled:
+        return None
+
+    def evaluate_extrapolation(model, corpus, record):
+        from stability.train.extrapolation import evaluate_lengths, extrapolation_figures
+
+        record["extrapolation"] = evaluate_lengths(model, corpus, run, extrapolation)
+        record["final"].update(extrapolation_figures(record["extrapolation"]))
+    return evaluate_extrapolation
+
+
+def after_training(run: cfg.RunConfig, config: cfg.ExperimentConfig):
+    """The evaluations of a trained arm the experiment asks for (quantization, extrapolation), as one
+    ``on_trained(model, corpus, record)`` callable for the trainer; None when there are none."""
+    hooks = [hook for hook in (quantization_hook(run, config.quant_schemes),
+                               extrapolation_hook(run, config.extrapolation)) if hook is not None]
+    if not hooks:
+        return None
+
+    def run_all(model, corpus, record):
+        for hook in hooks:
+            hook(model, corpus, record)
+    return run_all
+
+
+def run_pair(config: cfg.ExperimentConfig, schedule=None, on_arm_done: Callable[[dict], None] | None = None,
+             on_step=None, description: str = "", purpose: str = "regression", session=None, runner=None) -> dict:
+    """Train every (seed, arm) of ``config``, seed by seed, and return the pair record.
+
+    ``on_arm_done(record)`` is called after each arm. ``session``: see ``train_arm``; ``runner``: see
+    ``train_units``. Ctrl-C ends the arm in flight as "killed" and raises ``Interrupted`` with the
+    record so far."""
+    from stability.train.schedules import Standard
+
+    schedule = schedule or Standard()
+    started = time.perf_counter()
+    record = new_case_record(config, schedule.name, description or schedule.describe(), stress="pair",
+                             purpose=purpose)
+    corpus = load_inputs(config)
+    record["corpus"] = corpus.info
+    units = [Unit("pair", arm, seed, config.arm_config(arm, seed), schedule)
+             for seed in config.seeds for arm in config.arm_names]
+    for arm_record in train_units(record, config, units, corpus, session, runner, on_step):
+        record["arms"].append(arm_record)
+        record["paired"] = paired_summary(record["arms"])
+        if on_arm_done:
+            on_arm_done(record)
+    record["status"] = finish_status(record)
+    record["timing"] = case_timing([a["timing"] for a in record["arms"]], time.perf_counter() - started)
+    return record

@@ -1,0 +1,360 @@
+"""What a training command keeps while it trains, so that a long run can be watched, survive a crash
+and be continued.
+
+    session = Session(run_dir, label="run", tracker=LiveTracker(uri))   # tracker: None = no live tracking
+    record = run_pair(config, session=session)                         # or run_case(kind, config, session=...)
+    session.close()
+
+For every run of a case (an arm at a seed; in sweeps and ladders also an LR or a precision) it keeps
+
+    <run dir>/<record>.json                         the case record: written when the case starts and after
+                                                    every run (its "runs" list: status, final figures, files)
+    <run dir>/steps/<case id>/<run key>.jsonl       one line per step, flushed as training goes (steplog)
+    <checkpoint dir>/<case id>/<run key>.pt         the arm's checkpoint, every ``checkpoint.every`` steps and
+                                                    at a stop; deleted once the run has finished
+    <run dir>/replay/<case id>/<run key>-step<N>.pt replay bundles of flagged steps, within the budget
+
+prints a progress line every tenth of a run (case, arm, seed, step, loss), and sends the steps to the
+live MLflow runs. The checkpoint directory defaults to ``<run dir>/checkpoints``.
+
+Resuming: ``Resume.load(path)`` reads an interrupted run directory (or one of its records) and checks
+it; a ``Session(..., resume=...)`` then gives every case the id of its interrupted record, takes the runs
+that had finished from their per-step files, and continues the unfinished ones from their checkpoints.
+Bad input (missing or corrupt target or checkpoint, another config, a directory in use, a checkpoint
+directory that cannot be written) is a RecordError before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+from stability import config as cfg
+from stability.cases.steplog import StepLog, read_steplog
+from stability.record import RecordError, read_record, write_record
+from stability.record.rundir import MANIFEST, ensure_run_dir, is_session, sessions
+from stability.train.checkpoint import Bundles, Checkpoints, load_state, run_fingerprint
+from stability.train.trainer import ArmHooks
+
+LOCK = ".lock"
+PROGRESS_LINES = 10   # progress lines per run
+
+
+def run_label(case_record: dict, run: cfg.RunConfig) -> str:
+    """What tells the runs of one arm and seed apart within a case: the LR in a sweep, the precision in a
+    ladder ("" elsewhere)."""
+    stress = case_record.get("stress")
+    if stress == "lr_sweep":
+        return f"-lr{run.optim.lr:g}"
+    if stress == "precision_ladder":
+        return f"-{run.precision.dtype}"
+    return ""
+
+
+def run_names(case_record: dict, run: cfg.RunConfig, schedule, arm: str) -> tuple[str, str, str]:
+    """(name, key, fingerprint) of one run: the name of its MLflow child run (arm, seed, LR or precision),
+    the name of its per-step file and checkpoint (the name and the fingerprint's start), the run's
+    fingerprint (its whole config and schedule)."""
+    fingerprint = run_fingerprint(dataclasses.asdict(run), schedule.name)
+    name = f"{arm}-seed{run.seed}{run_label(case_record, run)}"
+    return name, f"{name}-{fingerprint[:8]}", fingerprint
+
+
+def case_label(case_record: dict) -> str:
+    stress = case_record.get("stress") or "pair"
+    return "standard" if stress == "pair" else stress
+
+
+def comparable(config: dict) -> dict:
+    """A flattened config without the checkpoint settings (changing them never changes a figure)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.flatten(config).items()
+            if not k.startswith("run.checkpoint.")}
+
+
+# ----------------------------------------------------------------------------- resuming
+
+@dataclasses.dataclass
+class Resume:
+    """An interrupted run directory and its records, checked (see the module docstring)."""
+
+    run_dir: Path
+    records: list[dict]
+    label: str
+    checkpoint_dir: Path
+
+    @classmethod
+    def load(cls, target: str | Path, checkpoint_dir: str | Path | None = None) -> Resume:
+        """Read ``target`` (a run directory or a record in one); RecordError when it cannot be resumed."""
+        path = Path(target)
+        if not path.exists():
+            raise RecordError(f"resume target {str(path)!r} does not exist: expected a record file or a run "
+                              f"directory written by `stability run` or `stability stress`")
+        run_dir = path if path.is_dir() else path.parent
+        if not is_session(run_dir):
+            raise RecordError(f"resume target {str(path)!r} is not in a run directory (no {MANIFEST} in "
+                              f"{str(run_dir)!r}): expected a directory made by `stability run` or `stability stress`")
+        files = [path] if path.is_file() else sorted(p for p in run_dir.glob("*.json") if p.name != MANIFEST)
+        if not files:
+            raise RecordError(f"resume target {str(run_dir)!r} holds no record: nothing was measured there, "
+                              f"start a new run instead")
+        records = [read_record(p) for p in files]
+        holder = locked_by(run_dir)
+        if holder:
+            raise RecordError(f"run directory {str(run_dir)!r} is in use by another process ({holder}): "
+                              f"expected an interrupted run")
+        import json
+
+        label = json.loads((run_dir / MANIFEST).read_text()).get("label", "run")
+        saved = next((r.get("checkpoint_dir") for r in records if r.get("checkpoint_dir")), None)
+        directory = Path(checkpoint_dir) if checkpoint_dir else run_dir / (saved or "checkpoints")  # relative: inside
+        return cls(run_dir, records, label, directory)
+
+    @property
+    def config(self) -> cfg.ExperimentConfig:
+        """The experiment config the interrupted run was started with."""
+        return cfg.from_dict(cfg.ExperimentConfig, self.records[0]["config"])
+
+    def unfinished(self) -> list[dict]:
+        return [r for r in self.records if r.get("status") in ("running", "killed")]
+
+    def check_config(self, config: cfg.ExperimentConfig) -> None:
+        """RecordError unless ``config`` is the one the records were made with (checkpoint settings aside)."""
+        wanted = comparable(cfg.to_dict(config))
+        for record in self.records:
+            have = comparable(record["config"])
+            diffs = [f"{k}: run {have.get(k, '<absent>')!r}, command {wanted.get(k, '<absent>')!r}"
+                     for k in sorted(set(have) | set(wanted)) if have.get(k, "<absent>") != wanted.get(k, "<absent>")]
+            if diffs:
+                raise RecordError(f"resume target {record['_path']!r} belongs to another config "
+                                  f"({'; '.join(diffs[:4])}{' ...' if len(diffs) > 4 else ''}): expected the "
+                                  f"command's config, or --resume without --preset/--set/--config")
+
+    def check_checkpoints(self) -> int:
+        """Load every checkpoint an unfinished record will resume from; RecordError when one is corrupt or
+        of another run. Returns how many there are."""
+        count = 0
+        for record in self.unfinished():
+            for path in sorted((self.checkpoint_dir / record["id"]).glob("*.pt")):
+                state = load_state(path)
+                if state.get("run_key") != path.stem:
+                    raise RecordError(f"checkpoint {str(path)!r} belongs to run {state.get('run_key')!r}, not "
+                                      f"{path.stem!r}: expected the file this run wrote")
+                count += 1
+        return count
+
+    def record_for(self, case_record: dict) -> dict | None:
+        """The interrupted record of the same case (stress kind, name and schedule), if any."""
+        key = (case_record.get("stress"), case_record.get("name"), case_record.get("schedule"))
+        return next((r for r in self.records if (r.get("stress"), r.get("name"), r.get("schedule")) == key), None)
+
+
+def locked_by(run_dir: Path) -> str | None:
+    """"pid N" when a live process holds the run directory's lock, else None."""
+    lock = Path(run_dir) / LOCK
+    if not lock.is_file():
+        return None
+    with open(lock, "a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            return f"pid {handle.read().strip() or '?'}"
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return None
+
+
+def find_interrupted(root: str | Path, label: str, config: cfg.ExperimentConfig) -> Path | None:
+    """The newest run directory under ``root`` made by the same command (``label``) with the same config whose
+    records are unfinished and that no process holds: what running the same command again continues."""
+    wanted = comparable(cfg.to_dict(config))
+    for run_dir in reversed(sessions(root)):
+        try:
+            resume = Resume.load(run_dir)
+        except RecordError:
+            continue
+        if resume.label == label and resume.unfinished() and all(
+                comparable(r["config"]) == wanted for r in resume.records):
+            return run_dir
+    return None
+
+
+# ----------------------------------------------------------------------------- the session
+
+class Session:
+    """What one command keeps while it trains (see the module docstring).
+
+    run_dir: the run directory. label: the command ("run", "stress"; the run directory's manifest).
+    tracker: a ``stability.track.live.LiveTracker``, or None. checkpoint_dir: default ``<run dir>/checkpoints``.
+    progress: print progress lines. resume: a checked ``Resume``. lock: hold the run directory's lock (so
+    a resume can tell a live run from an interrupted one; off when several processes share a directory)."""
+
+    def __init__(self, run_dir: str | Path, label: str = "run", tracker=None, checkpoint_dir: str | Path | None = None,
+                 progress: bool = False, resume: Resume | None = None, lock: bool = False, stream=None):
+        self.run_dir = Path(run_dir)
+        self.label = label
+        self.tracker = tracker
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else self.run_dir / "checkpoints"
+        self.progress = progress
+        self.resume = resume
+        self.lock = lock
+        self.stream = stream or sys.stdout
+        self.record_paths: dict[str, Path] = {}
+        self.current: dict | None = None     # the case record in flight
+        self._cases: dict[int, dict] = {}     # id(case record) -> its bookkeeping
+        self._lock_handle = None
+
+    # ---------------------------------------------------------------- what train_arm calls
+
+    def arm_hooks(self, case_record: dict, run: cfg.RunConfig, schedule, arm: str):
+        """The hooks of one run, or its finished arm record when a resumed case already has it."""
+        case = self._case(case_record)
+        name, key, fingerprint = run_names(case_record, run, schedule, arm)
+        steps_file = self.run_dir / "steps" / case_record["id"] / f"{key}.jsonl"
+        checkpoint_file = self.checkpoint_dir / case_record["id"] / f"{key}.pt"
+        resume_state, resume_after = None, None
+        if case["resumed"]:
+            if steps_file.is_file():
+                finished = read_steplog(steps_file)["end"]
+                if finished is not None:
+                    self._say(f"  [{case_label(case_record)}] {name}: finished before the interruption "
+                              f"({finished.get('status')}, {len(finished['series']['step'])} steps), taken from "
+                              f"{steps_file.name}")
+                    return finished
+            if checkpoint_file.is_file():
+                resume_state = load_state(checkpoint_file, map_location=run.device)
+                resume_after = resume_state["step"]
+        identity = {"run_key": key, "name": name, "arm": arm, "seed": run.seed, "fingerprint": fingerprint,
+                    "case": case_label(case_record), "case_id": case_record["id"],
+                    "config": dataclasses.asdict(run), "schedule": schedule.name}
+        steplog = StepLog(steps_file, {k: v for k, v in identity.items() if k != "config"}, resume_after)
+        checkpoints = Checkpoints(checkpoint_file, run.checkpoint.every, resume_state,
+                                  on_saved=lambda _step: steplog.sync())
+        every = max(1, run.steps // PROGRESS_LINES)
+        tracker = self.tracker
+        label = f"  [{case_label(case_record)}] {name}"
+
+        def on_start(record):
+            record["run_name"], record["run_key"] = name, key
+            first = len(record["series"]["step"])
+            self._say(f"{label}: {'resuming after step ' + str(first - 1) + ', ' if first else ''}"
+                      f"{run.steps} steps")
+            if tracker is not None:
+                tracker.arm_started(case_record, record, first)
+
+        def on_step(step, row):
+            steplog.append(row)
+            if tracker is not None:
+                tracker.step(case_record, {"arm": arm, "seed": run.seed, "run_name": name}, row)
+            if self.progress and (step % every == 0 or step == run.steps - 1):
+                self._say(f"{label}: step {step + 1}/{run.steps}  loss {row['loss']:.4f}  lr {row['lr']:.2e}  "
+                          f"grad-norm {row['grad_norm']:.3g}  update-norm {row['update_norm']:.3g}")
+
+        def on_end(record):
+            if record["status"] == "killed":
+                steplog.close()          # no end line: the run is continued from its checkpoint
+                self._say(f"{label}: stopped after step {len(record['series']['step']) - 1} "
+                          f"(checkpoint {checkpoint_file})")
+            else:
+                steplog.end(record)
+                checkpoints.remove()
+                self._say(f"{label}: {record['status']} after {len(record['series']['step'])} steps"
+                          + (f" - {record['stop_reason']}" if record.get("stop_reason") else ""))
+            if tracker is not None:
+                tracker.arm_ended(case_record, record)
+
+        return ArmHooks(on_start=on_start, on_step=on_step, on_end=on_end, checkpoints=checkpoints,
+                        bundles=case["bundles"], identity=identity, replay_optimizer=run.checkpoint.replay_optimizer)
+
+    def arm_done(self, case_record: dict, arm_record: dict | None) -> None:
+        """Note a finished (or stopped) run in the case record and write the record."""
+        case = self._case(case_record)
+        if arm_record is not None:
+            timing = arm_record.get("timing") or {}
+            case_record.setdefault("runs", []).append({
+                "run_key": arm_record.get("run_key"), "name": arm_record.get("run_name"), "arm": arm_record["arm"],
+                "seed": arm_record["seed"], "status": arm_record["status"],
+                "steps": len(arm_record["series"]["step"]), "started_at": timing.get("started_at"),
+                "ended_at": timing.get("ended_at"), "final": arm_record.get("final"),
+                "steps_file": str(Path("steps") / case_record["id"] / f"{arm_record.get('run_key')}.jsonl")})
+        if case["bundles"] is not None:
+            case_record["replay_bundles"] = case["bundles"].index()
+        self.write(case_record)
+
+    def write(self, case_record: dict) -> Path:
+        """Write the case record into the run directory (with the live run ids, so a resume reuses them)."""
+        ensure_run_dir(self.run_dir, self.label)
+        self._hold_lock()
+        if self.tracker is not None and case_record.get("status") in ("running", "killed"):
+            live = self.tracker.runs_of(case_record)
+            case_record["tracking"] = {"status": "live", **live} if live else self.tracker.status()
+        path = write_record(case_record, self.run_dir)
+        self.record_paths[case_record["id"]] = path
+        if self.tracker is not None:
+            self.tracker.record_file = path
+        return path
+
+    def live_runs(self, case_record: dict) -> dict | None:
+        """The live MLflow runs of a case (after sending everything queued), for ``log_to_mlflow(live=...)``."""
+        if self.tracker is None or not self.tracker.flush():
+            return None
+        return self.tracker.runs_of(case_record)
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+        if self._lock_handle is not None:
+            self._lock_handle.close()
+            self._lock_handle = None
+
+    # ---------------------------------------------------------------- bookkeeping
+
+    def _case(self, case_record: dict) -> dict:
+        case = self._cases.get(id(case_record))
+        if case is not None and case["record"] is case_record:
+            return case
+        old = self.resume.record_for(case_record) if self.resume is not None else None
+        resumed = old is not None and old.get("status") in ("running", "killed")
+        if resumed:   # the same file, the same per-step files and checkpoints
+            case_record.update(id=old["id"], created_at=old["created_at"])
+            case_record["resumed_from"] = {"status": old.get("status"), "runs": len(old.get("runs") or [])}
+        inside = self.checkpoint_dir.resolve().is_relative_to(self.run_dir.resolve())
+        case_record["checkpoint_dir"] = str(self.checkpoint_dir.resolve().relative_to(self.run_dir.resolve())
+                                            if inside else self.checkpoint_dir.resolve())
+        bundles = None
+        run_cfg = (case_record.get("config") or {}).get("run") or {}
+        budget = run_cfg.get("checkpoint") or {}
+        if budget.get("replay_first", 0) or budget.get("replay_worst", 0):
+            bundles = Bundles(self.run_dir / "replay" / case_record["id"], budget.get("replay_first", 0),
+                              budget.get("replay_worst", 0))
+            if resumed:
+                bundles.adopt(old.get("replay_bundles") or [])
+        case = {"record": case_record, "resumed": resumed, "bundles": bundles}
+        self._cases[id(case_record)] = case
+        self.current = case_record
+        if self.tracker is not None:
+            live = (old or {}).get("tracking") or {}
+            self.tracker.case_started(case_record, live if resumed and live.get("parent_run_id") else None)
+        self.write(case_record)          # on disk before the first step
+        return case
+
+    def _hold_lock(self) -> None:
+        if not self.lock or self._lock_handle is not None:
+            return
+        handle = open(self.run_dir / LOCK, "a+")  # noqa: SIM115  (held for the session's life)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise RecordError(f"run directory {str(self.run_dir)!r} is in use by another process") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._lock_handle = handle
+
+    def _say(self, line: str) -> None:
+        if self.progress:
+            print(line, file=self.stream, flush=True)

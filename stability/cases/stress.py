@@ -1,0 +1,455 @@
+"""Stress cases: each a pure function of a resolved ``ExperimentConfig`` -> a pair record.
+
+    run_sweep(config, lrs=None)     learning-rate sweep over ``stress.sweep_lrs`` (several runs per arm):
+                                    LR sensitivity and critical LR (Wortsman et al. 2023)
+    run_lr_ramp(config)             LR range test: exponential LR until the arm diverges
+    run_batch_ramp(config)          batch doubling every N steps, LR scaled by a rule
+    run_precision_ladder(config)    the same run in fp32, bf16, fp16 (+GradScaler), fp8, mxfp8, mxfp4
+    run_shock(config)               LR jump by a factor mid-run (or no warmup)
+    run_standard(config)            the plain pair at the preset's settings (what `stability run` trains)
+
+    run_case(kind, config)          any of the above by name (``CASES``)
+
+Nothing here keeps state between calls: the config (including its ``stress`` settings) is the
+whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
+Each case lists its runs as ``stability.cases.runs.Unit`` s and reads their arm records back in that
+order (``stability.cases.experiment.train_units``): trained here one after the other, or, with a
+``runner``, elsewhere (``stability.cases.ray_runner.RayRunner``: one Ray task per run), with the same
+figures.
+CPU intra-op threads are set from ``stress.threads`` for the duration of a case and restored.
+
+Every case trains every arm of the config (``config.arm_names``: the baseline and its treatment arms,
+``arms=...``), seed by seed. Every record is a ``stability.record`` case record: ``arms`` (one entry
+per arm and seed, with
+``arm``, ``seed``, ``status``, ``final`` ...) and ``paired`` (per treatment arm and figure: baseline,
+treatment, difference, 95% interval, p). The case-specific results sit under a key named after the
+case (``record["lr_sweep"]`` ...), and the key figures of each case are added to the arms' ``final``
+and so to ``paired`` (directions, units and meanings in ``stability.record.figures``). For the multi-run cases (sweep, ladder) the ``arms`` entry of
+an arm and seed is its *reference* run (the grid LR nearest ``optim.lr``; fp32), and the other
+runs are summarised under the case key.
+
+Figure definitions (the stress-case ones; the others are in docs/figures.md):
+
+* ``critical_lr``: smallest swept peak LR at which the arm diverged. When no LR diverged the value
+  is *censored*: one grid step above the largest LR (``critical_lr_censored`` is True), so paired
+  statistics and the regression check still see a finite lower bound.
+* ``lr_sensitivity``: ``mean_eta [min(L(eta), L_init) - min_eta L(eta)]`` with ``L`` the held-out
+  loss after training at peak LR ``eta``, a diverged (or failed) run counting as ``L_init`` (the
+  loss at step 0, the same for every LR of an arm and seed).
+* ``ramp_divergence_lr``: in the LR range test, the LR of the *update* that caused the onset of
+  divergence. The onset is the first step of the final run of steps whose loss is non-finite or above
+  ``diverge_factor`` x the initial loss; the loss at step t is measured after the updates of steps
+  0..t-1, so the update to blame is step t-1's (its LR is ``lr[t-1]``). The end LR, censored, when the
+  arm never diverged. ``ramp_best_lr``: the LR of the update before the lowest smoothed loss.
+* ``shock_peak_excess``: highest loss after the shock minus the pre-shock loss (the mean of the
+  ``recovery_smoothing`` losses up to the shock step; the loss at step 0 for "no_warmup").
+  ``shock_recovery_steps``: steps after the shock until the rolling mean (``recovery_smoothing``
+  post-shock losses) is back at or below the pre-shock loss; censored at the steps left when it
+  never is (``shock_recovered`` False).
+* ``loss_gap_<p>``: held-out loss at precision ``p`` minus held-out loss in fp32, same arm and seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import replace
+
+import torch
+
+from stability import config as cfg
+from stability import precision
+from stability.cases.experiment import load_inputs, run_pair, train_units
+from stability.cases.runs import Unit
+from stability.precision import ao
+from stability.record import case_timing, finish_status, new_case_record, paired_summary
+from stability.train.schedules import Standard, from_stress
+
+CASES_ORDER = cfg.STRESS_CASES
+
+
+# ----------------------------------------------------------------------------- helpers
+
+@contextlib.contextmanager
+def cpu_threads(threads: int):
+    """Run the block with ``threads`` CPU intra-op threads (0: unchanged), then restore."""
+    if threads <= 0:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rolling_min_index(values: list[float], width: int) -> int | None:
+    """Index of the lowest rolling mean (trailing ``width``) of the finite values; None if none."""
+    best, best_index = math.inf, None
+    for i in range(len(values)):
+        window = [v for v in values[max(0, i - width + 1):i + 1] if _finite(v)]
+        if len(window) == min(width, i + 1) and window:
+            mean = sum(window) / len(window)
+            if mean < best:
+                best, best_index = mean, i
+    return best_index
+
+
+def run_summary(arm_record: dict, **extra) -> dict:
+    """A compact copy of one run for the case key: status, final figures, timing, loss curve."""
+    return {**extra, "arm": arm_record["arm"], "seed": arm_record["seed"], "variant": arm_record["variant"],
+            "status": arm_record["status"], "diverged_at_step": arm_record["diverged_at_step"],
+            "stop_reason": arm_record["stop_reason"], "final": dict(arm_record["final"]),
+            "events": arm_record["events"], "timing": arm_record["timing"],
+            "loss": list(arm_record["series"]["loss"])}
+
+
+class _Case:
+    """Shared bookkeeping of a stress case: the record, the corpus, the per-run timings, the session
+    (``stability.cases.experiment.train_arm``: record on disk after every run, resume, Ctrl-C), the runner
+    (None: train here; see ``stability.cases.experiment.train_units``)."""
+
+    def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
+                 session=None, runner=None):
+        self.started = time.perf_counter()
+        self.kind = kind
+        self.config = config
+        self.session = session
+        self.runner = runner
+        self.record = new_case_record(config, schedule_name, description, stress=kind)
+        self.corpus = load_inputs(config)
+        self.record["corpus"] = self.corpus.info
+        self.runs: list[dict] = []  # timing dicts of every run trained
+
+    def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
+        return Unit(self.kind, arm, seed, run, schedule)
+
+    def train_units(self, units: list[Unit]):
+        """Yield the arm record of each unit, in order (trained here or by the runner)."""
+        for arm_record in train_units(self.record, self.config, units, self.corpus, self.session, self.runner):
+            self.runs.append(arm_record["timing"])
+            yield arm_record
+
+    def train_each_arm(self, schedule, figures_of) -> list[dict]:
+        """Train every seed and arm under ``schedule``. ``figures_of(run, arm_record)`` returns
+        (figures added to the arm's ``final``, extra entries for its summary). Returns one summary
+        per arm: arm, seed, status, diverged_at_step, the figures and the extras."""
+        per_arm = []
+        units = [self.unit(arm, seed, self.config.arm_config(arm, seed), schedule)
+                 for seed in self.config.seeds for arm in self.config.arm_names]
+        for unit, arm_record in zip(units, self.train_units(units)):
+            figures, extras = figures_of(unit.run, arm_record)
+            arm_record["final"].update(figures)
+            self.record["arms"].append(arm_record)
+            per_arm.append({"arm": unit.arm, "seed": unit.seed, "status": arm_record["status"],
+                            "diverged_at_step": arm_record["diverged_at_step"], **figures, **extras})
+        return per_arm
+
+    def finish(self) -> dict:
+        record = self.record
+        record["paired"] = paired_summary(record["arms"])
+        record["status"] = finish_status(record, [run["status"] for run in (record.get(self.kind) or {}).get("runs", [])])
+        record["timing"] = case_timing(self.runs, time.perf_counter() - self.started)
+        return record
+
+
+# ----------------------------------------------------------------------------- the learning-rate sweep
+
+def sweep_figures(lrs: list[float], losses: list[float | None], diverged: list[bool], loss_init: float) -> dict:
+    """LR sensitivity and critical LR of one arm and seed over a grid (see module docstring).
+
+    ``losses[i]`` is the final (held-out) loss at ``lrs[i]``; a diverged or non-finite entry counts as
+    ``loss_init``."""
+    counted = [loss_init if (div or not _finite(loss)) else min(loss, loss_init)
+               for loss, div in zip(losses, diverged)]
+    best = min(counted)
+    sensitivity = sum(c - best for c in counted) / len(counted)
+    failing = [lr for lr, div in zip(lrs, diverged) if div]
+    if failing:
+        critical, censored = min(failing), False
+    else:
+        step = lrs[-1] / lrs[-2] if len(lrs) > 1 else 2.0
+        critical, censored = lrs[-1] * step, True
+    best_index = counted.index(best)
+    return {"lr_sensitivity": sensitivity, "critical_lr": critical, "critical_lr_censored": censored,
+            "best_lr": lrs[best_index], "best_lr_loss": best, "loss_init": loss_init}
+
+
+def with_lr(run: cfg.RunConfig, lr: float) -> cfg.RunConfig:
+    return replace(run, optim=replace(run.optim, lr=lr))
+
+
+def reference_index(lrs: tuple[float, ...], lr: float) -> int:
+    """Index of the grid LR nearest ``lr`` on a log scale."""
+    return min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i]) - math.log(lr)))
+
+
+def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None, runner=None) -> dict:
+    """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
+
+    ``record["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
+    sweep figures, and a compact summary of every run. The ``arms`` entries are the runs at the grid
+    LR nearest ``optim.lr``, with ``lr_sensitivity``, ``critical_lr`` ... added to ``final``."""
+    if lrs is not None:
+        config = replace(config, stress=replace(config.stress, sweep_lrs=tuple(float(v) for v in lrs)))
+    grid = config.stress.sweep_lrs
+    ref = reference_index(grid, config.run.optim.lr)
+    with cpu_threads(config.stress.threads):
+        case = _Case("lr_sweep", config, "lr_sweep",
+                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session, runner)
+        per_arm, runs = [], []
+        units = [case.unit(arm, seed, with_lr(config.arm_config(arm, seed), lr), Standard())
+                 for seed in config.seeds for arm in config.arm_names for lr in grid]
+        trained = case.train_units(units)
+        for seed in config.seeds:
+            for arm in config.arm_names:
+                records = []
+                for lr in grid:
+                    arm_record = next(trained)
+                    records.append(arm_record)
+                    runs.append(run_summary(arm_record, lr=lr))
+                losses = [r["final"].get("heldout_loss") for r in records]
+                diverged = [r["status"] != "completed" for r in records]
+                first = [r["series"]["loss"][0] for r in records if r["series"]["loss"]
+                         and _finite(r["series"]["loss"][0])]
+                loss_init = first[0] if first else math.log(config.run.model.vocab_size)
+                figures = sweep_figures(list(grid), losses, diverged, loss_init)
+                per_arm.append({"arm": arm, "seed": seed, "lrs": list(grid), "final_loss": losses,
+                                "status": [r["status"] for r in records], **figures})
+                reference = records[ref]
+                reference["final"].update(figures)
+                reference["final"]["peak_lr"] = grid[ref]
+                case.record["arms"].append(reference)
+        case.record["lr_sweep"] = {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs}
+        return case.finish()
+
+
+# ----------------------------------------------------------------------------- the LR range test
+
+def update_before(step: int) -> int:
+    """The step whose update produced the weights the loss of ``step`` was measured on (step 0: itself,
+    the initial weights, has no update before it; its own LR is the nearest)."""
+    return max(0, step - 1)
+
+
+def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr: float) -> dict:
+    """Divergence LR and step, spikes on the way, and the best LR of one LR-range-test run."""
+    series = arm_record["series"]
+    losses, lrs = series["loss"], series["lr"]
+    if not losses:
+        return {}
+    init = next((v for v in losses if _finite(v)), None)
+    diverged = arm_record["status"] == "diverged"
+    if diverged:
+        onset = arm_record["diverged_at_step"]
+        while onset > 0 and not (_finite(losses[onset - 1]) and init is not None
+                                 and losses[onset - 1] <= diverge_factor * init):
+            onset -= 1
+        lr, step = lrs[update_before(onset)], onset
+    else:
+        onset, lr, step = len(losses), end_lr, len(losses)
+    best = _rolling_min_index(losses[:onset] or losses, smoothing)
+    return {"ramp_divergence_lr": lr, "ramp_divergence_step": step, "ramp_censored": not diverged,
+            "ramp_spikes": sum(series["loss_spike"][:onset]), "ramp_grad_spikes": sum(series["grad_spike"][:onset]),
+            "ramp_best_lr": lrs[update_before(best)] if best is not None else None,
+            "ramp_best_loss": (sum(losses[max(0, best - smoothing + 1):best + 1]) / len(
+                losses[max(0, best - smoothing + 1):best + 1])) if best is not None else None}
+
+
+def run_lr_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+    """One LR range test per arm and seed: exponential LR from ``ramp_start_lr`` to ``ramp_end_lr``."""
+    schedule = from_stress("lr_ramp", config)
+    stress = config.stress
+    with cpu_threads(stress.threads):
+        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
+        per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
+            arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
+        case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
+                                  "per_arm": per_arm}
+        return case.finish()
+
+
+# ----------------------------------------------------------------------------- the batch ramp
+
+def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
+    """[[tokens seen, mean loss of the steps since the previous point], ...] at about ``points`` points."""
+    series = arm_record["series"]
+    n = len(series["loss"])
+    if not n:
+        return []
+    every = max(1, math.ceil(n / points))
+    out = []
+    for start in range(0, n, every):
+        window = [v for v in series["loss"][start:start + every] if _finite(v)]
+        out.append([series["tokens"][min(n, start + every) - 1], sum(window) / len(window) if window else None])
+    return out
+
+
+def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+    """Batch doubling every ``batch_double_every`` steps up to ``batch_max_size``, LR by ``batch_lr_rule``."""
+    stress = config.stress
+    if stress.batch_max_size < config.run.data.batch_size:
+        raise cfg.ConfigError(f"stress.batch_max_size={stress.batch_max_size!r} is invalid: expected at least "
+                              f"data.batch_size={config.run.data.batch_size}")
+    schedule = from_stress("batch_ramp", config)
+    with cpu_threads(stress.threads):
+        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session,
+                     runner)
+
+        def figures_of(_run, arm_record):
+            series = arm_record["series"]
+            figures = {"tokens_seen": series["tokens"][-1] if series["tokens"] else 0,
+                       "final_batch_size": series["batch_size"][-1] if series["batch_size"] else None}
+            return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record)}
+
+        per_arm = case.train_each_arm(schedule, figures_of)
+        case.record["batch_ramp"] = {"lr_rule": stress.batch_lr_rule, "double_every": stress.batch_double_every,
+                                     "max_batch_size": stress.batch_max_size, "per_arm": per_arm}
+        return case.finish()
+
+
+# ----------------------------------------------------------------------------- the precision ladder
+
+def ladder_skips(config: cfg.ExperimentConfig) -> dict[str, str]:
+    """{rung: reason} for the rungs of ``stress.precisions`` that cannot train here because torchao
+    cannot be imported. Any other reason a rung cannot train (an fp8 recipe the installed torchao
+    does not know, MX on a torch / torchao without it) is a ConfigError, raised before any training."""
+    skipped = {}
+    tokens = config.run.data.batch_size * config.run.model.context
+    for p in config.stress.precisions:
+        try:
+            precision.check(replace(config.run.precision, dtype=p), config.run.device, tokens)
+        except ao.TorchaoMissing as error:
+            skipped[p] = f"{p} trains through torchao: {error}"
+    return skipped
+
+
+def at_precision(run: cfg.RunConfig, dtype: str, ladder_steps: int) -> cfg.RunConfig:
+    """``run`` in ``dtype`` for ``ladder_steps`` steps (0: the run's own)."""
+    return replace(run, precision=replace(run.precision, dtype=dtype), steps=ladder_steps or run.steps)
+
+
+def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+    """The same run (reference LR, Standard schedule) at every precision of ``stress.precisions``.
+
+    The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
+    ``nonfinite_events_<p>``, ``diverged_<p>``, ``overflow_fraction_<p>``, ``underflow_fraction_<p>``,
+    ``loss_scale_drops_<p>`` and ``loss_spike_score_<p>``. ``record["precision_ladder"]`` holds the
+    rungs, per rung the library, version and recipe that trained it (``sources``), the rungs skipped
+    with their reason (torchao not installed), and a summary of every run."""
+    skipped = ladder_skips(config)
+    precisions = [p for p in config.stress.precisions if p not in skipped]
+    with cpu_threads(config.stress.threads):
+        case = _Case("precision_ladder", config, "precision_ladder",
+                     f"the same run in {', '.join(precisions)}"
+                     + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session, runner)
+        runs, sources = [], {}
+        units = [case.unit(arm, seed, at_precision(config.arm_config(arm, seed), p, config.stress.ladder_steps),
+                           Standard()) for seed in config.seeds for arm in config.arm_names for p in precisions]
+        trained = case.train_units(units)
+        for seed in config.seeds:
+            for arm in config.arm_names:
+                by_precision = {}
+                for p in precisions:
+                    arm_record = next(trained)
+                    by_precision[p] = arm_record
+                    sources.setdefault(p, arm_record.get("precision"))
+                    runs.append(run_summary(arm_record, precision=p))
+                reference = by_precision["fp32"]
+                ref_loss = reference["final"].get("heldout_loss")
+                for p, rec in by_precision.items():
+                    if p == "fp32":
+                        continue
+                    final = rec["final"]
+                    loss = final.get("heldout_loss")
+                    reference["final"].update({
+                        f"loss_gap_{p}": (loss - ref_loss) if _finite(loss) and _finite(ref_loss) and
+                        rec["status"] == "completed" else None,
+                        f"nonfinite_events_{p}": final.get("nonfinite_events"),
+                        f"diverged_{p}": rec["status"] != "completed",
+                        f"overflow_fraction_{p}": final.get("overflow_fraction"),
+                        f"underflow_fraction_{p}": final.get("underflow_fraction"),
+                        f"loss_scale_drops_{p}": final.get("loss_scale_drops"),
+                        f"loss_spike_score_{p}": final.get("loss_spike_score"),
+                    })
+                case.record["arms"].append(reference)
+        case.record["precision_ladder"] = {"precisions": precisions, "sources": sources, "skipped": skipped,
+                                           "runs": runs}
+        return case.finish()
+
+
+# ----------------------------------------------------------------------------- the shock
+
+def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoothing: int,
+                  status: str) -> dict:
+    """Peak excess, steps to recover and spikes after an LR shock at ``shock_step`` (see module docstring)."""
+    if len(losses) <= shock_step:
+        return {"shock_step": shock_step, "shock_pre_loss": None, "shock_peak_excess": None,
+                "shock_recovery_steps": None, "shock_recovered": False, "shock_spikes": 0}
+    before = [v for v in losses[max(0, shock_step - smoothing + 1):shock_step + 1] if _finite(v)]
+    pre = sum(before) / len(before) if before else None
+    after = losses[shock_step + 1:]
+    recovery = None
+    if pre is not None:
+        for i in range(len(after)):
+            window = after[max(0, i - smoothing + 1):i + 1]
+            if len(window) == min(smoothing, len(after)) and all(_finite(v) for v in window) \
+                    and sum(window) / len(window) <= pre:
+                recovery = i + 1
+                break
+    horizon = after[:recovery] if recovery else after
+    finite_after = [v for v in horizon if _finite(v)]
+    peak = max(finite_after) if finite_after else None
+    if any(not _finite(v) for v in horizon):
+        peak = math.inf
+    recovered = recovery is not None and status != "diverged"
+    return {"shock_step": shock_step, "shock_pre_loss": pre,
+            "shock_peak_excess": (peak - pre) if peak is not None and pre is not None else None,
+            "shock_recovery_steps": recovery if recovered else len(after),
+            "shock_recovered": recovered, "shock_spikes": sum(spikes[shock_step + 1:])}
+
+
+def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+    """An LR shock: ``shock_factor`` x the LR from ``shock_step`` on ("jump"), or no warmup ("no_warmup")."""
+    stress = config.stress
+    schedule = from_stress("shock", config)
+    if schedule.shock_step >= config.run.steps:
+        raise cfg.ConfigError(f"stress.shock_step={stress.shock_step!r} is invalid: expected a step below "
+                              f"steps={config.run.steps}")
+    with cpu_threads(stress.threads):
+        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session, runner)
+        per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
+            arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
+            stress.recovery_smoothing, arm_record["status"]), {}))
+        case.record["shock"] = {"kind": stress.shock_kind, "step": schedule.shock_step,
+                                "factor": stress.shock_factor, "per_arm": per_arm}
+        return case.finish()
+
+
+# ----------------------------------------------------------------------------- the plain pair
+
+def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+    """The plain pair (every arm of the config) at the preset's settings (``stability run`` trains the same)."""
+    with cpu_threads(config.stress.threads):
+        return run_pair(config, session=session, runner=runner)
+
+
+# ----------------------------------------------------------------------------- by name
+
+CASES = {"standard": run_standard, "lr_sweep": run_sweep, "lr_ramp": run_lr_ramp, "batch_ramp": run_batch_ramp,
+         "precision_ladder": run_precision_ladder, "shock": run_shock}
+
+
+def run_case(kind: str, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+    """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record. ``session``:
+    record after every run, per-step files, checkpoints, resume (``stability.cases.experiment.train_arm``);
+    ``runner``: who trains the runs (None: this process; ``stability.cases.experiment.train_units``)."""
+    if kind not in CASES:
+        raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
+    return CASES[kind](config, session=session, runner=runner)

@@ -1,0 +1,191 @@
+"""The table of figures: every number the harness compares, with its direction, unit and meaning.
+
+One entry per figure (or per family: ``loss_gap_*`` is one entry for ``loss_gap_bf16``,
+``loss_gap_fp16`` ...). The run summary, the stress cases, the paired claims, the regression
+check and the report all read this table; nothing else defines a direction.
+
+Fields of a ``Figure``:
+
+* ``better``: "lower" or "higher" is the better direction; None for a figure that is shown but
+  never judged (the gate score, the peak LR of a run).
+* ``kind``: "eval" for a figure of the *trained model* (held-out loss, M-Act ...). The figures of an
+  arm that diverged describe a broken model, so the regression check leaves them out and compares
+  the arm by its status and divergence step instead. "peak" for a maximum or spike score taken over the
+  whole trajectory (largest gradient / update norm, spike scores): in an arm that diverged it measures
+  the explosion itself, whose size any change of rounding moves by a factor of several, so it is left
+  out the same way; the stress cases' own figures name what happened before the divergence
+  (``ramp_spikes``, ``ramp_divergence_lr``). "run" for a figure of the training trajectory that keeps
+  its meaning whatever the status (non-finite events, divergence step, the stress-case figures).
+* ``floor`` / ``rel_floor``: the smallest change the regression check will call a change, in the
+  figure's unit and as a fraction of the baseline value. They stop a deterministic figure (the
+  same in every seed, so no spread) from failing on a difference nobody would act on.
+
+Definitions follow docs/figures.md (and the papers cited there).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    better: str | None
+    unit: str
+    meaning: str
+    kind: str = "eval"
+    floor: float = 0.0
+    rel_floor: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.better not in (None, "lower", "higher"):
+            raise ValueError(f"figure {self.name}: better={self.better!r}, expected 'lower', 'higher' or None")
+        if self.kind not in ("eval", "peak", "run"):
+            raise ValueError(f"figure {self.name}: kind={self.kind!r}, expected 'eval', 'peak' or 'run'")
+
+    @property
+    def needs_completed_arm(self) -> bool:
+        """Left out of comparisons for an arm that did not complete (kinds "eval" and "peak")."""
+        return self.kind in ("eval", "peak")
+
+
+def _table(*figures: Figure) -> dict[str, Figure]:
+    return {f.name: f for f in figures}
+
+
+FIGURES: dict[str, Figure] = _table(
+    # the trained model, on the fixed held-out batches
+    Figure("heldout_loss", "lower", "nats/token", "mean next-token cross-entropy on the held-out batches",
+           floor=0.02, rel_floor=0.005),
+    Figure("perplexity", "lower", "", "exp(heldout_loss)", floor=0.1, rel_floor=0.01),
+    Figure("accuracy", "higher", "fraction", "next-token top-1 accuracy on the held-out batches", floor=0.005),
+    Figure("final_train_loss", "lower", "nats/token", "mean training loss of the last 10 steps",
+           floor=0.02, rel_floor=0.005),
+    Figure("min_train_loss", "lower", "nats/token", "lowest training loss of the run", floor=0.02,
+           rel_floor=0.005),
+    # the trajectory
+    Figure("loss_spike_score", "lower", "% of steps", "steps whose loss is >= k std above the rolling mean",
+           kind="peak", floor=1.0),
+    Figure("grad_spike_score", "lower", "% of steps", "steps whose gradient norm is >= k std above the rolling mean",
+           kind="peak", floor=2.0),
+    Figure("nonfinite_events", "lower", "count", "steps with a NaN/Inf loss or gradient", kind="run", floor=0.5),
+    Figure("skipped_steps", "lower", "count", "optimizer steps skipped (fp16 loss-scale overflow)", kind="run",
+           floor=0.5, rel_floor=0.1),
+    Figure("diverged", "lower", "fraction of seeds", "the arm stopped on a non-finite or exploding loss",
+           kind="run", floor=0.25),
+    Figure("divergence_step", "higher", "step",
+           "step at which the arm diverged (the run length when it did not)", kind="run", floor=2.0,
+           rel_floor=0.1),
+    Figure("steps_completed", None, "steps", "steps trained before the arm stopped", kind="run"),
+    Figure("max_grad_norm", "lower", "L2 norm", "largest global gradient norm before clipping", kind="peak",
+           floor=0.5, rel_floor=0.5),
+    Figure("update_spike_score", "lower", "% of steps",
+           "steps whose optimiser update norm ||W_after - W_before|| is >= k std above the rolling mean",
+           kind="peak", floor=2.0),
+    Figure("update_spikes", "lower", "count", "steps flagged by the update-norm spike score", kind="peak",
+           floor=2.0, rel_floor=0.5),
+    Figure("max_update_norm", "lower", "L2 norm", "largest global optimiser update norm ||W_after - W_before||",
+           kind="peak", floor=0.05, rel_floor=0.5),
+    # heavy probes of the final model (probe batch, explicit attention path)
+    Figure("m_act_mean", "lower", "|activation|",
+           "max |value| of each block's residual output, mean over layers (Qiu et al. Table 4)", floor=1.0,
+           rel_floor=0.1),
+    Figure("m_act_max", "lower", "|activation|", "max |value| of any block's residual output", floor=1.0,
+           rel_floor=0.1),
+    Figure("f_attn_mean", "lower", "probability",
+           "attention on position 0 from query positions >= 1, mean over heads and layers", floor=0.02),
+    Figure("sink_rate_mean", "lower", "fraction of heads",
+           "heads whose mean attention on position 0 exceeds 0.3 (Gu et al. 2025)", floor=0.1),
+    Figure("max_attn_logit", "lower", "logit", "largest q.k/sqrt(d) of any head and layer (Wortsman et al. 2023)",
+           floor=0.5, rel_floor=0.1),
+    Figure("logit_max", "lower", "logit", "largest |logit| of the LM head", floor=0.5, rel_floor=0.1),
+    Figure("log_z_mean", None, "nats", "mean log-partition of the LM head"),
+    Figure("gate_score_mean", None, "gate value", "mean gate value over layers (Qiu et al.: 0.116)"),
+    Figure("overflow_fraction", "lower", "fraction", "Linear inputs beyond the low-precision format's range",
+           floor=0.001),
+    Figure("underflow_fraction", "lower", "fraction", "non-zero Linear inputs flushed to zero", floor=0.001),
+    Figure("loss_scale_drops", "lower", "count", "fp16 loss-scale reductions", kind="run", floor=2.0,
+           rel_floor=0.5),
+    # the stress cases (stability.cases.stress)
+    Figure("lr_sensitivity", "lower", "nats/token",
+           "mean over the LR grid of min(L, L_init) - min L; a diverged run counts L_init (Wortsman et al.)",
+           kind="run", floor=0.02, rel_floor=0.1),
+    Figure("critical_lr", "higher", "learning rate", "smallest swept peak LR at which the arm diverged",
+           kind="run", rel_floor=0.5),
+    Figure("peak_lr", None, "learning rate", "peak LR of the reference run of a sweep", kind="run"),
+    Figure("ramp_divergence_lr", "higher", "learning rate",
+           "LR of the update after which the LR range test started to diverge", kind="run", rel_floor=0.3),
+    Figure("ramp_divergence_step", "higher", "step", "step at which the LR range test started to diverge",
+           kind="run", floor=2.0, rel_floor=0.05),
+    Figure("ramp_best_lr", None, "learning rate", "LR of the update before the lowest smoothed ramp loss",
+           kind="run"),
+    Figure("ramp_spikes", "lower", "count", "loss spikes before the ramp diverged", kind="run", floor=2.0,
+           rel_floor=0.5),
+    Figure("ramp_grad_spikes", "lower", "count", "gradient-norm spikes before the ramp diverged", kind="run",
+           floor=2.0, rel_floor=0.5),
+    Figure("tokens_seen", "higher", "tokens", "tokens trained before the batch ramp stopped", kind="run",
+           rel_floor=0.05),
+    Figure("shock_peak_excess", "lower", "nats/token", "highest loss after the LR shock minus the pre-shock loss",
+           kind="run", floor=0.1, rel_floor=0.25),
+    Figure("shock_recovery_steps", "lower", "steps", "steps until the smoothed loss is back at its pre-shock level",
+           kind="run", floor=3.0, rel_floor=0.25),
+    Figure("shock_spikes", "lower", "count", "loss spikes after the LR shock", kind="run", floor=2.0,
+           rel_floor=0.5),
+    Figure("shock_recovered", "higher", "fraction of seeds", "the loss came back to its pre-shock level",
+           kind="run", floor=0.25),
+    # families: the precision ladder per precision, post-training quantization per scheme
+    Figure("loss_gap_*", "lower", "nats/token", "held-out loss at this precision minus fp32",
+           floor=0.05, rel_floor=0.25),
+    Figure("nonfinite_events_*", "lower", "count", "non-finite steps at this precision", kind="run", floor=0.5),
+    Figure("diverged_*", "lower", "fraction of seeds", "the run at this precision diverged", kind="run",
+           floor=0.25),
+    Figure("overflow_fraction_*", "lower", "fraction", "values beyond this precision's range", kind="run",
+           floor=0.001),
+    Figure("underflow_fraction_*", "lower", "fraction", "non-zero values flushed to zero at this precision",
+           kind="run", floor=0.001),
+    Figure("loss_scale_drops_*", "lower", "count", "loss-scale reductions at this precision", kind="run",
+           floor=2.0, rel_floor=0.5),
+    Figure("loss_spike_score_*", "lower", "% of steps", "loss-spike score at this precision", kind="run",
+           floor=1.0),
+    Figure("quant_*_damage_loss", "lower", "nats/token", "held-out loss after quantization minus full precision",
+           floor=0.02, rel_floor=0.25),
+    Figure("quant_*_damage_accuracy", "higher", "fraction", "accuracy after quantization minus full precision",
+           floor=0.01, rel_floor=0.25),
+    Figure("quant_*_kl", "lower", "nats", "KL(full || quantized) of the next-token distributions", floor=1e-3,
+           rel_floor=0.5),
+    # the length-extrapolation probe per RoPE and length factor: extrap_<figure>_<plain|ntk>_x<factor>
+    Figure("extrap_loss_*", "lower", "nats/token", "held-out loss at this multiple of the training context",
+           floor=0.02, rel_floor=0.005),
+    Figure("extrap_gap_*", "lower", "nats/token",
+           "held-out loss at this multiple of the training context minus the loss at the training context",
+           floor=0.02, rel_floor=0.05),
+    Figure("extrap_f_attn_*", "lower", "probability", "F-Attn at this multiple of the training context",
+           floor=0.02),
+    Figure("extrap_sink_rate_*", "lower", "fraction of heads", "sink rate at this multiple of the training context",
+           floor=0.1),
+)
+
+
+def figure(name: str) -> Figure | None:
+    """The table entry of ``name``: its own, else the first family pattern it matches; None if unknown."""
+    if name in FIGURES:
+        return FIGURES[name]
+    return next((f for key, f in FIGURES.items() if "*" in key and fnmatch.fnmatchcase(name, key)), None)
+
+
+def better(name: str) -> str | None:
+    """"lower", "higher" or None (not judged, or unknown)."""
+    entry = figure(name)
+    return entry.better if entry else None
+
+
+def judged(names) -> list[str]:
+    """The names with a direction, in table order (families after their members' position)."""
+    order = list(FIGURES)
+
+    def position(name):
+        entry = figure(name)
+        return (order.index(entry.name), name)
+    return sorted((n for n in names if better(n) is not None), key=position)

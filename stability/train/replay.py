@@ -1,0 +1,215 @@
+"""Re-run one flagged training step from its replay bundle and say what happened inside it.
+
+    report = replay("reports/runs/<run>/replay/<case id>/gated-seed0-1a2b3c4d-step21.pt")
+    print(format_report(report))              # what `stability replay BUNDLE` prints
+
+A bundle (``stability.train.checkpoint.step_bundle``) holds the weights before the step, the precision
+state at its start, its batch, the run config and what training measured. The replay builds the
+model from the config, loads the weights and runs the step's forward and backward exactly as the
+trainer did (same attention backend, same thread count, forward hooks only observe), so on the CPU
+the loss and gradient norm come out bit for bit. Per module it reports the largest |output|, the
+gradient norm of the module's parameters, and (per attention layer, from a second pass through the
+explicit attention path) the largest attention logit q.k/sqrt(d); and the first module whose output
+went non-finite. With the optimiser state in the bundle it also applies the update and reports its
+norm. A bundle written by another version of the code is replayed anyway when the shapes fit (the
+report says so); one whose shapes do not fit, or a file that is not a bundle, is a RecordError.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from stability import config as cfg
+from stability.model.build import build_model
+from stability.model.lm import next_token_loss, z_loss
+from stability.precision import PrecisionPolicy
+from stability.record import RecordError
+from stability.train import probes
+from stability.train.checkpoint import code_version, load_state
+from stability.train.trainer import install_fault, make_optimizer
+
+
+def replay(path: str | Path) -> dict:
+    """Re-run the bundle's step on the CPU; returns the report (see ``format_report``)."""
+    bundle = load_state(path, kind="bundle")
+    try:
+        run = cfg.from_dict(cfg.RunConfig, bundle["config"])
+    except (TypeError, ValueError, KeyError) as error:
+        raise RecordError(f"bundle {str(path)!r} holds a config this code cannot read: {error}") from None
+    written_on = run.device
+    run = replace(run, device="cpu")
+    notes = []
+    if bundle.get("code") != code_version():
+        notes.append(f"written by code version {bundle.get('code')}, this is {code_version()}: replaying anyway "
+                     f"(the shapes fit)")
+    if written_on != "cpu":
+        notes.append(f"written on {written_on}, replayed on the CPU: expect last-bit differences")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(bundle.get("threads") or threads))
+    try:
+        return _replay(bundle, run, Path(path), notes)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _replay(bundle: dict, run: cfg.RunConfig, path: Path, notes: list[str]) -> dict:
+    model = build_model(run.model, run.seed)
+    policy = PrecisionPolicy(run.precision, "cpu")
+    model = policy.prepare(model)
+    try:
+        model.load_state_dict(bundle["model"])
+        if bundle.get("precision") is not None:
+            policy.load_state_dict(bundle["precision"])
+    except (RuntimeError, ValueError, KeyError) as error:
+        raise RecordError(f"bundle {str(path)!r} does not fit this code's model (shapes differ): "
+                          f"{str(error).strip().splitlines()[0][:300]}") from None
+    optimizer = make_optimizer(model, run)
+    if bundle.get("optimizer") is not None:
+        optimizer.load_state_dict(bundle["optimizer"])
+    step = int(bundle["step"])
+    fault = install_fault(model, run, [step])
+    x, y = bundle["x"], bundle["y"]
+    outputs: dict[str, float] = {}
+    first_nonfinite: list[str] = []
+    handles = []
+
+    def hook(name):
+        def observe(_module, _inputs, output):
+            tensor = output[0] if isinstance(output, tuple) else output
+            if torch.is_tensor(tensor) and tensor.is_floating_point():
+                outputs[name] = tensor.detach().float().abs().max().item()
+                if not first_nonfinite and not torch.isfinite(tensor).all():
+                    first_nonfinite.append(name)
+        return observe
+
+    for name, module in model.named_modules():
+        if name:
+            handles.append(module.register_forward_hook(hook(name)))
+    model.train()
+    policy.count_step(step, run.probes.cast_every)
+    try:
+        with policy.autocast():
+            logits = model(x)
+        loss = next_token_loss(logits, y)
+        policy.backward(loss + run.optim.z_loss * z_loss(logits) if run.optim.z_loss else loss)
+        policy.unscale_(optimizer)
+    finally:
+        for handle in handles:
+            handle.remove()
+    groups = probes.layer_groups(model)
+    norms = probes.GradNorms(groups)().tolist()
+    loss_value, grad_norm = loss.item(), norms[0]
+    grads = _module_grad_norms(model)
+    bad_grads = probes.nonfinite_grad_modules(model)
+    update = None
+    if bundle.get("optimizer") is not None:
+        measured_lr = bundle["measured"].get("lr")
+        for group in optimizer.param_groups:
+            group["lr"] = measured_lr
+        params = list(model.parameters())
+        if run.optim.grad_clip and math.isfinite(grad_norm) and grad_norm > run.optim.grad_clip:
+            torch._foreach_mul_([p.grad for p in params if p.grad is not None], run.optim.grad_clip / (grad_norm + 1e-6))
+        updates = probes.UpdateNorms(groups)
+        updates.before()
+        policy.step(optimizer, math.isfinite(grad_norm))
+        update = dict(zip(["global", *groups], updates.after().tolist()))
+    if fault is not None:
+        fault.remove()
+    logit_max = _attention_logit_max(model, x, policy)
+    measured = bundle["measured"]
+    modules = []
+    for name, module in model.named_modules():
+        if not name or (name not in outputs and name not in grads):
+            continue
+        layer = probes.layer_of(name)
+        is_attention = name.endswith(".attn") and layer is not None
+        modules.append({"module": name, "max_abs_output": outputs.get(name), "grad_norm": grads.get(name),
+                        "attn_logit_max": logit_max.get(layer) if is_attention else None})
+    return {"bundle": str(path), "run_key": bundle.get("run_key"), "name": bundle.get("name"),
+            "case": bundle.get("case"), "arm": bundle.get("arm"), "seed": bundle.get("seed"), "step": step,
+            "reasons": measured.get("reasons", []), "severity": measured.get("severity"), "notes": notes,
+            "loss": loss_value, "recorded_loss": measured.get("loss"), "grad_norm": grad_norm,
+            "recorded_grad_norm": measured.get("grad_norm"),
+            "reproduced": _same(loss_value, measured.get("loss")) and _same(grad_norm, measured.get("grad_norm")),
+            "first_nonfinite_module": first_nonfinite[0] if first_nonfinite else None,
+            "nonfinite_grads": bad_grads[:10], "update_norm": update, "modules": modules}
+
+
+def _same(a, b) -> bool:
+    """Bit-equal floats (NaN equals NaN: a non-finite step reproduced is reproduced)."""
+    if a is None or b is None:
+        return False
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def _module_grad_norms(model: torch.nn.Module) -> dict[str, float]:
+    """L2 norm of the gradients of each module's parameters (its children's included)."""
+    squares: dict[str, float] = {}
+    for name, param in model.named_parameters():
+        if param.grad is None:
+            continue
+        square = param.grad.detach().double().pow(2).sum().item()
+        parts = name.split(".")[:-1]
+        for depth in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:depth])
+            squares[prefix] = squares.get(prefix, 0.0) + square
+    return {name: math.sqrt(value) if math.isfinite(value) else value for name, value in squares.items()}
+
+
+@torch.no_grad()
+def _attention_logit_max(model: torch.nn.Module, x: torch.Tensor, policy: PrecisionPolicy) -> dict[int, float]:
+    """Per layer, the largest unmasked attention logit q.k/sqrt(d) (a second pass, explicit attention)."""
+    found: dict[int, float] = {}
+
+    def observe(layer, name, tensor):
+        if name == "attn_logits":
+            found[layer] = probes.max_attention_logit(tensor)
+
+    model.set_observer(observe)
+    try:
+        with policy.autocast():
+            model(x)
+    finally:
+        model.set_observer(None)
+    return found
+
+
+def _number(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return f"{value:.6g}"
+
+
+def format_report(report: dict) -> str:
+    """The report as text: what was replayed, whether it reproduced, then one row per module."""
+    from stability.report.tables import text_table
+
+    reasons = ", ".join(report["reasons"]) or "flagged"
+    severity = report.get("severity")
+    lines = [f"replay of {report['bundle']}",
+             f"  run {report['name']} (case {report['case']}), step {report['step']}: {reasons}"
+             + (f" (severity {severity:.3g} std)" if isinstance(severity, float) and math.isfinite(severity) else ""),
+             *(f"  note: {note}" for note in report["notes"])]
+    for what in ("loss", "grad_norm"):
+        value, recorded = report[what], report[f"recorded_{what}"]
+        verdict = "reproduced exactly" if _same(value, recorded) else (
+            f"NOT reproduced (differs by {value - recorded:.3g})" if value is not None and recorded is not None
+            else "NOT reproduced")
+        lines.append(f"  {what.replace('_', ' '):9s} {value!r:>24}   recorded {recorded!r:>24}   {verdict}")
+    lines.append(f"  first module that went non-finite: {report['first_nonfinite_module'] or 'none'}"
+                 + (f"; non-finite gradients in {', '.join(report['nonfinite_grads'])}"
+                    if report["nonfinite_grads"] else ""))
+    if report["update_norm"] is not None:
+        lines.append(f"  update norm ||W_after - W_before|| {_number(report['update_norm']['global'])} (per group: "
+                     + ", ".join(f"{k} {_number(v)}" for k, v in report["update_norm"].items() if k != "global")
+                     + ")")
+    rows = [[m["module"], _number(m["max_abs_output"]), _number(m["grad_norm"]), _number(m["attn_logit_max"])]
+            for m in report["modules"]]
+    lines += ["", text_table([["module", "max |output|", "grad norm", "attn logit max"], *rows])]
+    return "\n".join(lines)

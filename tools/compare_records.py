@@ -1,0 +1,130 @@
+"""Compare every number of two sets of run directories: the proof that a refactor changed no figure.
+
+    python tools/compare_records.py BEFORE AFTER [--ignore KEY ...]
+
+BEFORE and AFTER are folders holding run directories (or records) written by the same commands
+before and after a change. Records are matched by what they are (name, schedule, purpose, stress
+case and the command's folder below BEFORE / AFTER), never by their random ids; per-step files
+(``steps/<case id>/<run key>.jsonl``) by their run key. Every value below them is compared exactly
+(floats bit for bit, NaN equal to NaN) except the keys that say when, where and how fast something
+ran (``VOLATILE``: times, durations, ids, paths, git, host details). Exit 0 when nothing differs,
+1 otherwise; the summary line says how many numbers were compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import struct
+import sys
+from pathlib import Path
+
+# keys whose values are about when, where or how fast a run happened, never what it measured
+VOLATILE = {
+    "created_at", "id", "case_id", "git", "env", "timing", "started_at", "ended_at", "wall_seconds",
+    "train_seconds", "probe_seconds", "eval_seconds", "tokens_per_second", "tracking_seconds", "setup_seconds",
+    "record_path", "steps_file", "checkpoint_dir", "path", "file", "tracking", "seconds", "elapsed",
+    "run_dir", "_path", "pid", "hostname", "node", "address", "worker", "ray", "attempts", "duration_s",
+    "time", "wall",
+}
+
+
+def bits(value: float) -> bytes:
+    return struct.pack("<d", value)
+
+
+def same_number(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        a, b = float(a), float(b)
+        return (math.isnan(a) and math.isnan(b)) or bits(a) == bits(b)
+    return a == b
+
+
+class Comparison:
+    def __init__(self, ignore: set[str]):
+        self.ignore = VOLATILE | ignore
+        self.numbers = 0
+        self.differences: list[str] = []
+
+    def walk(self, a, b, where: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                if key in self.ignore:
+                    continue
+                if key not in a or key not in b:
+                    self.differences.append(f"{where}.{key}: only {'after' if key not in a else 'before'}")
+                    continue
+                self.walk(a[key], b[key], f"{where}.{key}")
+        elif isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                self.differences.append(f"{where}: {len(a)} items before, {len(b)} after")
+            for index, (x, y) in enumerate(zip(a, b, strict=False)):
+                self.walk(x, y, f"{where}[{index}]")
+        elif isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float)) \
+                and not isinstance(b, bool):
+            self.numbers += 1
+            if not same_number(a, b):
+                self.differences.append(f"{where}: {a!r} before, {b!r} after")
+        elif a != b:
+            self.differences.append(f"{where}: {a!r} before, {b!r} after")
+
+
+def record_key(root: Path, path: Path, record: dict) -> str:
+    command = path.relative_to(root).parts[0]
+    config = hashlib.sha256(json.dumps(record.get("config"), sort_keys=True).encode()).hexdigest()[:8]
+    return "/".join(str(x) for x in (command, record.get("name"), record.get("schedule"), record.get("purpose"),
+                                     record.get("stress"), config))
+
+
+def records(root: Path) -> dict[str, dict]:
+    found: dict[str, dict] = {}
+    for path in sorted(root.rglob("*.json")):
+        if path.name == "manifest.json" or "mlartifacts" in path.parts:
+            continue
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(document, dict) or "arms" not in document:
+            continue
+        key = record_key(root, path, document)
+        if key in found:
+            raise SystemExit(f"two records of {key} under {root}: compare one command's output per folder")
+        found[key] = document
+        for steps in sorted(path.parent.glob(f"steps/{document.get('id')}/*.jsonl")):
+            lines = [json.loads(line) for line in steps.read_text().splitlines() if line.strip()]
+            found[f"{key}/steps/{steps.stem}"] = {"lines": lines}
+    return found
+
+
+def compare(before: Path, after: Path, ignore: set[str] = frozenset()) -> Comparison:
+    result = Comparison(set(ignore))
+    old, new = records(before), records(after)
+    for key in sorted(set(old) | set(new)):
+        if key not in old or key not in new:
+            result.differences.append(f"{key}: only {'after' if key not in old else 'before'}")
+            continue
+        result.walk(old[key], new[key], key)
+    result.documents = len(set(old) & set(new))
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before", type=Path)
+    parser.add_argument("after", type=Path)
+    parser.add_argument("--ignore", action="append", default=[], help="another key to leave out (repeatable)")
+    args = parser.parse_args(argv)
+    result = compare(args.before, args.after, set(args.ignore))
+    for line in result.differences[:50]:
+        print(line)
+    if len(result.differences) > 50:
+        print(f"... and {len(result.differences) - 50} more")
+    print(f"{result.documents} documents, {result.numbers} numbers compared, {len(result.differences)} differences")
+    return 1 if result.differences or not result.documents else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
