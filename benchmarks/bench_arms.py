@@ -31,7 +31,7 @@ from stability.config import resolve
 from stability.data import load_corpus
 from stability.report.tables import text_table
 from stability.train.extrapolation import evaluate_lengths
-from stability.train.trainer import train
+from stability.train.trainer import ArmHooks, train
 
 
 def arms_table(preset: str, overrides: dict, rounds: int) -> str:
@@ -67,7 +67,8 @@ def probe_table(preset: str, overrides: dict, steps: int) -> str:
     run = config.arm_config("gated", 0)
     corpus = load_corpus(run.data, run.model.vocab_size, run.model.context)
     kept = {}
-    record = train(run, corpus=corpus, on_trained=lambda model, _corpus, _record: kept.setdefault("model", model))
+    record = train(run, corpus=corpus,
+                   hooks=ArmHooks(on_trained=lambda model, _corpus, _record: kept.setdefault("model", model)))
     step = record["timing"]["train_seconds"] / record["final"]["steps_completed"]
     result = evaluate_lengths(kept["model"], corpus, run, config.extrapolation)
     tokens = config.extrapolation.eval_batches * run.data.batch_size

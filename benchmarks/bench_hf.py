@@ -30,7 +30,7 @@ from stability.data import get_batch, load_corpus, probe_batch
 from stability.model.build import build_model
 from stability.model.lm import next_token_loss
 from stability.train import probes
-from stability.train.trainer import make_optimizer
+from stability.train.optimizer import make_optimizer
 
 SOURCES = (("harness (llama family)", {}), ("HF LlamaForCausalLM", {"model.source": "hf"}),
            ("HF Qwen3ForCausalLM", {"model.source": "hf", "model.hf_config": "qwen3"}))

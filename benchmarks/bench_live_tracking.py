@@ -59,7 +59,7 @@ def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], lis
     from stability.config import ExperimentConfig
     from stability.record import new_case_record
     from stability.train.schedules import Standard
-    from stability.train.trainer import train
+    from stability.train.trainer import ArmHooks, train
 
     stamps: list[tuple[int, float, float]] = []
     inside: list[float] = []
@@ -67,7 +67,7 @@ def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], lis
     def clock(step, row):
         stamps.append((step, time.perf_counter(), time.process_time()))
 
-    hooks, session = None, None
+    hooks, session = ArmHooks(), None
     if mode != "plain":
         folder = Path(tempfile.mkdtemp(dir=workdir))
         session = Session(folder / "run", tracker=tracker if mode == "live mlflow" else None)
@@ -81,7 +81,14 @@ def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], lis
                 measured(step, row)
                 inside.append(time.perf_counter() - t0)   # includes the per-step file line
             hooks.on_step = timed
-    record = train(run, arm="gated", on_step=clock, hooks=hooks)
+    session_step = hooks.on_step
+
+    def on_step(step, row):   # the clock first, then the session's own work
+        clock(step, row)
+        if session_step is not None:
+            session_step(step, row)
+    hooks.on_step = on_step
+    record = train(run, arm="gated", hooks=hooks)
     if session is not None:
         session.arm_done(case, record)
         if session.tracker is not None:

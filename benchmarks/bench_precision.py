@@ -28,7 +28,7 @@ from stability.config import PrecisionConfig, resolve
 from stability.data import get_batch, load_corpus
 from stability.model.lm import GatedLM, next_token_loss
 from stability.precision import PrecisionPolicy
-from stability.train.trainer import make_optimizer
+from stability.train.optimizer import make_optimizer
 
 CPU_RECIPES = (("fp32", {}), ("fp8 own (current)", {"dtype": "fp8", "fp8_recipe": "own"}),
                ("fp8 torchao tensorwise", {"dtype": "fp8", "fp8_recipe": "tensorwise"}),

@@ -22,7 +22,7 @@ from stability.config import resolve
 from stability.data import get_batch, load_corpus, probe_batch
 from stability.model.lm import GatedLM, next_token_loss
 from stability.train import probes
-from stability.train.trainer import make_optimizer
+from stability.train.optimizer import make_optimizer
 
 
 def main() -> None:

@@ -27,7 +27,8 @@ import torch
 from stability.config import QUANT_SCHEMES, resolve
 from stability.data import eval_batches, load_corpus, probe_batch
 from stability.train import quantize as q
-from stability.train.trainer import evaluate, train
+from stability.train.evaluate import evaluate
+from stability.train.trainer import ArmHooks, train
 
 
 def timed(fn, rounds: int):
@@ -62,7 +63,8 @@ def main() -> None:
     corpus = load_corpus(run.data, run.model.vocab_size, run.model.context)
     box = {}
     t0 = time.perf_counter()
-    train(run, corpus=corpus, arm=args.arm, on_trained=lambda model, _c, _r: box.setdefault("model", model))
+    keep_model = ArmHooks(on_trained=lambda model, _corpus, _record: box.setdefault("model", model))
+    train(run, corpus=corpus, arm=args.arm, hooks=keep_model)
     print(f"trained {args.arm} arm of {args.preset}: {run.steps} steps in {time.perf_counter() - t0:.1f} s, "
           f"torch threads {torch.get_num_threads()}\n")
     reference = q.full_precision_copy(box["model"])

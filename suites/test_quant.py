@@ -40,7 +40,8 @@ from stability.config import QUANT_SCHEMES, ConfigError
 from stability.report.tables import quant_rows, quant_table
 from stability.track.runs import log_to_mlflow
 from stability.train import quantize
-from stability.train.trainer import make_optimizer, train
+from stability.train.optimizer import make_optimizer
+from stability.train.trainer import train
 
 pytestmark = pytest.mark.quant
 

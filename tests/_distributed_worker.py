@@ -24,7 +24,7 @@ from stability.config import (
 )
 from stability.data import load_corpus, probe_batch
 from stability.train import distributed, probes
-from stability.train.trainer import train
+from stability.train.trainer import ArmHooks, train
 
 TINY = RunConfig(   # gated (so the gate score is probed), clipped (so the global norm steers the update)
     model=ModelConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, context=32, gate=GateConfig(position="G1")),
@@ -49,14 +49,15 @@ def main(out: str) -> None:
 
     for name, run in (("fsdp", TINY), ("ddp", replace(TINY, distributed=DistributedConfig(strategy="ddp"))),
                       ("nan", replace(TINY, fault=NAN_FAULT)), ("bf16", BF16)):
-        record = train(run, arm="gated", corpus=corpus, on_trained=unsharded_probes if name == "fsdp" else None)
+        hooks = ArmHooks(on_trained=unsharded_probes if name == "fsdp" else None)
+        record = train(run, arm="gated", corpus=corpus, hooks=hooks)
         found[name] = {key: record[key] for key in ("status", "diverged_at_step", "series", "events", "probes",
                                                     "final", "distributed")}
     def ctrl_c_on_rank_1(step, _row):   # as if Ctrl-C reached process 1 alone, during step 3
         if world.rank == 1 and step == 3:
             os.kill(os.getpid(), signal.SIGINT)
 
-    record = train(replace(TINY, steps=8), arm="gated", corpus=corpus, on_step=ctrl_c_on_rank_1)
+    record = train(replace(TINY, steps=8), arm="gated", corpus=corpus, hooks=ArmHooks(on_step=ctrl_c_on_rank_1))
     found["ctrl_c"] = {key: record[key] for key in ("status", "series")}
     with open(f"{out}/rank{world.rank}.json", "w") as handle:
         json.dump(found, handle)

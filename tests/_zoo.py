@@ -74,10 +74,10 @@ ZOO = (
         ("stability/precision/__init__.py", 'self.scaling = config.dtype == "fp16" and config.loss_scaling',
          "self.scaling = False"),)),
     Entry("adamw_eps_x1e4", True, "AdamW epsilon 1e4x the configured value", (
-        ("stability/train/trainer.py", ADAMW_CALL,
+        ("stability/train/optimizer.py", ADAMW_CALL,
          "return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps * 1e4)"),)),
     Entry("grad_clip_ignored", True, "gradient clipping silently skipped", (
-        ("stability/train/trainer.py", "if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:",
+        ("stability/train/step.py", "if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:",
          "if False:"),)),
     Entry("warmup_dropped", True, "the learning-rate warmup is skipped (peak LR from step 0)", (
         ("stability/train/schedules.py", "if optim.warmup_steps and step < optim.warmup_steps:", "if False:"),)),
@@ -107,7 +107,7 @@ ZOO = (
         ("stability/model/attention.py", "q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)",
          "q = apply_rope(q, cos, sin)"),)),
     Entry("adam_beta2_typo", True, "AdamW built with betas (beta1, beta1) instead of (beta1, beta2)", (
-        ("stability/train/trainer.py", ADAMW_CALL,
+        ("stability/train/optimizer.py", ADAMW_CALL,
          "return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.betas[0], optim.betas[0]), eps=optim.eps)"),)),
     Entry("scale_folded_into_query", False, "the SDPA path multiplies q by 1/sqrt(d) and passes scale=1", (
         ("stability/model/attention.py", SDPA_CALL,
@@ -120,11 +120,11 @@ ZOO = (
          "return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))",
          "return F.nll_loss(F.log_softmax(logits.float().reshape(-1, logits.shape[-1]), -1), targets.reshape(-1))"),)),
     Entry("clip_by_division", False, "gradient clipping divides by norm / clip instead of multiplying by clip / norm", (
-        ("stability/train/trainer.py",
-         """torch._foreach_mul_([probes.local(p.grad) for p in params if p.grad is not None],
-                                        run.optim.grad_clip / (grad_norm + 1e-6))""",
-         """torch._foreach_div_([probes.local(p.grad) for p in params if p.grad is not None],
-                                        (grad_norm + 1e-6) / run.optim.grad_clip)"""),)),
+        ("stability/train/step.py",
+         """torch._foreach_mul_([probes.local(p.grad) for p in model.parameters() if p.grad is not None],
+                            run.optim.grad_clip / (grad_norm + 1e-6))""",
+         """torch._foreach_div_([probes.local(p.grad) for p in model.parameters() if p.grad is not None],
+                            (grad_norm + 1e-6) / run.optim.grad_clip)"""),)),
     other_seeds("other_seeds_678", (6, 7, 8)),
 )
 

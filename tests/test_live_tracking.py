@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from _watch import watching
 
 from stability.cases.experiment import run_pair
 from stability.cases.pipeline import keep
@@ -56,7 +57,7 @@ def test_steps_reach_mlflow_while_the_arm_trains_and_runs_carry_the_training_tim
             seen["steps"] = [m.step for m in client.get_metric_history(child, "loss")]
             seen["status"] = client.get_run(child).info.status
 
-    record = run_pair(resolve("smoke", TINY), session=session, on_step=look)
+    record = run_pair(resolve("smoke", TINY), session=watching(session, look))
     keep(record, tmp_path / "run", store, plots=False, session=session)
     session.close()
     assert seen == {"steps": list(range(15)), "status": "RUNNING"}

@@ -13,6 +13,7 @@ import signal
 
 import pytest
 import torch
+from _watch import watching
 
 from stability.cases.experiment import Interrupted, run_pair
 from stability.cases.session import Resume, Session
@@ -50,7 +51,7 @@ def interrupted(tmp_path_factory):
             signal.raise_signal(signal.SIGINT)
 
     with pytest.raises(Interrupted) as stop:
-        run_pair(tiny(), session=Session(run_dir, label="run"), on_step=ctrl_c)
+        run_pair(tiny(), session=watching(Session(run_dir, label="run"), ctrl_c))
     return run_dir, stop.value.record
 
 
@@ -104,7 +105,7 @@ def test_a_resumed_low_precision_run_continues_bit_for_bit(precision, tmp_path):
             signal.raise_signal(signal.SIGINT)
 
     with pytest.raises(Interrupted):
-        run_pair(config, session=Session(run_dir, label="run"), on_step=ctrl_c)
+        run_pair(config, session=watching(Session(run_dir, label="run"), ctrl_c))
     record = run_pair(config, session=Session(run_dir, resume=Resume.load(run_dir)))
     got = record["arms"][1]
     assert got["timing"]["resumed_at_step"] == 10

@@ -21,7 +21,7 @@ from stability.config import (
 )
 from stability.data import get_batch, load_corpus
 from stability.record import paired_summary
-from stability.train.trainer import train
+from stability.train.trainer import ArmHooks, train
 
 TINY = RunConfig(
     model=ModelConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, context=32),
@@ -84,7 +84,7 @@ def test_ctrl_c_keeps_the_steps_so_far(monkeypatch):
     def interrupt(step, figures):
         if step == 4:
             raise KeyboardInterrupt
-    record = train(TINY, on_step=interrupt)
+    record = train(TINY, hooks=ArmHooks(on_step=interrupt))
     assert record["status"] == "killed" and len(record["series"]["loss"]) == 5
 
 

@@ -12,9 +12,10 @@ record of each ``stability.cases.runs.Unit`` in the order of the case's list, tr
 other by ``train_arm`` or, with a ``runner``, elsewhere (``stability.cases.ray_runner.RayRunner``: one Ray
 task per unit), so a case reads the same records either way.
 
-``train_arm`` trains one run here: with a
-``session`` (``stability.cases.session``) the case record is on disk after every run, each step is
-in a per-step file, checkpoints and replay bundles are kept, and a resumed case takes its
+``train_arm`` trains one run here with the run's ``ArmHooks``: the evaluations after training the
+config asks for (``after_training``: quantization, length extrapolation) and, with a ``session``
+(``stability.cases.session``), its callbacks: the case record is on disk after every run, each step
+is in a per-step file, checkpoints and replay bundles are kept, and a resumed case takes its
 finished runs from disk. On Ctrl-C the case stops as a whole: ``Interrupted`` carries the
 case record so far (the killed arm included) up to the command; under torchrun an arm that ended
 in an error (a lost process) stops the case the same way.
@@ -22,15 +23,15 @@ in an error (a lost process) stops the case the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
 
 from stability import config as cfg
 from stability.cases.runs import Unit, check_unique
 from stability.data import load_corpus
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.train import distributed
-from stability.train.trainer import train
+from stability.train.trainer import ArmHooks, train
 
 
 def load_inputs(config: cfg.ExperimentConfig):
@@ -58,16 +59,16 @@ class Interrupted(KeyboardInterrupt):
 
 
 def train_arm(case_record: dict, config: cfg.ExperimentConfig, run: cfg.RunConfig, schedule, corpus, arm: str,
-              session=None, on_step=None) -> dict:
+              session=None) -> dict:
     """Train one run of a case (or, in a resumed case, take the finished run from disk) and return its
     arm record; the ``session`` keeps the case record on disk after it. A killed run ends the case:
     it joins ``case_record["arms"]`` and ``Interrupted`` is raised."""
-    hooks = session.arm_hooks(case_record, run, schedule, arm) if session is not None else None
+    hooks = session.arm_hooks(case_record, run, schedule, arm) if session is not None else ArmHooks()
     if isinstance(hooks, dict):  # finished before the case was interrupted
         arm_record = hooks
     else:
-        arm_record = train(run, schedule, corpus=corpus, arm=arm, on_step=on_step,
-                           on_trained=after_training(run, config), hooks=hooks)
+        hooks = dataclasses.replace(hooks, on_trained=after_training(run, config))
+        arm_record = train(run, schedule, corpus=corpus, arm=arm, hooks=hooks)
     if session is not None:
         session.arm_done(case_record, arm_record)
     if arm_record["status"] == "killed" or (arm_record["status"] == "error" and distributed.current() is not None):
@@ -84,17 +85,15 @@ def train_arm(case_record: dict, config: cfg.ExperimentConfig, run: cfg.RunConfi
 
 
 def train_units(case_record: dict, config: cfg.ExperimentConfig, units: list[Unit], corpus, session=None,
-                runner=None, on_step=None):
+                runner=None):
     """Yield the arm record of each of ``units``, in their order. Without a ``runner``, each is trained
-    here when the case asks for it (``train_arm``, ``on_step(arm, seed, step, figures)``); with one,
-    ``runner.train(case_record, config, units)`` trains them (in parallel, elsewhere: no per-step
-    callback) and the ``session`` notes each record as it comes back."""
+    here when the case asks for it (``train_arm``); with one, ``runner.train(case_record, config, units)``
+    trains them (in parallel, elsewhere: no per-step callbacks) and the ``session`` notes each record as
+    it comes back."""
     check_unique(units)
     if runner is None:
         for unit in units:
-            step_cb = (lambda step, figures, arm=unit.arm, seed=unit.seed: on_step(arm, seed, step, figures)) \
-                if on_step else None
-            yield train_arm(case_record, config, unit.run, unit.schedule, corpus, unit.arm, session, on_step=step_cb)
+            yield train_arm(case_record, config, unit.run, unit.schedule, corpus, unit.arm, session)
         return
     for arm_record in runner.train(case_record, config, units):
         if session is not None:
@@ -132,7 +131,7 @@ def extrapolation_hook(run: cfg.RunConfig, extrapolation: cfg.ExtrapolationConfi
 
 def after_training(run: cfg.RunConfig, config: cfg.ExperimentConfig):
     """The evaluations of a trained arm the experiment asks for (quantization, extrapolation), as one
-    ``on_trained(model, corpus, record)`` callable for the trainer; None when there are none."""
+    ``ArmHooks.on_trained(model, corpus, record)`` callable; None when there are none."""
     hooks = [hook for hook in (quantization_hook(run, config.quant_schemes),
                                extrapolation_hook(run, config.extrapolation)) if hook is not None]
     if not hooks:
@@ -144,13 +143,12 @@ def after_training(run: cfg.RunConfig, config: cfg.ExperimentConfig):
     return run_all
 
 
-def run_pair(config: cfg.ExperimentConfig, schedule=None, on_arm_done: Callable[[dict], None] | None = None,
-             on_step=None, description: str = "", purpose: str = "regression", session=None, runner=None) -> dict:
+def run_pair(config: cfg.ExperimentConfig, schedule=None, description: str = "", purpose: str = "regression",
+             session=None, runner=None) -> dict:
     """Train every (seed, arm) of ``config``, seed by seed, and return the pair record.
 
-    ``on_arm_done(record)`` is called after each arm. ``session``: see ``train_arm``; ``runner``: see
-    ``train_units``. Ctrl-C ends the arm in flight as "killed" and raises ``Interrupted`` with the
-    record so far."""
+    ``session``: see ``train_arm``; ``runner``: see ``train_units``. Ctrl-C ends the arm in flight as
+    "killed" and raises ``Interrupted`` with the record so far."""
     from stability.train.schedules import Standard
 
     schedule = schedule or Standard()
@@ -161,11 +159,9 @@ def run_pair(config: cfg.ExperimentConfig, schedule=None, on_arm_done: Callable[
     record["corpus"] = corpus.info
     units = [Unit("pair", arm, seed, config.arm_config(arm, seed), schedule)
              for seed in config.seeds for arm in config.arm_names]
-    for arm_record in train_units(record, config, units, corpus, session, runner, on_step):
+    for arm_record in train_units(record, config, units, corpus, session, runner):
         record["arms"].append(arm_record)
         record["paired"] = paired_summary(record["arms"])
-        if on_arm_done:
-            on_arm_done(record)
     record["status"] = finish_status(record)
     record["timing"] = case_timing([a["timing"] for a in record["arms"]], time.perf_counter() - started)
     return record

@@ -69,7 +69,7 @@ def train_alone(config: cfg.ExperimentConfig, unit: Unit) -> dict:
 
     from stability.cases.experiment import after_training, load_inputs
     from stability.cases.stress import cpu_threads
-    from stability.train.trainer import train
+    from stability.train.trainer import ArmHooks, train
 
     run = unit.run
     if run.device.startswith("cuda") and torch.cuda.device_count() == 1:
@@ -78,7 +78,8 @@ def train_alone(config: cfg.ExperimentConfig, unit: Unit) -> dict:
     if key not in _CORPORA:
         _CORPORA[key] = load_inputs(config)
     with cpu_threads(config.stress.threads):
-        return train(run, unit.schedule, corpus=_CORPORA[key], arm=unit.arm, on_trained=after_training(run, config))
+        return train(run, unit.schedule, corpus=_CORPORA[key], arm=unit.arm,
+                     hooks=ArmHooks(on_trained=after_training(run, config)))
 
 
 def _task(config, unit: Unit, attempts, before_unit) -> tuple[str, dict]:

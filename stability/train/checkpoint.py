@@ -3,15 +3,16 @@
     state = arm_state(...)                  what carries over from one step to the next (see below)
     Checkpoints(path, every).save(state)    every N steps and when the arm is stopped; one file, replaced
     state = load_state(path, run_key)       RecordError (exit 2) when missing, corrupt or of another run
-    loop = restore(state, model, optimizer, policy)
+    restore(state, model, optimizer, policy, train_state)
 
     bundle = step_bundle(...)               the state *before* a flagged step, its batch and what it measured
     Bundles(directory, first, worst)        keeps the first K and the worst K flagged steps of a case
 
 A checkpoint holds the model and optimiser state dicts, the precision policy's state (loss scale,
 fp8 amax histories), the torch RNG states, the data position (the last step trained: batch k
-depends only on the seed and k, so the position is the step) and the trainer's own loop state: the
-arm record so far (series, events, probes), the spike detectors' histories and its counters. So a
+depends only on the seed and k, so the position is the step) and the trainer's own state
+(``stability.train.state.TrainState``): the arm record so far (series, events, probes), the spike
+detectors' histories, the initial loss and the counters. So a
 resumed arm continues bit for bit on the CPU. Files are written to a temporary name and renamed:
 a process killed while writing leaves the previous checkpoint. Loading uses ``weights_only``.
 """
@@ -60,21 +61,22 @@ def set_rng_states(states: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(states["cuda"], device)
 
 
-def arm_state(step: int, model, optimizer, policy, loop: dict, identity: dict) -> dict:
-    """The state after ``step`` (the last step trained): see the module docstring. ``loop`` is the trainer's
-    own state (record, detector histories, counters); ``identity`` says which run it belongs to."""
+def arm_state(step: int, model, optimizer, policy, train_state, identity: dict) -> dict:
+    """The state after ``step`` (the last step trained): see the module docstring. ``train_state`` is the
+    trainer's own (``TrainState``: record, detector histories, counters), kept as its ``state_dict()``
+    under "loop"; ``identity`` says which run it belongs to."""
     return {"format": FORMAT, "kind": "checkpoint", **identity, "step": step, "model": model.state_dict(),
             "optimizer": optimizer.state_dict(), "precision": policy.state_dict(),
-            "rng": rng_states(next(model.parameters()).device), "loop": loop}
+            "rng": rng_states(next(model.parameters()).device), "loop": train_state.state_dict()}
 
 
-def restore(state: dict, model, optimizer, policy) -> dict:
-    """Load ``state`` into the model, optimiser and policy (and the RNGs); returns its loop state."""
+def restore(state: dict, model, optimizer, policy, train_state) -> None:
+    """Load ``state`` into the model, optimiser and policy (and the RNGs), and its "loop" into ``train_state``."""
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     policy.load_state_dict(state["precision"])
     set_rng_states(state["rng"], next(model.parameters()).device)
-    return state["loop"]
+    train_state.load_state_dict(state["loop"])
 
 
 def save_state(path: Path, state: dict) -> Path:

@@ -27,8 +27,8 @@ from stability.config import ConfigError, ExperimentConfig, ExtrapolationConfig,
 from stability.data import Corpus, eval_batches, probe_batch
 from stability.model.lm import GatedLM
 from stability.precision import PrecisionPolicy
+from stability.train.evaluate import evaluate
 from stability.train.probes import first_token_share, sink_rate
-from stability.train.trainer import evaluate
 
 
 def ntk_theta(theta: float, factor: float, head_dim: int) -> float:

@@ -65,7 +65,7 @@ from stability.data import Corpus, eval_batches, probe_batch
 from stability.precision import PrecisionPolicy, ao, plain_linears
 from stability.record import library_version
 from stability.train import probes
-from stability.train.trainer import evaluate
+from stability.train.evaluate import evaluate
 
 PER_LINEAR_DAMAGE = ("relative L2 output error ||Q(x) - f(x)|| / ||f(x)|| of each Linear alone under the "
                      "scheme, fed its full-precision input, on the probe batch")

@@ -30,7 +30,8 @@ from stability.precision import PrecisionPolicy
 from stability.record import RecordError
 from stability.train import probes
 from stability.train.checkpoint import code_version, load_state
-from stability.train.trainer import install_fault, make_optimizer
+from stability.train.faults import poison_block
+from stability.train.optimizer import make_optimizer
 
 
 def replay(path: str | Path) -> dict:
@@ -71,7 +72,7 @@ def _replay(bundle: dict, run: cfg.RunConfig, path: Path, notes: list[str]) -> d
     if bundle.get("optimizer") is not None:
         optimizer.load_state_dict(bundle["optimizer"])
     step = int(bundle["step"])
-    fault = install_fault(model, run, [step])
+    fault = poison_block(model, run, lambda: step)
     x, y = bundle["x"], bundle["y"]
     outputs: dict[str, float] = {}
     first_nonfinite: list[str] = []
