@@ -27,6 +27,7 @@ import dataclasses
 import time
 
 from stability import config as cfg
+from stability import precision
 from stability.cases.runs import Unit, check_unique
 from stability.data import load_corpus
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
@@ -35,12 +36,16 @@ from stability.train.trainer import ArmHooks, train
 
 
 def load_inputs(config: cfg.ExperimentConfig):
-    """The corpus of ``config``, after checking that it holds the longest extrapolation length and that
-    each arm's model can be built and run: a model the harness did not write (HF, factory) is built
-    once per arm here, so bad input is a ConfigError before any training."""
+    """The corpus of ``config``, after checking that each arm's precision can train here (torchao
+    importable, the recipe known, MX blocks fitting the batch), that the corpus holds the longest
+    extrapolation length and that each arm's model can be built and run: a model the harness did not
+    write (HF, factory) is built once per arm here, so bad input is a ConfigError before any training."""
     from stability.model.build import check_models
     from stability.train.extrapolation import check_corpus
 
+    for arm in config.arm_names:
+        arm_run = config.arm_config(arm, config.seeds[0])
+        precision.check(arm_run.precision, arm_run.device, arm_run.data.batch_size * arm_run.model.context)
     run = config.run
     corpus = load_corpus(run.data, run.model.vocab_size, run.model.context)
     check_corpus(corpus, config)  # long enough for the longest extrapolation length

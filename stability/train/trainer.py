@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 
-from stability import precision
 from stability.config import RunConfig
 from stability.data import Corpus, eval_batches, load_corpus, probe_batch
 from stability.model.build import build_model
@@ -108,7 +107,6 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     training continues after its step with the record, model, optimiser, loss scaler and RNG states it holds.
     Under a process group (torchrun; ``stability.train.distributed``) the arm trains sharded with FSDP2 (or
     DDP), every figure global; checkpoints and replay bundles are single-process only and left out."""
-    precision.check(run.precision, run.device, run.data.batch_size * run.model.context)  # ConfigError: nothing ran
     reducer = reducer_for(run)        # ConfigError when the run cannot train across the processes
     hooks = reducer.supported(hooks or ArmHooks())
     parts = build(run, faults.with_lr_spike(schedule or Standard(), run), corpus, reducer)
