@@ -74,6 +74,7 @@ def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
     loss = next_token_loss(logits, y)  # the logged loss: cross-entropy only, comparable across arms
     policy.backward(loss + run.optim.z_loss * z_loss(logits) if run.optim.z_loss else loss)
     policy.unscale_(optimizer)
+    # the one host sync of the step (under torchrun: one all-reduce)
     figures = parts.reducer.step_figures(loss, parts.grad_norms.squares(), stop.requested)
     loss_value, grad_norm, layer_norms = figures[0], figures[1], figures[2:]
     grads_finite = math.isfinite(grad_norm)
