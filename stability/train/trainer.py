@@ -37,6 +37,7 @@ from stability.config import ConfigError, RunConfig
 from stability.data import Corpus, eval_batches, get_batch, load_corpus, probe_batch
 from stability.model.build import build_model
 from stability.model.lm import next_token_loss, z_loss
+from stability.model.rounding import perturb_rounding
 from stability.precision import PrecisionPolicy
 from stability.record import final_figures, new_arm_record
 from stability.train import distributed, probes
@@ -162,7 +163,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
         hooks = dataclasses.replace(hooks, checkpoints=None, bundles=None)
     corpus = corpus or load_corpus(run.data, run.model.vocab_size, run.model.context)
     torch.manual_seed(run.seed)
-    model = build_model(run.model, run.seed).to(device)
+    model = perturb_rounding(build_model(run.model, run.seed), run.seed, run.replicate).to(device)
     policy = PrecisionPolicy(run.precision, run.device)
     model = policy.prepare(model)
     policy.watch(model)  # counts overflow/underflow on the device (the own fp8 counts in its casts)
