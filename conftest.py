@@ -68,6 +68,11 @@ def pytest_addoption(parser):
     group.addoption("--ray", default=os.environ.get("STABILITY_RAY"), metavar="auto|local:N|HOST:PORT",
                     help="train the runs of the stress cases as Ray tasks (docs/scale-out.md); with -n, use a "
                          "running cluster (auto or HOST:PORT): local:N starts one Ray instance per worker")
+    group.addoption("--replicates", type=int, default=0, metavar="R",
+                    help="also train R rounding replicates of every stress case into the run directory (what a "
+                         "regression baseline is made of: stability baseline make)")
+    group.addoption("--replicate", type=int, default=0, metavar="N",
+                    help="train every run as rounding replicate N (0: the reference runs; stability.model.rounding)")
     group.addoption("--run-slow", action="store_true", default=os.environ.get("STABILITY_RUN_SLOW") == "1",
                     help="also run tests marked slow (long CPU runs, regime searches)")
 
@@ -156,7 +161,12 @@ def run_dir(pytestconfig) -> Path:
 
 
 @pytest.fixture(scope="session")
-def stress_config(scale, device, seeds):
+def replicate(pytestconfig) -> int:
+    return pytestconfig.getoption("--replicate")
+
+
+@pytest.fixture(scope="session")
+def stress_config(scale, device, seeds, replicate):
     """Factory: the scale preset with overrides (``model__d_model=96`` or {"model.d_model": 96}),
     on this process's device and seeds."""
     from stability.config import resolve
@@ -167,6 +177,8 @@ def stress_config(scale, device, seeds):
             values["run.device"] = device
         if seeds is not None:
             values["seeds"] = seeds
+        if replicate:
+            values.setdefault("run.replicate", replicate)
         return resolve(scale, values)
 
     return make
@@ -188,21 +200,26 @@ def ray_runner(pytestconfig):
 
 
 @pytest.fixture(scope="session")
-def stress_record(stress_config, tracking_uri, run_dir, ray_runner):
+def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig):
     """Factory: ``stress_record("lr_sweep")`` runs that stress case (``stability.cases.stress.CASES``) on
     the scale preset once per session: JSON record first (this session's run directory), then one
     MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
-    overrides return the same record (``.records`` holds all)."""
+    overrides return the same record (``.records`` holds all). With ``--replicates R`` the case's R
+    rounding replicates are trained and recorded too (not tracked); the tests see the reference."""
     from stability.cases.pipeline import run_recorded
 
     cache: dict = {}
     plots = os.environ.get("STABILITY_PLOTS", "1") != "0"
+    replicates = pytestconfig.getoption("--replicates")
 
     def get(kind: str, overrides: dict | None = None) -> dict:
         config = stress_config(overrides)
         if (kind, config) not in cache:
             cache[(kind, config)] = run_recorded(kind, config, run_dir, tracking_uri=tracking_uri, plots=plots,
                                                  runner=ray_runner)
+            for draw in range(1, replicates + 1):
+                run_recorded(kind, stress_config({**(overrides or {}), "run.replicate": draw}), run_dir,
+                             track=False, plots=False, runner=ray_runner)
         return cache[(kind, config)]
 
     get.records = cache

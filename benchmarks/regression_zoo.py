@@ -1,29 +1,31 @@
 """Detection power of the merge gate: the CPU workflow job, run on every entry of the regression zoo.
 
-    python benchmarks/regression_zoo.py --scale smoke                 # every entry, about 4 min each
+    python benchmarks/regression_zoo.py --scale smoke                 # every entry: train, keep, judge
     python benchmarks/regression_zoo.py --scale ci --entries init_std_x3,two_threads
-    python benchmarks/regression_zoo.py --scale smoke --rejudge       # re-check the kept records only
+    python benchmarks/regression_zoo.py --scale smoke --rejudge       # judge the kept records again
 
 For each entry of ``tests/_zoo.py`` (plus ``unchanged``, the code as it is): a fresh copy of the
 repository, the entry's patch, then the steps of the ``stress-cpu`` job of
-``.github/workflows/stability.yml`` exactly as written (``--scale``/``BASELINE`` switched to the
-chosen preset), run by ``tests/_workflow.py``. A harmful entry is *caught* when the job fails; a
-harmless one is *flagged* when it fails. The table says which step failed (stress tests other than
-the per-case regression check, the kernel step, ``stability check``) and which figures the check
-named, and is written to ``reports/zoo-<scale>.md``. The copies (with their run directories) are kept
-under ``--work`` so ``--rejudge`` can apply the current check to the same records without training
-again: the stress suites' own regression tests apply the same rule per case, so a rejudged entry's
-stress step counts as failed only for its other tests (from the step's JUnit file); its kernel step is
-the one it ran (none, for a copy made before the step existed). Nothing is asserted here;
-tests/test_zoo.py checks a few entries of each kind.
+``.github/workflows/stability.yml`` exactly as written (``--scale``/``BASELINE`` switched to the chosen
+preset), run by ``tests/_workflow.py``. What the job measured is kept in
+``reports/zoo/<scale>/<entry>.json.xz``: its regression records (without their per-step series and probe
+snapshots, which the check never reads), which stress tests and which kernel step failed, and its time.
+
+Judging (also ``--rejudge``, which trains nothing) applies two rules to the kept records against the
+committed baseline (``reports/baselines/<scale>-cpu.json``): the check as it is (``stability check``:
+replicate noise, Holm at alpha) and the earlier seed-spread rule (``benchmarks/seed_spread_rule.py``,
+on the baseline's reference runs). A harmful entry is *caught* when the job fails (a stress test, the
+kernel step or the check); a harmless one is *flagged* when it fails. The table, first entries and
+held-out entries apart, goes to ``reports/zoo-<scale>.md``. Nothing is asserted here; tests/test_zoo.py
+checks a few entries of each kind.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,11 +33,18 @@ from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import seed_spread_rule
 from _workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
-from _zoo import ZOO, Entry
+from _zoo import HELD_OUT, ZOO, Entry
+
+from stability.check.regression import check, load_baseline
+from stability.record.rundir import load_records
 
 UNCHANGED = Entry("unchanged", False, "the code as it is", ())
+KEPT = ROOT / "reports" / "zoo"
+DROPPED = ("series", "probes", "precision_stats", "events")   # per-step and per-snapshot detail: never judged
 
 
 def scaled_workflow(scale: str, work: Path) -> Path:
@@ -48,88 +57,113 @@ def scaled_workflow(scale: str, work: Path) -> Path:
     return path
 
 
-def regressed_figures(copy: Path) -> list[str]:
-    check = copy / "reports" / "check.json"
-    if not check.is_file():
-        return []
-    rows = json.loads(check.read_text())["rows"]
-    return [f"{r['case'].split('/', 1)[1]} {r['arm']} {r['figure']}" for r in rows if r["verdict"] == "regressed"]
-
-
-def other_stress_failures(copy: Path) -> list[str]:
-    """Stress tests that failed, other than the per-case regression check (``TestRegression``)."""
+def stress_failures(copy: Path) -> list[str]:
+    """The stress tests that failed (from the step's JUnit file)."""
     junit = copy / "reports" / "junit-stress-smoke.xml"   # the name the workflow gives it, at any scale
     if not junit.is_file():
         return ["(no JUnit file: the stress step did not finish)"]
-    failed = [f"{case.get('classname')}::{case.get('name')}" for case in ElementTree.parse(junit).iter("testcase")
-              if case.find("failure") is not None or case.find("error") is not None]
-    return [name for name in failed if ".TestRegression::" not in name]
+    return [f"{case.get('classname')}::{case.get('name')}" for case in ElementTree.parse(junit).iter("testcase")
+            if case.find("failure") is not None or case.find("error") is not None]
 
 
-def failed(row: dict) -> bool:
-    return bool(row["stress_other"]) or row["kernel_exit"] not in (0, None) or row["check_exit"] != 0
+def slim(record: dict) -> dict:
+    """A record without what the check never reads (per-step series, probe snapshots, run summaries' curves)."""
+    out = {k: v for k, v in record.items() if not k.startswith("_")}
+    out["arms"] = [{k: v for k, v in arm.items() if k not in DROPPED} for arm in record["arms"]]
+    for key in ("lr_sweep", "precision_ladder"):
+        if isinstance(out.get(key), dict) and "runs" in out[key]:
+            out[key] = {**out[key], "runs": [{k: v for k, v in r.items() if k != "loss"} for r in out[key]["runs"]]}
+    return out
 
 
-def run_entry(entry: Entry, scale: str, work: Path) -> dict:
-    copy = work / entry.name
+def kept_path(scale: str, name: str) -> Path:
+    return KEPT / scale / f"{name}.json.xz"
+
+
+def keep(scale: str, document: dict) -> Path:
+    path = kept_path(scale, document["entry"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(lzma.compress(json.dumps(document, allow_nan=False).encode(), preset=9))
+    return path
+
+
+def read_kept(scale: str, name: str) -> dict | None:
+    path = kept_path(scale, name)
+    return json.loads(lzma.decompress(path.read_bytes())) if path.is_file() else None
+
+
+def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, name: str | None = None) -> dict:
+    """Run the CPU job on a patched copy; the kept document (records, failures, time)."""
+    copy = work / (name or entry.name)
     if copy.exists():
         shutil.rmtree(copy)
     fresh_copy(copy)
     apply_patch(copy, entry.edits)
     started = time.perf_counter()
-    job = run_job(scaled_workflow(scale, work), "stress-cpu", copy, install=prepare_venv, timeout=6 * 3600)
+    job = run_job(scaled_workflow(scale, work), "stress-cpu", copy, install=prepare_venv, env=env,
+                  timeout=6 * 3600)
     seconds = time.perf_counter() - started
     (copy / "job.log").write_text(job.log())
-    stress, kernel, check = job.steps.get("stress"), job.steps.get("kernel"), job.steps.get("check")
-    return {"entry": entry.name, "harmful": entry.harmful, "what": entry.what, "job_failed": job.failed,
-            "stress_exit": stress.code if stress else None, "stress_other": other_stress_failures(copy),
+    stress, kernel = job.steps.get("stress"), job.steps.get("kernel")
+    records = [slim(r) for r in load_records([copy / "reports" / "runs"])
+               if r.get("purpose", "regression") == "regression"]
+    return {"entry": name or entry.name, "harmful": entry.harmful, "what": entry.what, "scale": scale,
+            "stress_exit": stress.code if stress else None, "stress_failures": stress_failures(copy),
             "kernel_exit": kernel.code if kernel and kernel.ran else None,
-            "check_exit": int(check.outputs.get("code", -1)) if check and check.outputs else None,
-            "regressed": regressed_figures(copy), "seconds": seconds}
+            "stress_seconds": stress.seconds if stress else None, "seconds": seconds, "records": records}
 
 
-def rejudge(entry: Entry, scale: str, work: Path) -> dict:
-    """The current ``stability check`` on the records an earlier run of this entry left."""
-    copy = work / entry.name
-    baseline = ROOT / "reports" / "baselines" / f"{scale}-cpu.json"
-    result = subprocess.run([sys.executable, "-m", "stability.cli", "check", "--baseline", str(baseline),
-                             str(copy / "reports" / "runs"), "--json", str(copy / "reports" / "check.json")],
-                            capture_output=True, text=True, check=False)
-    previous = json.loads((work / f"zoo-{scale}.json").read_text())
-    before = next(r for r in previous if r["entry"] == entry.name)
-    row = {**before, "check_exit": result.returncode, "regressed": regressed_figures(copy),
-           "stress_other": other_stress_failures(copy), "kernel_exit": before.get("kernel_exit"),
-           "rejudged": True}
-    return {**row, "job_failed": failed(row)}
+def judged(document: dict, baseline: dict) -> dict:
+    """Both rules on one kept job: failed or not, and what each named."""
+    result = check(document["records"], baseline)
+    new = [f"{r.case.split('/', 1)[1]} {r.arm} {r.figure}" for r in result.regressed]
+    strongest = min(result.regressed, key=lambda r: r.p, default=None)
+    old = [name.split("/", 1)[1] for name in seed_spread_rule.judge(document["records"], baseline)]
+    other = bool(document["stress_failures"]) or document["kernel_exit"] not in (0, None)
+    return {"entry": document["entry"], "harmful": document["harmful"], "what": document["what"],
+            "stress_failures": document["stress_failures"], "kernel_exit": document["kernel_exit"],
+            "check_exit": result.exit_code, "errors": result.errors, "regressed": new,
+            "strongest": (f"z {strongest.z:.3g}, p {strongest.p:.2g}" if strongest else ""),
+            "failed": other or result.exit_code != 0, "old_regressed": old, "old_failed": other or bool(old),
+            "seconds": document["seconds"]}
 
 
-def verdict(row: dict) -> str:
+def verdict(row: dict, failed: bool) -> str:
     if row["harmful"]:
-        return "caught" if row["job_failed"] else "MISSED"
-    return "FLAGGED" if row["job_failed"] else "passed"
+        return "caught" if failed else "MISSED"
+    return "FLAGGED" if failed else "passed"
 
 
-def table(rows: list[dict], scale: str) -> str:
+def _counts(rows: list[dict], key: str) -> str:
     harmful = [r for r in rows if r["harmful"]]
     harmless = [r for r in rows if not r["harmful"] and r["entry"] != "unchanged"]
-    caught = sum(r["job_failed"] for r in harmful)
-    flagged = sum(r["job_failed"] for r in harmless)
+    return (f"{sum(r[key] for r in harmful)} of {len(harmful)} harmful caught, "
+            f"{sum(r[key] for r in harmless)} of {len(harmless)} harmless flagged")
+
+
+def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> str:
     lines = [f"## Regression zoo at `{scale}`", "",
-             (f"Harmful changes caught: **{caught} of {len(harmful)}**; harmless changes flagged: "
-              f"**{flagged} of {len(harmless)}**."), "",
-             ("| entry | kind | change | verdict | stress tests failed (besides the check) | kernel step exit | "
-              "check exit | figures the check named |"),
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        named = r["regressed"]
-        shown = ", ".join(named[:6]) + (f" (+{len(named) - 6} more)" if len(named) > 6 else "")
-        kind = "harmful" if r["harmful"] else ("reference" if r["entry"] == "unchanged" else "harmless")
-        other = r.get("stress_other") or []
-        stress = ", ".join(name.rsplit(".", 1)[-1] for name in other) if other else "none"
-        kernel = "not run" if r.get("kernel_exit") is None else r["kernel_exit"]
-        rejudged = " (rejudged)" if r.get("rejudged") else ""
-        lines.append(f"| `{r['entry']}` | {kind} | {r['what']} | {verdict(r)}{rejudged} | {stress} | {kernel} | "
-                     f"{r['check_exit']} | {shown or '-'} |")
+             (f"Baseline `reports/baselines/{scale}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, draws "
+              f"{baseline.get('draws')}). Check: replicate noise, Holm at alpha = 0.01 over the job's rows. Earlier "
+              f"rule: seed-spread bands, k = 3, every row on its own (benchmarks/seed_spread_rule.py). A job fails on "
+              f"a stress test, the kernel step or the check."), "",
+             "| entries | check | earlier rule |", "|---|---|---|"]
+    for title, rows in groups:
+        lines.append(f"| {title} | {_counts(rows, 'failed')} | {_counts(rows, 'old_failed')} |")
+    for title, rows in groups:
+        lines += ["", f"### {title}", "",
+                  ("| entry | kind | change | check | figures the check named | strongest | earlier rule | "
+                   "stress tests / kernel step failed | minutes |"), "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            named = r["regressed"]
+            shown = ", ".join(named[:5]) + (f" (+{len(named) - 5} more)" if len(named) > 5 else "")
+            kind = "harmful" if r["harmful"] else ("reference" if r["entry"] == "unchanged" else "harmless")
+            other = [n.rsplit("::", 1)[-1] for n in r["stress_failures"]]
+            if r["kernel_exit"] not in (0, None):
+                other.append(f"kernel exit {r['kernel_exit']}")
+            old = verdict(r, r["old_failed"]) + (f" ({len(r['old_regressed'])} rows)" if r["old_regressed"] else "")
+            lines.append(f"| `{r['entry']}` | {kind} | {r['what']} | {verdict(r, r['failed'])} | {shown or '-'} | "
+                         f"{r['strongest'] or '-'} | {old} | {', '.join(other) or '-'} | {r['seconds'] / 60:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -137,25 +171,35 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
     parser.add_argument("--entries", help="comma-separated entry names (default: unchanged and every entry)")
-    parser.add_argument("--work", default="/tmp/stability-zoo", help="where the copies and their records are kept")
-    parser.add_argument("--rejudge", action="store_true", help="re-check the kept records, train nothing")
+    parser.add_argument("--work", default="/tmp/stability-zoo", help="where the patched copies are made")
+    parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
     parser.add_argument("--out", help="Markdown table (default reports/zoo-<scale>.md)")
     args = parser.parse_args()
-    entries = [UNCHANGED, *ZOO]
-    if args.entries:
-        wanted = args.entries.split(",")
-        entries = [e for e in entries if e.name in wanted]
+    everything = [UNCHANGED, *ZOO, *HELD_OUT]
+    wanted = args.entries.split(",") if args.entries else [e.name for e in everything]
+    unknown = sorted(set(wanted) - {e.name for e in everything})
+    if unknown:
+        parser.error(f"unknown zoo entries {unknown}")
     work = Path(args.work) / args.scale
     work.mkdir(parents=True, exist_ok=True)
-    state = work / f"zoo-{args.scale}.json"
-    rows = {r["entry"]: r for r in (json.loads(state.read_text()) if state.is_file() else [])}
-    for entry in entries:
-        print(f"{entry.name}: {'rejudging' if args.rejudge else 'running the CPU job'} ...", flush=True)
-        rows[entry.name] = rejudge(entry, args.scale, work) if args.rejudge else run_entry(entry, args.scale, work)
-        print(f"  {verdict(rows[entry.name])}: {rows[entry.name]['regressed'][:4]}", flush=True)
-        state.write_text(json.dumps(list(rows.values()), indent=1))
-    order = [e.name for e in (UNCHANGED, *ZOO)]
-    text = table(sorted(rows.values(), key=lambda r: order.index(r["entry"])), args.scale)
+    if not args.rejudge:
+        for entry in (e for e in everything if e.name in wanted):
+            print(f"{entry.name}: running the CPU job at {args.scale} ...", flush=True)
+            document = run_entry(entry, args.scale, work)
+            print(f"  kept {keep(args.scale, document)} ({document['seconds'] / 60:.1f} min)", flush=True)
+    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
+    groups = []
+    for title, entries in (("first entries", [UNCHANGED, *ZOO]), ("held-out entries", list(HELD_OUT))):
+        rows = []
+        for entry in entries:
+            document = read_kept(args.scale, entry.name)
+            if document is not None:
+                rows.append(judged(document, baseline))
+                print(f"{entry.name}: {verdict(rows[-1], rows[-1]['failed'])} (earlier rule: "
+                      f"{verdict(rows[-1], rows[-1]['old_failed'])}) {rows[-1]['regressed'][:3]}", flush=True)
+        if rows:
+            groups.append((title, rows))
+    text = table(groups, args.scale, baseline)
     out = Path(args.out) if args.out else ROOT / "reports" / f"zoo-{args.scale}.md"
     out.write_text(text)
     print(text)

@@ -3,9 +3,9 @@
 Each stress file keeps two kinds of tests apart, by class:
 
 * ``TestInvariants``  - properties that hold at any scale (finite at the reference LR, loss falls, ...);
-* ``TestRegression``  - the case's figures against the committed baseline of this preset and device
-  (``reports/baselines/<preset>-<device>.json``; skipped where none is committed), by the same rule
-  as ``stability check``.
+* the figures themselves are judged once per job, after the suites, by ``stability check`` against the
+  committed baseline of the preset and device (``reports/baselines/<preset>-<device>.json``): one verdict
+  with one stated false-alarm rate, not one per file.
 
 Paired figures (arm - baseline, with the 95% interval and the sign-flip p) are *reported*, not
 tested: ``report_figures`` writes them into the session's run directory (``reported-figures.md``) and
@@ -28,27 +28,11 @@ REPORTED = "reported-figures"
 
 @pytest.fixture(scope="session")
 def stress_baseline(scale, device):
-    """The committed regression baseline of this preset and device, or None when there is none."""
-    from stability.check.regression import default_baseline_path, load_baseline
+    """The path of the committed regression baseline of this preset and device, or None when there is none."""
+    from stability.check.regression import default_baseline_path
 
     path = default_baseline_path(scale, device or "cpu", BASELINE_DIR)
-    return load_baseline(path) if path.is_file() else None
-
-
-@pytest.fixture
-def regression_check(stress_baseline, scale, device):
-    """Callable: compare one stress record with the baseline; returns the CheckResult (printed)."""
-    from stability.check.regression import check, default_baseline_path
-
-    def run(record):
-        if stress_baseline is None:
-            pytest.skip(f"no committed baseline {default_baseline_path(scale, device or 'cpu', BASELINE_DIR)}: "
-                        f"make one with `stability baseline update RUN_DIR`")
-        result = check([record], stress_baseline)
-        print(result.table())
-        return result
-
-    return run
+    return path if path.is_file() else None
 
 
 @pytest.fixture

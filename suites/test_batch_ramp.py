@@ -2,8 +2,7 @@
 ``stress.batch_max_size``, the LR scaled by ``stress.batch_lr_rule`` (none, sqrt, linear); spikes,
 divergence and the loss against tokens seen.
 
-Kinds (see suites/conftest.py): invariants at any scale, regression against the committed
-baseline; the paired figures are reported (suites/conftest.py)."""
+Invariants at any scale (suites/conftest.py; the figures are judged by `stability check` after the suites); the paired figures are reported (suites/conftest.py)."""
 
 from __future__ import annotations
 
@@ -56,9 +55,3 @@ class TestInvariants:
             curve = entry["loss_vs_tokens"]
             assert curve and all(a[0] < b[0] for a, b in itertools.pairwise(curve))
             assert curve[-1][0] == entry["tokens_seen"]
-
-
-class TestRegression:
-    def test_against_baseline(self, record, regression_check):
-        result = regression_check(record)
-        assert result.exit_code == 0, result.table()

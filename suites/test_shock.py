@@ -2,8 +2,7 @@
 of training ("jump"), or starts at the peak with no warmup ("no_warmup"); the loss excess it causes,
 the spikes and the steps to get back to the pre-shock loss.
 
-Kinds (see suites/conftest.py): invariants at any scale, regression against the committed
-baseline (plus the determinism the baseline relies on); the paired figures are reported (suites/conftest.py)."""
+Invariants at any scale (suites/conftest.py; the figures are judged by `stability check` after the suites); baseline (plus the determinism the baseline relies on); the paired figures are reported (suites/conftest.py)."""
 
 from __future__ import annotations
 
@@ -53,11 +52,7 @@ class TestInvariants:
                 assert arm["status"] != "diverged"
 
 
-class TestRegression:
-    def test_against_baseline(self, record, regression_check):
-        result = regression_check(record)
-        assert result.exit_code == 0, result.table()
-
+class TestDeterminism:
     def test_deterministic_rerun(self, record, stress_baseline):
         """Same config and seed give the same figures on this device (what the baseline relies on):
         the case re-run in-process reproduces every arm's final figures and the paired table.

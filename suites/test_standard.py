@@ -38,9 +38,3 @@ class TestInvariants:
             assert (arm["final"]["gate_score_mean"] is not None) == gated
             if gated:
                 assert 0.0 < arm["final"]["gate_score_mean"] < 1.0
-
-
-class TestRegression:
-    def test_against_baseline(self, record, regression_check):
-        result = regression_check(record)
-        assert result.exit_code == 0, result.table()

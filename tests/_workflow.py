@@ -57,7 +57,8 @@ def prepare_venv(copy: Path) -> None:
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", code], check=True, capture_output=True,
                                text=True).stdout.strip())
-    (site / "_outer_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    outer = [p for p in sys.path if p.endswith("site-packages")] or [sysconfig.get_paths()["purelib"]]
+    (site / "_outer_environment.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
                     "--no-deps", "--no-build-isolation", "--no-index", "-e", str(copy)], check=True,
                    capture_output=True)

@@ -1,4 +1,7 @@
-"""``stability check`` (the merge check) and ``stability baseline update``; JSON only, no torch."""
+"""``stability check`` (the merge check) and ``stability baseline make|update|calibrate``.
+
+``check``, ``baseline update`` and ``baseline calibrate`` read JSON only (no torch); ``baseline make``
+runs the stress suites (reference and rounding replicates) in a subprocess, then ``update``."""
 
 from __future__ import annotations
 
@@ -63,7 +66,7 @@ def cmd_check(args) -> int:
             baseline = load_baseline(args.baseline)
         else:
             raise RecordError("give --baseline PATH (e.g. reports/baselines/smoke-cpu.json) or --from-mlflow BRANCH")
-        result = check(records, baseline, tolerances, k=args.k)
+        result = check(records, baseline, tolerances, alpha=args.alpha)
         result.notes[:0] = notes
     except RecordError as error:
         result = CheckResult(errors=[str(error)])
@@ -89,8 +92,53 @@ def cmd_baseline_update(args) -> int:
     cases = ", ".join(f"{key} (seeds {max(len(a['status']) for a in case['arms'].values())})"
                       for key, case in baseline["cases"].items())
     print(f"baseline written: {out} (preset {baseline['preset']}, device {baseline['device']}, commit "
-          f"{str(baseline['commit'])[:12]}; cases: {cases})")
+          f"{str(baseline['commit'])[:12]}, draws {baseline['draws']}: the reference and "
+          f"{len(baseline['draws']) - 1} rounding replicates per seed; cases: {cases})")
+    print_calibration(baseline, args.alpha)
     return 0
+
+
+def print_calibration(baseline: dict, alpha: float) -> int:
+    """Judge each draw of the baseline against the others and print how many such harmless jobs failed."""
+    from stability.check.regression import null_jobs
+
+    results = null_jobs(baseline, alpha)
+    failed = [r for r in results if r.exit_code != 0]
+    for result in results:
+        worst = min((r for r in result.rows if r.p is not None), key=lambda r: r.p, default=None)
+        print(f"  {result.notes[0]}: {result.verdict} ({result.judged} rows"
+              + (f"; smallest p {worst.p:.2g}: {worst.case} {worst.arm} {worst.figure}" if worst else "") + ")")
+    print(f"calibration: {len(failed)} of {len(results)} rounding draws, each judged against the others, failed "
+          f"the check at alpha = {alpha:g}")
+    return len(failed)
+
+
+def cmd_baseline_calibrate(args) -> int:
+    from stability.check.regression import load_baseline
+
+    failed = print_calibration(load_baseline(args.baseline), args.alpha)
+    return 1 if failed else 0
+
+
+def cmd_baseline_make(args) -> int:
+    """Run the stress suites with the reference and ``--replicates`` rounding replicates of every run into
+    one new run directory, then write the baseline from it."""
+    import subprocess
+
+    from stability.record.rundir import ENV_VAR, new_run_dir
+
+    run_dir = new_run_dir(args.root, label="baseline")
+    command = [sys.executable, "-m", "pytest", args.suites, "-m", "stress", "--scale", args.preset,
+               "--replicates", str(args.replicates), "-p", "no:cacheprovider", *args.pytest_args]
+    if args.device:
+        command += ["--device", args.device]
+    print(f"stability baseline make: {' '.join(command[2:])} (records into {run_dir})", flush=True)
+    code = subprocess.run(command, env={**os.environ, ENV_VAR: str(run_dir)}, check=False).returncode
+    if code != 0:
+        raise RecordError(f"the stress suites failed (pytest exit {code}): no baseline written; the records so "
+                          f"far are in {run_dir}")
+    args.records, args.all_sessions = [str(run_dir)], False
+    return cmd_baseline_update(args)
 
 
 def add_record_arguments(parser) -> None:
@@ -103,7 +151,7 @@ def add_record_arguments(parser) -> None:
 
 
 def add_parsers(sub) -> None:
-    from stability.check.regression import DEFAULT_K
+    from stability.check.regression import DEFAULT_ALPHA
 
     chk = sub.add_parser("check", help="compare records with a baseline (exit 0 ok, 1 regressed, 2 unusable)")
     add_record_arguments(chk)
@@ -111,18 +159,41 @@ def add_parsers(sub) -> None:
     chk.add_argument("--from-mlflow", metavar="BRANCH",
                      help="take the baseline from the latest parent runs tagged git.branch=BRANCH")
     chk.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow")
-    chk.add_argument("--tolerances", help="JSON or TOML overrides {figure: {floor, rel_floor, k}}")
-    chk.add_argument("--k", type=float, default=DEFAULT_K,
-                     help=f"standard errors of the baseline's seed noise a figure may move (default {DEFAULT_K:g})")
+    chk.add_argument("--tolerances", help="JSON or TOML overrides {figure: {floor, rel_floor}}")
+    add_alpha(chk, DEFAULT_ALPHA)
     chk.add_argument("--markdown", help="also append the Markdown summary here (default $GITHUB_STEP_SUMMARY)")
     chk.add_argument("--json", help="write the verdict rows as JSON here")
-    chk.add_argument("--all-rows", action="store_true", help="print every figure, not only those outside their band")
+    chk.add_argument("--all-rows", action="store_true", help="print every figure, not only those that moved")
     chk.set_defaults(func=cmd_check)
 
-    base = sub.add_parser("baseline", help="manage regression baselines")
+    base = sub.add_parser("baseline", help="make and inspect regression baselines")
     base_sub = base.add_subparsers(dest="baseline_command", required=True)
-    upd = base_sub.add_parser("update", help="write a baseline from the records of a run directory")
+    make = base_sub.add_parser("make", help="run the stress suites with rounding replicates and write the baseline")
+    make.add_argument("--preset", default="smoke", help="scale preset of the suites (default smoke)")
+    make.add_argument("--device", help="cpu or cuda (default: the preset's)")
+    make.add_argument("--replicates", type=int, default=4, metavar="R",
+                      help="rounding replicates per run besides the reference (default 4)")
+    make.add_argument("--suites", default="suites", help="the stress suites to run (default suites/)")
+    make.add_argument("--root", default=str(DEFAULT_ROOT), help=f"root of the run directory (default {DEFAULT_ROOT})")
+    make.add_argument("--out", help="baseline file (default reports/baselines/<preset>-<device>.json)")
+    make.add_argument("--commit", help="commit the baseline comes from (default: git HEAD)")
+    make.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    add_alpha(make, DEFAULT_ALPHA)
+    make.set_defaults(func=cmd_baseline_make)
+    upd = base_sub.add_parser("update", help="write a baseline from the records of a run directory (its reference "
+                                             "runs and their rounding replicates)")
     add_record_arguments(upd)
     upd.add_argument("--out", help="baseline file (default reports/baselines/<preset>-<device>.json)")
     upd.add_argument("--commit", help="commit the baseline comes from (default: git HEAD)")
+    add_alpha(upd, DEFAULT_ALPHA)
     upd.set_defaults(func=cmd_baseline_update)
+    cal = base_sub.add_parser("calibrate", help="judge each draw of a baseline against the others (its false alarms)")
+    cal.add_argument("baseline", help="baseline JSON")
+    add_alpha(cal, DEFAULT_ALPHA)
+    cal.set_defaults(func=cmd_baseline_calibrate)
+
+
+def add_alpha(parser, default: float) -> None:
+    parser.add_argument("--alpha", type=float, default=default,
+                        help=f"the job's false-alarm rate: the chance that a harmless change fails the check "
+                             f"(default {default:g})")

@@ -307,7 +307,7 @@ def case_key(record: CaseRecord) -> str:
     return f"{record.get('name')}/{record.get('schedule')}"
 
 
-IDENTITY_IGNORES = ("seeds", "run.seed", "run.device", "name", "preset")
+IDENTITY_IGNORES = ("seeds", "run.seed", "run.device", "name", "preset", "run.replicate", "replicates")
 IDENTITY_IGNORED_SECTIONS = ("run.checkpoint.",)   # how a run is kept, never what it measures
 
 
@@ -342,6 +342,11 @@ def config_diff(expected: dict, actual: dict, limit: int = 4) -> str:
              for k in keys if expected.get(k, "<absent>") != actual.get(k, "<absent>")]
     more = f" and {len(diffs) - limit} more" if len(diffs) > limit else ""
     return "; ".join(diffs[:limit]) + more if diffs else "no field differs"
+
+
+def record_draw(record: CaseRecord) -> int:
+    """The rounding draw a record's runs were trained under: ``run.replicate`` (0: the reference runs)."""
+    return int(((record.get("config") or {}).get("run") or {}).get("replicate", 0) or 0)
 
 
 def device_kind(device: str | None) -> str:

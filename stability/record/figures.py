@@ -19,6 +19,12 @@ Fields of a ``Figure``:
 * ``floor`` / ``rel_floor``: the smallest change the regression check will call a change, in the
   figure's unit and as a fraction of the baseline value. They stop a deterministic figure (the
   same in every seed, so no spread) from failing on a difference nobody would act on.
+* ``quantum``: the resolution of a figure measured on a finite sample, the least it can move
+  (``quantum(name, config)`` turns it into a number): "token" one held-out token of the accuracy
+  (1 / evaluated tokens), "count" one event, "step" one step, "step_pct" one step as a percentage of
+  the run, "seed" one seed's 0/1 outcome, "head" one attention head of all layers, "batch" one step's
+  tokens; None for a continuous figure. The regression check never judges a figure at a noise width
+  below its quantum, so a figure identical in every baseline run is not judged at zero width.
 
 Definitions follow docs/figures.md (and the papers cited there).
 """
@@ -38,17 +44,23 @@ class Figure:
     kind: str = "eval"
     floor: float = 0.0
     rel_floor: float = 0.0
+    quantum: str | None = None
 
     def __post_init__(self) -> None:
         if self.better not in (None, "lower", "higher"):
             raise ValueError(f"figure {self.name}: better={self.better!r}, expected 'lower', 'higher' or None")
         if self.kind not in ("eval", "peak", "run"):
             raise ValueError(f"figure {self.name}: kind={self.kind!r}, expected 'eval', 'peak' or 'run'")
+        if self.quantum not in QUANTA:
+            raise ValueError(f"figure {self.name}: quantum={self.quantum!r}, expected one of {QUANTA}")
 
     @property
     def needs_completed_arm(self) -> bool:
         """Left out of comparisons for an arm that did not complete (kinds "eval" and "peak")."""
         return self.kind in ("eval", "peak")
+
+
+QUANTA = (None, "token", "count", "step", "step_pct", "seed", "head", "batch")
 
 
 def _table(*figures: Figure) -> dict[str, Figure]:
@@ -60,32 +72,32 @@ FIGURES: dict[str, Figure] = _table(
     Figure("heldout_loss", "lower", "nats/token", "mean next-token cross-entropy on the held-out batches",
            floor=0.02, rel_floor=0.005),
     Figure("perplexity", "lower", "", "exp(heldout_loss)", floor=0.1, rel_floor=0.01),
-    Figure("accuracy", "higher", "fraction", "next-token top-1 accuracy on the held-out batches", floor=0.005),
+    Figure("accuracy", "higher", "fraction", "next-token top-1 accuracy on the held-out batches", floor=0.005, quantum="token"),
     Figure("final_train_loss", "lower", "nats/token", "mean training loss of the last 10 steps",
            floor=0.02, rel_floor=0.005),
     Figure("min_train_loss", "lower", "nats/token", "lowest training loss of the run", floor=0.02,
            rel_floor=0.005),
     # the trajectory
     Figure("loss_spike_score", "lower", "% of steps", "steps whose loss is >= k std above the rolling mean",
-           kind="peak", floor=1.0),
+           kind="peak", floor=1.0, quantum="step_pct"),
     Figure("grad_spike_score", "lower", "% of steps", "steps whose gradient norm is >= k std above the rolling mean",
-           kind="peak", floor=2.0),
-    Figure("nonfinite_events", "lower", "count", "steps with a NaN/Inf loss or gradient", kind="run", floor=0.5),
+           kind="peak", floor=2.0, quantum="step_pct"),
+    Figure("nonfinite_events", "lower", "count", "steps with a NaN/Inf loss or gradient", kind="run", floor=0.5, quantum="count"),
     Figure("skipped_steps", "lower", "count", "optimizer steps skipped (fp16 loss-scale overflow)", kind="run",
-           floor=0.5, rel_floor=0.1),
+           floor=0.5, rel_floor=0.1, quantum="count"),
     Figure("diverged", "lower", "fraction of seeds", "the arm stopped on a non-finite or exploding loss",
-           kind="run", floor=0.25),
+           kind="run", floor=0.25, quantum="seed"),
     Figure("divergence_step", "higher", "step",
            "step at which the arm diverged (the run length when it did not)", kind="run", floor=2.0,
-           rel_floor=0.1),
-    Figure("steps_completed", None, "steps", "steps trained before the arm stopped", kind="run"),
+           rel_floor=0.1, quantum="step"),
+    Figure("steps_completed", None, "steps", "steps trained before the arm stopped", kind="run", quantum="step"),
     Figure("max_grad_norm", "lower", "L2 norm", "largest global gradient norm before clipping", kind="peak",
            floor=0.5, rel_floor=0.5),
     Figure("update_spike_score", "lower", "% of steps",
            "steps whose optimiser update norm ||W_after - W_before|| is >= k std above the rolling mean",
-           kind="peak", floor=2.0),
+           kind="peak", floor=2.0, quantum="step_pct"),
     Figure("update_spikes", "lower", "count", "steps flagged by the update-norm spike score", kind="peak",
-           floor=2.0, rel_floor=0.5),
+           floor=2.0, rel_floor=0.5, quantum="count"),
     Figure("max_update_norm", "lower", "L2 norm", "largest global optimiser update norm ||W_after - W_before||",
            kind="peak", floor=0.05, rel_floor=0.5),
     # heavy probes of the final model (probe batch, explicit attention path)
@@ -97,7 +109,7 @@ FIGURES: dict[str, Figure] = _table(
     Figure("f_attn_mean", "lower", "probability",
            "attention on position 0 from query positions >= 1, mean over heads and layers", floor=0.02),
     Figure("sink_rate_mean", "lower", "fraction of heads",
-           "heads whose mean attention on position 0 exceeds 0.3 (Gu et al. 2025)", floor=0.1),
+           "heads whose mean attention on position 0 exceeds 0.3 (Gu et al. 2025)", floor=0.1, quantum="head"),
     Figure("max_attn_logit", "lower", "logit", "largest q.k/sqrt(d) of any head and layer (Wortsman et al. 2023)",
            floor=0.5, rel_floor=0.1),
     Figure("logit_max", "lower", "logit", "largest |logit| of the LM head", floor=0.5, rel_floor=0.1),
@@ -107,7 +119,7 @@ FIGURES: dict[str, Figure] = _table(
            floor=0.001),
     Figure("underflow_fraction", "lower", "fraction", "non-zero Linear inputs flushed to zero", floor=0.001),
     Figure("loss_scale_drops", "lower", "count", "fp16 loss-scale reductions", kind="run", floor=2.0,
-           rel_floor=0.5),
+           rel_floor=0.5, quantum="count"),
     # the stress cases (stability.cases.stress)
     Figure("lr_sensitivity", "lower", "nats/token",
            "mean over the LR grid of min(L, L_init) - min L; a diverged run counts L_init (Wortsman et al.)",
@@ -118,41 +130,55 @@ FIGURES: dict[str, Figure] = _table(
     Figure("ramp_divergence_lr", "higher", "learning rate",
            "LR of the update after which the LR range test started to diverge", kind="run", rel_floor=0.3),
     Figure("ramp_divergence_step", "higher", "step", "step at which the LR range test started to diverge",
-           kind="run", floor=2.0, rel_floor=0.05),
+           kind="run", floor=2.0, rel_floor=0.05, quantum="step"),
     Figure("ramp_best_lr", None, "learning rate", "LR of the update before the lowest smoothed ramp loss",
            kind="run"),
     Figure("ramp_spikes", "lower", "count", "loss spikes before the ramp diverged", kind="run", floor=2.0,
-           rel_floor=0.5),
+           rel_floor=0.5, quantum="count"),
     Figure("ramp_grad_spikes", "lower", "count", "gradient-norm spikes before the ramp diverged", kind="run",
-           floor=2.0, rel_floor=0.5),
+           floor=2.0, rel_floor=0.5, quantum="count"),
     Figure("tokens_seen", "higher", "tokens", "tokens trained before the batch ramp stopped", kind="run",
-           rel_floor=0.05),
+           rel_floor=0.05, quantum="batch"),
     Figure("shock_peak_excess", "lower", "nats/token", "highest loss after the LR shock minus the pre-shock loss",
            kind="run", floor=0.1, rel_floor=0.25),
     Figure("shock_recovery_steps", "lower", "steps", "steps until the smoothed loss is back at its pre-shock level",
-           kind="run", floor=3.0, rel_floor=0.25),
+           kind="run", floor=3.0, rel_floor=0.25, quantum="step"),
     Figure("shock_spikes", "lower", "count", "loss spikes after the LR shock", kind="run", floor=2.0,
-           rel_floor=0.5),
+           rel_floor=0.5, quantum="count"),
     Figure("shock_recovered", "higher", "fraction of seeds", "the loss came back to its pre-shock level",
-           kind="run", floor=0.25),
+           kind="run", floor=0.25, quantum="seed"),
+    Figure("loss_spikes", None, "count", "steps flagged by the loss-spike score", kind="peak", quantum="count"),
+    Figure("grad_spikes", None, "count", "steps flagged by the gradient-norm spike score", kind="peak",
+           quantum="count"),
+    Figure("critical_lr_censored", None, "flag", "no swept LR diverged: critical_lr is one grid step above the "
+           "largest LR", kind="run"),
+    Figure("best_lr", None, "learning rate", "swept peak LR with the lowest held-out loss", kind="run"),
+    Figure("best_lr_loss", None, "nats/token", "held-out loss at best_lr", kind="run"),
+    Figure("loss_init", None, "nats/token", "loss at step 0 (a diverged sweep run counts it)", kind="run"),
+    Figure("ramp_censored", None, "flag", "the LR range test never diverged (ramp_divergence_lr is the end LR)",
+           kind="run"),
+    Figure("ramp_best_loss", None, "nats/token", "lowest smoothed loss of the LR range test", kind="run"),
+    Figure("shock_step", None, "step", "step of the LR shock", kind="run"),
+    Figure("shock_pre_loss", None, "nats/token", "mean loss of the steps up to the shock", kind="run"),
+    Figure("final_batch_size", None, "sequences", "batch size at the end of the batch ramp", kind="run"),
     # families: the precision ladder per precision, post-training quantization per scheme
     Figure("loss_gap_*", "lower", "nats/token", "held-out loss at this precision minus fp32",
            floor=0.05, rel_floor=0.25),
-    Figure("nonfinite_events_*", "lower", "count", "non-finite steps at this precision", kind="run", floor=0.5),
+    Figure("nonfinite_events_*", "lower", "count", "non-finite steps at this precision", kind="run", floor=0.5, quantum="count"),
     Figure("diverged_*", "lower", "fraction of seeds", "the run at this precision diverged", kind="run",
-           floor=0.25),
+           floor=0.25, quantum="seed"),
     Figure("overflow_fraction_*", "lower", "fraction", "values beyond this precision's range", kind="run",
            floor=0.001),
     Figure("underflow_fraction_*", "lower", "fraction", "non-zero values flushed to zero at this precision",
            kind="run", floor=0.001),
     Figure("loss_scale_drops_*", "lower", "count", "loss-scale reductions at this precision", kind="run",
-           floor=2.0, rel_floor=0.5),
+           floor=2.0, rel_floor=0.5, quantum="count"),
     Figure("loss_spike_score_*", "lower", "% of steps", "loss-spike score at this precision", kind="run",
-           floor=1.0),
+           floor=1.0, quantum="step_pct"),
     Figure("quant_*_damage_loss", "lower", "nats/token", "held-out loss after quantization minus full precision",
            floor=0.02, rel_floor=0.25),
     Figure("quant_*_damage_accuracy", "higher", "fraction", "accuracy after quantization minus full precision",
-           floor=0.01, rel_floor=0.25),
+           floor=0.01, rel_floor=0.25, quantum="token"),
     Figure("quant_*_kl", "lower", "nats", "KL(full || quantized) of the next-token distributions", floor=1e-3,
            rel_floor=0.5),
     # the length-extrapolation probe per RoPE and length factor: extrap_<figure>_<plain|ntk>_x<factor>
@@ -164,7 +190,7 @@ FIGURES: dict[str, Figure] = _table(
     Figure("extrap_f_attn_*", "lower", "probability", "F-Attn at this multiple of the training context",
            floor=0.02),
     Figure("extrap_sink_rate_*", "lower", "fraction of heads", "sink rate at this multiple of the training context",
-           floor=0.1),
+           floor=0.1, quantum="head"),
 )
 
 
@@ -189,3 +215,23 @@ def judged(names) -> list[str]:
         entry = figure(name)
         return (order.index(entry.name), name)
     return sorted((n for n in names if better(n) is not None), key=position)
+
+
+def quantum(name: str, config: dict, steps: int) -> float:
+    """The least ``name`` can move, as a number, for a run of ``steps`` steps of ``config`` (a flattened
+    config: dotted keys, as ``stability.record.comparable_config`` gives); 0.0 for a continuous or unknown
+    figure."""
+    entry = figure(name)
+    kind = entry.quantum if entry else None
+    if kind is None:
+        return 0.0
+    if kind in ("count", "step", "seed"):
+        return 1.0
+    batch, context = config.get("run.data.batch_size", 1), config.get("run.model.context", 1)
+    if kind == "token":
+        return 1.0 / (config.get("run.probes.eval_batches", 1) * batch * context)
+    if kind == "batch":
+        return float(batch * context)
+    if kind == "head":
+        return 1.0 / (config.get("run.model.n_heads", 1) * config.get("run.model.n_layers", 1))
+    return 100.0 / max(1, steps)   # "step_pct"

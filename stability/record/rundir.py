@@ -30,6 +30,7 @@ from stability.record import (
     config_fingerprint,
     git_info,
     read_record,
+    record_draw,
 )
 
 DEFAULT_ROOT = Path("reports") / "runs"
@@ -117,7 +118,7 @@ def record_files(paths, all_sessions: bool = False) -> list[Path]:
 
 
 def unique_arms(records: list[dict]) -> tuple[list[dict], list[str]]:
-    """Drop repeated (case, arm, seed, config) entries, keeping the newest record's; returns the records
+    """Drop repeated (case, arm, seed, rounding draw, config) entries, keeping the newest record's; returns the records
     (with their ``arms`` filtered, records left with no arm removed) and one note per dropped entry."""
     newest: dict[tuple, int] = {}
     order = sorted(range(len(records)), key=lambda i: (records[i].get("created_at") or "", i))
@@ -125,16 +126,16 @@ def unique_arms(records: list[dict]) -> tuple[list[dict], list[str]]:
         record = records[index]
         fingerprint = config_fingerprint(record["config"])
         for arm in record["arms"]:
-            newest[(case_key(record), arm["arm"], arm["seed"], fingerprint)] = index
+            newest[(case_key(record), arm["arm"], arm["seed"], record_draw(record), fingerprint)] = index
     kept, notes = [], []
     for index, record in enumerate(records):
         fingerprint = config_fingerprint(record["config"])
         arms = [arm for arm in record["arms"]
-                if newest[(case_key(record), arm["arm"], arm["seed"], fingerprint)] == index]
+                if newest[(case_key(record), arm["arm"], arm["seed"], record_draw(record), fingerprint)] == index]
         if len(arms) < len(record["arms"]):
             notes.append(f"{case_key(record)}: {len(record['arms']) - len(arms)} arm(s) of "
                          f"{record.get('_path') or record.get('id')} left out: a newer record holds the same "
-                         f"(arm, seed, config)")
+                         f"(arm, seed, draw, config)")
         if arms:
             kept.append({**record, "arms": arms} if len(arms) != len(record["arms"]) else record)
     return kept, notes

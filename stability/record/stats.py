@@ -43,11 +43,21 @@ def t_two_sided_mass(t: float, df: int) -> float:
     return math.sin(theta) * total
 
 
+def t_upper_tail(t: float, df: int) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom (a one-sided p-value)."""
+    tail = (1 - t_two_sided_mass(t, df)) / 2
+    return tail if t >= 0 else 1 - tail
+
+
 def t_quantile_for_z(z: float, df: int) -> float:
     """The Student-t value with ``df`` degrees of freedom whose one-sided tail equals the normal tail
     beyond ``z`` (z = 3: 0.135%): what "z standard errors" becomes when the standard deviation is itself
     estimated from df + 1 values (df = 2: 19.2; df = 5: 5.5; df = infinity: z)."""
-    tail = 0.5 * math.erfc(z / math.sqrt(2))
+    return t_quantile(0.5 * math.erfc(z / math.sqrt(2)), df)
+
+
+def t_quantile(tail: float, df: int) -> float:
+    """The t >= 0 whose one-sided upper tail P(T > t) under ``df`` degrees of freedom is ``tail`` (< 0.5)."""
     low, high = 0.0, 1.0
     while 1 - t_two_sided_mass(high, df) > 2 * tail:
         high *= 2
@@ -107,3 +117,61 @@ def paired_difference(baseline: list[float], treatment: list[float]) -> dict:
         half = t_critical(n - 1) * sample_std(diffs) / math.sqrt(n)
         out.update(ci_low=mean - half, ci_high=mean + half, p_value=sign_flip_p_value(diffs))
     return out
+
+
+# ----------------------------------------------------------------------------- replicate noise, many rows
+
+def grubbs_critical(n: int, alpha: float = 0.01) -> float:
+    """Grubbs' two-sided critical value for one outlier among ``n`` normal residuals (n >= 3):
+    G = (n - 1) / sqrt(n) * sqrt(t^2 / (n - 2 + t^2)), t the upper alpha / (2 n) quantile with n - 2 df."""
+    t = t_quantile(alpha / (2 * n), n - 2)
+    return (n - 1) / math.sqrt(n) * math.sqrt(t * t / (n - 2 + t * t))
+
+
+def pooled_sd(groups: list[list[float]], outlier_alpha: float = 0.01) -> tuple[float, int, tuple | None]:
+    """Pooled within-group standard deviation, robust to one outlier: (sd, degrees of freedom, dropped).
+
+    Each group holds the runs of one seed (the reference and its replicates); the sd pools every
+    group's deviations from its own mean, with sum(n_g - 1) degrees of freedom. When the largest
+    standardised deviation passes Grubbs' test at ``outlier_alpha`` that one value is dropped
+    (``dropped`` = (group index, value index)) and the sd recomputed without it. Groups of one value
+    carry no information. (0.0, 0, None) when no group has two values."""
+    def pooled(gs):
+        squares, dof = 0.0, 0
+        for g in gs:
+            if len(g) >= 2:
+                mean = sum(g) / len(g)
+                squares += sum((v - mean) ** 2 for v in g)
+                dof += len(g) - 1
+        return (math.sqrt(squares / dof) if dof else 0.0), dof
+    sd, dof = pooled(groups)
+    if dof < 3 or sd == 0.0:
+        return sd, dof, None
+    worst, where = -1.0, None
+    for gi, g in enumerate(groups):
+        if len(g) >= 3:  # a group of two has equal deviations: no single value stands out
+            mean = sum(g) / len(g)
+            for vi, v in enumerate(g):
+                # the deviation scaled by its own standard error under the pooled sd
+                z = abs(v - mean) / (sd * math.sqrt((len(g) - 1) / len(g)))
+                if z > worst:
+                    worst, where = z, (gi, vi)
+    if where is None or worst <= grubbs_critical(dof + 1, outlier_alpha):
+        return sd, dof, None
+    kept = [[v for vi, v in enumerate(g) if (gi, vi) != where] for gi, g in enumerate(groups)]
+    sd, dof = pooled(kept)
+    return sd, dof, where
+
+
+def holm(p_values: list[float], alpha: float) -> list[bool]:
+    """Holm's step-down procedure: which hypotheses are rejected with family-wise error rate <= alpha,
+    whatever the dependence between them (Holm 1979). The i-th smallest p is compared with
+    alpha / (m - i); rejection stops at the first that is not below."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    m = len(p_values)
+    for rank, index in enumerate(order):
+        if p_values[index] > alpha / (m - rank):
+            break
+        rejected[index] = True
+    return rejected

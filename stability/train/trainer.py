@@ -39,6 +39,7 @@ import torch
 from stability.config import RunConfig
 from stability.data import Corpus, eval_batches, load_corpus, probe_batch
 from stability.model.build import build_model
+from stability.model.rounding import perturb_rounding
 from stability.precision import PrecisionPolicy
 from stability.record import final_figures, new_arm_record
 from stability.train import faults, probes
@@ -165,7 +166,7 @@ def build(run: RunConfig, schedule, corpus: Corpus | None, reducer) -> Parts:
     device = torch.device(run.device)
     corpus = corpus or load_corpus(run.data, run.model.vocab_size, run.model.context)
     torch.manual_seed(run.seed)
-    model = build_model(run.model, run.seed).to(device)
+    model = perturb_rounding(build_model(run.model, run.seed), run.seed, run.replicate).to(device)
     policy = PrecisionPolicy(run.precision, run.device)
     model = policy.prepare(model)
     policy.watch(model)  # counts overflow/underflow on the device (the own fp8 counts in its casts)

@@ -1,0 +1,108 @@
+"""The sensitivity of the merge gate: the smallest graded regression the CPU job catches every time.
+
+    python benchmarks/power_curve.py --scale smoke                   # train, keep, judge
+    python benchmarks/power_curve.py --scale ci --dials 2,1,0.5
+    python benchmarks/power_curve.py --scale smoke --rejudge         # judge the kept records again
+
+The dial: the initial weights' standard deviation multiplied by ``1 + e`` (a patch of
+``stability/model/lm.py``, as a pull request would make it). For each ``e`` of ``--dials`` (largest first)
+the CPU job of ``.github/workflows/stability.yml`` runs three times on the dialled code, each draw under
+another rounding perturbation (``--replicate 101``, ``102``, ``103``: the runs' initial parameters moved
+by one rounding step, so the three draws differ as three harmless rewrites of the same change would).
+Records are kept in ``reports/power/<scale>/`` like the zoo's. Both rules judge every draw: the check as
+it is and the earlier seed-spread rule (benchmarks/seed_spread_rule.py). The table
+(``reports/power-<scale>.md``) gives, per e and rule, the draws caught, and the smallest e caught in 3 of 3
+draws. The descent stops below the first e that neither rule catches 3 of 3 times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import regression_zoo as zoo
+from _zoo import Entry
+
+from stability.check.regression import load_baseline
+
+DRAWS = (101, 102, 103)
+DEFAULT_DIALS = {"smoke": (2.0, 1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01), "ci": (2.0, 1.0, 0.5, 0.2, 0.1, 0.05)}
+INIT_LINE = "std = self.config.init_std"
+
+
+def dialled(e: float) -> Entry:
+    return Entry(f"init_std_x{1 + e:g}", True, f"initial weights' std x {1 + e:g}",
+                 (("stability/model/lm.py", INIT_LINE, f"{INIT_LINE} * {1 + e!r}"),))
+
+
+def name_of(e: float, draw: int) -> str:
+    return f"e{e:g}-draw{draw}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
+    parser.add_argument("--dials", help="comma-separated e values, largest first (default: the preset's grid)")
+    parser.add_argument("--work", default="/tmp/stability-power", help="where the patched copies are made")
+    parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
+    args = parser.parse_args()
+    dials = [float(v) for v in args.dials.split(",")] if args.dials else list(DEFAULT_DIALS[args.scale])
+    work = Path(args.work) / args.scale
+    work.mkdir(parents=True, exist_ok=True)
+    zoo.KEPT = ROOT / "reports" / "power"
+    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
+    rows = []
+    for e in dials:
+        caught = {"check": 0, "earlier": 0}
+        for draw in DRAWS:
+            name = name_of(e, draw)
+            document = None if not args.rejudge else zoo.read_kept(args.scale, name)
+            if document is None and not args.rejudge:
+                print(f"e={e:g} draw {draw}: running the CPU job at {args.scale} ...", flush=True)
+                document = zoo.run_entry(dialled(e), args.scale, work, env={"PYTEST_ADDOPTS": f"--replicate {draw}"},
+                                         name=name)
+                zoo.keep(args.scale, document)
+            if document is None:
+                continue
+            row = zoo.judged(document, baseline)
+            caught["check"] += row["failed"]
+            caught["earlier"] += row["old_failed"]
+            print(f"  e={e:g} draw {draw}: check {'caught' if row['failed'] else 'missed'} "
+                  f"{row['regressed'][:3]}; earlier rule {'caught' if row['old_failed'] else 'missed'}", flush=True)
+        rows.append((e, caught))
+        if not args.rejudge and caught["check"] < len(DRAWS) and caught["earlier"] < len(DRAWS):
+            break
+    text = table(rows, args.scale, baseline)
+    (ROOT / "reports" / f"power-{args.scale}.md").write_text(text)
+    print(text)
+    return 0
+
+
+def smallest(rows, rule: str) -> str:
+    """The smallest e caught in every draw, with every larger e of the grid caught every time too."""
+    best = None
+    for e, caught in sorted(rows, reverse=True):
+        if caught[rule] < len(DRAWS):
+            break
+        best = e
+    return f"{best:g}" if best is not None else "none of the grid"
+
+
+def table(rows, scale: str, baseline: dict) -> str:
+    lines = [f"## Power curve at `{scale}`", "",
+             (f"The dial: initial weights' standard deviation x (1 + e); {len(DRAWS)} draws per e, each under "
+              f"another rounding perturbation. Baseline commit `{str(baseline.get('commit'))[:12]}`."), "",
+             (f"Smallest e caught in {len(DRAWS)} of {len(DRAWS)} draws: the check **{smallest(rows, 'check')}**, "
+              f"the earlier seed-spread rule **{smallest(rows, 'earlier')}**."), "",
+             "| e | std factor | check: draws caught | earlier rule: draws caught |", "|---|---|---|---|"]
+    for e, caught in rows:
+        lines.append(f"| {e:g} | {1 + e:g} | {caught['check']} of {len(DRAWS)} | {caught['earlier']} of {len(DRAWS)} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
