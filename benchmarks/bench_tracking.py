@@ -44,6 +44,14 @@ def _jittered(record: dict, index: int) -> dict:
     return out
 
 
+def _replicate(record: dict, draw: int) -> dict:
+    """``record`` as rounding replicate ``draw`` (a baseline holds the reference and its replicates)."""
+    out = _jittered(record, draw) if draw else copy.deepcopy(record)
+    out["id"], out["name"] = f"{record['id']}d{draw}", record["name"]
+    out["config"]["run"]["replicate"] = draw
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="smoke")
@@ -92,7 +100,7 @@ def main(argv=None) -> int:
                 f"{args.repeats})", statistics.median(times))
 
         records = [_jittered(record, i) for i in range(100)]
-        baseline = regression.make_baseline(records)
+        baseline = regression.make_baseline([_replicate(r, draw) for r in records for draw in (0, 1, 2)])
         check_times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()

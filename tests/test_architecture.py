@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _stability_records import pair_record
+from _stability_records import pair_record, with_replicates
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "stability"
@@ -183,17 +183,22 @@ sys.exit(main(sys.argv[1:]))
 
 def test_check_baseline_and_report_run_without_torch(tmp_path):
     """In a process where importing torch (or MLflow) fails, the JSON commands still work."""
-    session = tmp_path / "runs" / "20260101T000000-run-abc123"
-    session.mkdir(parents=True)
-    (session / "manifest.json").write_text("{}")
-    (session / "r.json").write_text(json.dumps(pair_record(), allow_nan=False))
+    record = pair_record()
+    for name, records in (("20260101T000000-run-abc123", with_replicates(record)),
+                          ("20260102T000000-run-def456", [record])):
+        session = tmp_path / "runs" / name
+        session.mkdir(parents=True)
+        (session / "manifest.json").write_text("{}")
+        for index, one in enumerate(records):
+            (session / f"r{index}.json").write_text(json.dumps(one, allow_nan=False))
     env = {k: v for k, v in os.environ.items() if k != "STABILITY_RUN_DIR"}
 
     def stability(*args):
         return subprocess.run([sys.executable, "-c", BLOCK_TORCH, *args], check=False, cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
-    baseline = stability("baseline", "update", "runs", "--out", "b.json")
+    baseline = stability("baseline", "update", "runs/20260101T000000-run-abc123", "--out", "b.json")
     assert baseline.returncode == 0, baseline.stderr
+    assert stability("baseline", "calibrate", "b.json").returncode == 0
     check = stability("check", "--baseline", "b.json", "runs")
     assert check.returncode == 0 and "PASS" in check.stdout, check.stdout + check.stderr
     report = stability("report", "runs", "--out", "r.html", "--baseline", "b.json")

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from _stability_records import edited, pair_record
+from _stability_records import edited, pair_record, with_replicates
 
 from stability import config as cfg
 from stability.cases.experiment import run_pair
@@ -179,7 +179,7 @@ def three_arms():
 
 
 def test_the_check_judges_every_arm_and_its_paired_difference(three_arms):
-    baseline = reg.make_baseline([three_arms])
+    baseline = reg.make_baseline(with_replicates(three_arms))
     result = reg.check([three_arms], baseline)
     assert result.exit_code == 0, result.table()
     assert {row.arm for row in result.rows} >= {"baseline", "gated", "gated_floored", "gated-baseline",
@@ -208,7 +208,7 @@ def test_a_control_is_claimed_against_another_arm_and_may_claim_a_worse_figure(t
 
 
 def test_a_baseline_of_other_arms_is_a_config_difference_naming_the_arms(three_arms):
-    baseline = reg.make_baseline([pair_record()])
+    baseline = reg.make_baseline(with_replicates(pair_record()))
     result = reg.check([three_arms], baseline)
     assert result.exit_code == 2 and "run config differs" in result.errors[0] and "arms" in result.errors[0]
 

@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from _stability_records import pair_record
+from _stability_records import pair_record, replicate
 from torch import nn
 
 from stability.cases.stress import (
@@ -44,6 +44,7 @@ from stability.record.stats import (
     t_critical,
     t_quantile_for_z,
     t_two_sided_mass,
+    t_upper_tail,
 )
 from stability.train import probes
 from stability.train.quantize import (
@@ -564,139 +565,160 @@ def test_paired_summary_of_arms_without_figures():
     assert row["n"] == 0 and row["seeds"] == []
 
 
-# ----------------------------------------------------------------------------- the merge check's band
+# ----------------------------------------------------------------------------- the merge check
 
 
-def test_the_band_and_verdict_of_one_figure_by_hand():
-    """heldout_loss (lower is better, floor 0.02, rel_floor 0.005), baseline seeds 3.0, 3.2, 3.4: mean
-    3.2, sample std 0.2. Paired (same seeds, now 3.5, 3.7, 3.9): delta 0.5, standard error 0.2 * sqrt(2/3)
-    = 0.16330, band max(0.02, 0.016, 3 * 0.16330 = 0.48990) -> 0.5 is worse by more: regressed. With
-    k = 1 the band is 0.16330; with a tolerance floor of 1.0 it is 1.0 (ok); rel_floor 0.5 -> 1.6.
-    Unpaired (new seeds 3 and 4 at 3.0, 3.1): delta 3.05 - 3.2 = -0.15, error 0.2 * sqrt(1/3 + 1/2) =
-    0.18257, multiplier the t value with 2 degrees of freedom at the normal tail beyond 3, 19.2067,
-    band 3.50666: ok (so is 3.5, 3.6: +0.35). The baseline's seeds plus a new one: unpaired too (3/4),
-    delta 0."""
-    base = {"0": 3.0, "1": 3.2, "2": 3.4}
-    worse = {"0": 3.5, "1": 3.7, "2": 3.9}
-    error = 0.2 * math.sqrt(2 / 3)
-    assert reg.compare_values(base, worse, "heldout_loss") == (
-        "regressed", pytest.approx(3.2), pytest.approx(3.7), pytest.approx(0.5), pytest.approx(3 * error),
-        "paired n=3", "")
-    assert reg.compare_values(base, worse, "heldout_loss", k=1.0)[4] == pytest.approx(error)
-    assert reg.compare_values(base, worse, "heldout_loss", tolerance={"k": 1.0})[4] == pytest.approx(error)
-    assert reg.compare_values(base, worse, "heldout_loss", tolerance={"floor": 1.0})[::4] == ("ok", 1.0)
-    assert reg.compare_values(base, worse, "heldout_loss", tolerance={"rel_floor": 0.5})[4] == pytest.approx(1.6)
-    assert reg.compare_values(base, {"3": 3.0, "4": 3.1}, "heldout_loss") == (
-        "ok", pytest.approx(3.2), pytest.approx(3.05), pytest.approx(-0.15),
-        pytest.approx(19.2067 * 0.2 * math.sqrt(1 / 3 + 1 / 2), rel=1e-5), "unpaired 3/2", "")
-    assert reg.compare_values(base, {"3": 3.5, "4": 3.6}, "heldout_loss")[0] == "ok"
-    assert reg.compare_values(base, {"3": 6.8, "4": 6.8}, "heldout_loss")[0] == "regressed"   # +3.6
-    extra = reg.compare_values(base, {**base, "3": 3.2}, "heldout_loss")
-    assert extra[0] == "ok" and extra[3] == pytest.approx(0.0) and extra[5] == "unpaired 3/4"
+def draws(**seeds) -> dict:
+    """seed -> {draw: value}: ``draws(s0=[3.0, 3.1])`` is seed "0" with draws "0" and "1"."""
+    return {name[1:]: {str(d): v for d, v in enumerate(values)} for name, values in seeds.items()}
 
 
-def test_the_unpaired_multiplier_follows_the_baseline_seeds_that_have_a_value():
-    """One usable baseline value: no spread, the floor decides (0.02 for heldout_loss; no t with 0
-    degrees of freedom is asked for). Two: t with 1 degree of freedom at the tail beyond 3, 235.8015;
-    s = 0.2 / sqrt(2) = 0.141421, error s * sqrt(1/2 + 1/1), band 235.8015 * 0.173205 = 40.842."""
-    one = reg.compare_values({"0": 3.0, "1": None, "2": None}, {"5": 3.01}, "heldout_loss")
-    assert one[0] == "ok" and one[4] == pytest.approx(0.02) and one[5] == "unpaired 1/1"
-    two = reg.compare_values({"0": 3.0, "1": 3.2}, {"5": 3.1}, "heldout_loss")
-    assert two[5] == "unpaired 2/1" and two[4] == pytest.approx(40.842, abs=1e-3)
+def test_seed_noise_by_hand():
+    """Seed 0: 1.0, 3.0 (mean 2, sample variance 2, 1 df); seed 1: 5.0, 5.0, 5.0 (variance 0: below the
+    quantum 0.5, so 0.25 with infinite df); seed 2: one run, the mean variance of the seeds that have
+    two or more ((2 + 0) / 2 = 1) with their summed df (1 + 2 = 3)."""
+    noise = reg.seed_noise({"0": [1.0, 3.0], "1": [5.0, 5.0, 5.0], "2": [7.0]}, 0.5)
+    assert noise == {"0": (2.0, 1), "1": (0.25, math.inf), "2": (1.0, 3)}
+    assert reg.seed_noise({"0": [1.0], "1": [2.0]}, 0.0) == {"0": (0.0, math.inf), "1": (0.0, math.inf)}
+    assert reg.seed_noise({"0": [1.0, 3.0]}, 2.0) == {"0": (4.0, math.inf)}   # at the quantum: the quantum
+    assert reg.seed_noise({"0": [1.0, 3.0]}, 1.4) == {"0": (2.0, 1)}           # 1.96 < 2: the spread
 
 
-def test_a_change_exactly_the_size_of_the_band_is_ok():
-    """Baseline 1.0 in every seed (no spread), floor 0.5, rel_floor 0: the band is 0.5. A move of exactly
-    0.5 either way is within it (ok), one of 0.625 is not: lower is better for heldout_loss (regressed
-    up, improved down), higher for accuracy (the opposite)."""
-    tolerance = {"floor": 0.5, "rel_floor": 0.0}
-    base = {"0": 1.0, "1": 1.0, "2": 1.0}
+def test_welch_dof_by_hand():
+    """(2 + 2)^2 / (2^2/1 + 2^2/1) = 2; one term of 3 df alone: 3; terms of infinite df add no spread."""
+    assert reg.welch_dof([(2.0, 1), (2.0, 1)]) == pytest.approx(2.0)
+    assert reg.welch_dof([(5.0, 3)]) == pytest.approx(3.0)
+    assert reg.welch_dof([(5.0, 3), (1.0, math.inf)]) == pytest.approx(36 / (25 / 3))
+    assert reg.welch_dof([(1.0, math.inf)]) == math.inf and reg.welch_dof([(1.0, 0)]) == math.inf
 
-    def verdict(name, now):
-        return reg.compare_values(base, {s: now for s in base}, name, tolerance=tolerance)[0]
-    assert [verdict("heldout_loss", v) for v in (1.5, 0.5, 1.625, 0.375)] == ["ok", "ok", "regressed", "improved"]
-    assert [verdict("accuracy", v) for v in (1.5, 0.5, 1.625, 0.375)] == ["ok", "ok", "improved", "regressed"]
+
+def test_one_row_paired_by_hand():
+    """heldout_loss (lower is better, floor 0.02, rel_floor 0.005). Seed 0: 3.0, 3.2 (mean 3.1, variance
+    0.02); seed 1: 3.3, 3.5 (mean 3.4, variance 0.02). Baseline 3.25, floor max(0.02, 0.01625) = 0.02.
+    Now 3.5 and 3.8: delta ((3.5 - 3.1) + (3.8 - 3.4)) / 2 = 0.4; se sqrt(2 * 0.02 * 1.5) / 2 = 0.12247;
+    Welch df (0.06)^2 / (2 * 0.03^2) = 2; z (0.4 - 0.02) / se = 3.1027; p = P(T_2 > z)."""
+    stats = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 3.5, "1": 3.8}, "heldout_loss")
+    se = math.sqrt(2 * 0.02 * 1.5) / 2
+    assert stats == {"baseline": pytest.approx(3.25), "current": pytest.approx(3.65), "delta": pytest.approx(0.4),
+                     "floor": pytest.approx(0.02), "noise": pytest.approx(math.sqrt(0.02)), "se": pytest.approx(se),
+                     "z": pytest.approx(0.38 / se), "p": pytest.approx(t_upper_tail(0.38 / se, 2)),
+                     "mode": "paired n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2)),
+                     "lost": []}
+    better = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss")
+    assert better["z"] == pytest.approx(-0.62 / se) and better["p_improved"] == pytest.approx(t_upper_tail(0.58 / se, 2))
+    higher = reg.judge(draws(s0=[0.5, 0.5], s1=[0.6, 0.6]), {"0": 0.4, "1": 0.5}, "accuracy", quantum=0.01)
+    assert higher["delta"] == pytest.approx(-0.1) and higher["floor"] == pytest.approx(0.005)
+    assert higher["se"] == pytest.approx(math.sqrt(2 * 1e-4 * 1.5) / 2) and higher["mode"] == "paired n=2 df=inf"
+    assert higher["z"] == pytest.approx(0.095 / higher["se"])
+    assert higher["p"] == pytest.approx(0.5 * math.erfc(0.095 / higher["se"] / math.sqrt(2)))
+
+
+def test_one_row_tolerances_and_seeds_left_out_by_hand():
+    """A tolerance floor replaces the table's; rel_floor 0.5 of the baseline 3.25 gives 1.625. A current
+    seed the baseline lacks is left out of the pair, with a note; seeds without a baseline value at all
+    make the row unpaired."""
+    base = draws(s0=[3.0, 3.2], s1=[3.3, 3.5])
+    assert reg.judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"floor": 1.0})["floor"] == 1.0
+    assert reg.judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"rel_floor": 0.5})["floor"] == \
+        pytest.approx(1.625)
+    extra = reg.judge(base, {"0": 3.5, "1": 3.8, "7": 9.0}, "heldout_loss")
+    assert extra["mode"] == "paired n=2 df=2" and extra["delta"] == pytest.approx(0.4)
+    assert extra["note"] == "seed(s) 7 not in the baseline: left out"
+
+
+def test_one_row_unpaired_by_hand():
+    """Baseline seed means 3.1 and 3.4 (std 0.21213, 1 df); now seeds 5, 6 at 3.5, 3.8: delta 3.65 - 3.25
+    = 0.4, se 0.21213 * sqrt(1/2 + 1/2) = 0.21213, z (0.4 - 0.02) / se. The quantum raises a smaller
+    spread: seed means 3.0 and 3.0 with quantum 0.1 give se 0.1."""
+    stats = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"5": 3.5, "6": 3.8}, "heldout_loss")
+    spread = math.sqrt(0.045)
+    assert (stats["mode"], stats["delta"], stats["se"], stats["noise"]) == (
+        "unpaired 2/2 df=1", pytest.approx(0.4), pytest.approx(spread), pytest.approx(spread))
+    assert stats["p"] == pytest.approx(t_upper_tail(0.38 / spread, 1))
+    flat = reg.judge(draws(s0=[3.0], s1=[3.0]), {"5": 3.5}, "heldout_loss", quantum=0.1)
+    assert flat["se"] == pytest.approx(0.1 * math.sqrt(1 / 2 + 1)) and flat["noise"] == 0.1
 
 
 def test_a_figure_new_missing_or_lost_by_hand():
-    """No finite baseline value: "new" when the records have one, else "ok" (nothing to compare). No
-    value in the records: "missing" (not measured), but "regressed" when a seed the baseline had finite
-    is now None (lost). Seeds 1 and 2 lost, seed 0 unchanged: regressed, named, with the paired band
-    of seed 0 (floor 0.02 > 0.005 * 3)."""
-    assert reg.compare_values({"0": None}, {"0": 3.0}, "heldout_loss") == (
-        "new", None, 3.0, None, None, "", "no finite baseline value")
-    assert reg.compare_values({"0": None}, {}, "heldout_loss") == ("ok", None, None, None, None, "", "")
-    assert reg.compare_values({"0": 3.0}, {}, "heldout_loss") == (
-        "missing", 3.0, None, None, None, "", "not in the records")
-    assert reg.compare_values({"0": 3.0}, {"1": None}, "heldout_loss")[0] == "missing"   # not a seed it had
-    assert reg.compare_values({"0": 3.0, "1": 3.0}, {"0": None, "1": None}, "heldout_loss") == (
-        "regressed", 3.0, None, None, None, "", "no finite value now")
-    base = {"0": 3.0, "1": 3.0, "2": 3.0}
-    assert reg.compare_values(base, {"0": 3.0, "1": None, "2": None}, "heldout_loss") == (
-        "regressed", 3.0, 3.0, 0.0, 0.02, "paired n=1", "no finite value now in seed(s) 1, 2")
+    """No finite baseline value: nothing to judge ("no finite baseline value" when the records have one).
+    A seed the baseline had, now None: lost. No current value at all: no statistics."""
+    assert reg.judge(draws(s0=[None]), {"0": 3.0}, "heldout_loss") == {
+        "baseline": None, "current": 3.0, "delta": None, "floor": None, "noise": None, "se": None, "z": None,
+        "p": None, "mode": "", "note": "no finite baseline value", "p_improved": None, "lost": []}
+    assert reg.judge(draws(s0=[None]), {}, "heldout_loss")["note"] == ""
+    gone = reg.judge(draws(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": None, "1": None}, "heldout_loss")
+    assert (gone["baseline"], gone["current"], gone["lost"], gone["p"]) == (3.0, None, ["0", "1"], None)
+    half = reg.judge(draws(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": 3.0, "1": None}, "heldout_loss")
+    assert half["lost"] == ["1"] and half["mode"] == "paired n=1 df=inf" and half["se"] == 0.0
+    assert half["z"] == -math.inf and half["p"] == 1.0 and half["p_improved"] == 1.0
+    jump = reg.judge(draws(s0=[3.0, 3.0]), {"0": 3.5}, "heldout_loss")
+    assert (jump["z"], jump["p"]) == (math.inf, 0.0)
 
 
-def test_paired_values_by_hand():
-    """gated - baseline per seed where both arms have a value; a seed the baseline arm lacks is left out."""
-    arms = {"baseline": {"figures": {"x": {"0": 1.0, "1": 2.0, "2": None}}},
-            "gated": {"figures": {"x": {"0": 1.5, "1": None, "2": 3.0, "3": 4.0}}}}
-    assert reg._paired_values(arms, "gated", "x") == {"0": 0.5, "1": None, "2": None}
-    assert reg._paired_values(arms, "gated", "y") == {} and reg._paired_values(arms, "other", "x") == {}
-    assert reg._paired_values({}, "gated", "x") == {}
-    assert reg._paired_values({"baseline": {}, "gated": {}}, "gated", "x") == {}
-
-
-def hand_case(**arms) -> dict:
-    """A case of ``case_values``: arm -> (status per seed, divergence step per seed, figures)."""
-    return {"arms": {name: {"status": status, "diverged_at_step": steps, "figures": figures}
-                     for name, (status, steps, figures) in arms.items()}}
-
-
-def test_a_case_compared_arm_by_arm_and_paired_by_hand():
-    """Arms: baseline, old (only in the baseline: a note), gated, new (only in the records: a note).
-    baseline: heldout_loss 3.0 in seeds 0, 1 then and now: delta 0, band the floor 0.02 (> 0.005 * 3);
-    accuracy only now: new. gated: seed 1 completed then, diverged at step 7 now (a status row); its
-    held-out loss (2.9, seed 0 only now) is unchanged; perplexity and accuracy only now: new;
-    max_grad_norm only then: missing. Paired
-    gated - baseline: heldout_loss -0.1 in both seeds then, seed 0 now: ok with the floor 0.02 (>
-    0.005 * 0.1); perplexity has no baseline arm value on either side: no row; accuracy 0.6 - 0.5 = 0.1
-    now, nothing then: new."""
-    done = {"0": "completed", "1": "completed"}
-    base = hand_case(baseline=(done, {}, {"heldout_loss": {"0": 3.0, "1": 3.0}}), old=(done, {}, {}),
-                     gated=(done, {}, {"heldout_loss": {"0": 2.9, "1": 2.9}, "max_grad_norm": {"0": 1.0, "1": 1.0}}))
-    case = hand_case(baseline=(done, {}, {"heldout_loss": {"0": 3.0, "1": 3.0}, "accuracy": {"0": 0.5, "1": 0.5}}),
-                     gated=({"0": "completed", "1": "diverged"}, {"0": None, "1": 7},
-                            {"heldout_loss": {"0": 2.9}, "perplexity": {"0": 18.0}, "accuracy": {"0": 0.6}}),
-                     new=(done, {}, {}))
+def test_rows_of_one_case_by_hand():
+    """Arms baseline and gated, two seeds of two draws, and an arm only in the baseline (a note).
+    baseline: heldout_loss 3.0 everywhere, unchanged: ok. gated: seed 1 lost its held-out loss (a
+    completed run, so the value went non-finite): regressed with p = 0; accuracy only now: new.
+    Paired gated - baseline: heldout_loss lost in seed 1 too; accuracy has no baseline arm value: no row."""
+    done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
+    base = {"config": {}, "steps": 10, "arms": {
+        "baseline": {"status": done, "diverged_at_step": {}, "figures": {"heldout_loss": draws(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
+        "gated": {"status": done, "diverged_at_step": {}, "figures": {"heldout_loss": draws(s0=[2.9, 2.9], s1=[2.9, 2.9])}},
+        "old": {"status": done, "diverged_at_step": {}, "figures": {}}}}
+    now = {"0": {"0": "completed"}, "1": {"0": "completed"}}
+    case = {"config": {}, "steps": 10, "arms": {
+        "baseline": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 3.0}, "1": {"0": 3.0}}}},
+        "gated": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 2.9}, "1": {"0": None}},
+                                                                      "accuracy": {"0": {"0": 0.6}}}}}}
     result = reg.CheckResult()
-    reg._compare_case(result, "c/standard", base, case, {}, 3.0)
-    assert result.notes == ["case c/standard: arm old is only in the baseline: not compared",
-                            "case c/standard: arm new is only in the records: not compared"]
-    rows = [(r.arm, r.figure, r.better, r.baseline, r.current, r.delta, r.band, r.verdict, r.mode, r.note)
-            for r in result.rows]
-    assert all(r.case == "c/standard" for r in result.rows)
-    assert rows == [
-        ("baseline", "heldout_loss", "lower", 3.0, 3.0, 0.0, 0.02, "ok", "paired n=2", ""),
-        ("baseline", "accuracy", "higher", None, 0.5, None, None, "new", "", "no finite baseline value"),
-        ("gated", "status", "completed", None, None, None, None, "regressed", "",
-         "seed 1 diverged at step 7; the baseline completed"),
-        ("gated", "heldout_loss", "lower", 2.9, 2.9, 0.0, 0.02, "ok", "paired n=1", ""),
-        ("gated", "perplexity", "lower", None, 18.0, None, None, "new", "", "no finite baseline value"),
-        ("gated", "accuracy", "higher", None, 0.6, None, None, "new", "", "no finite baseline value"),
-        ("gated", "max_grad_norm", "lower", 1.0, None, None, None, "missing", "", "not in the records"),
-        ("gated-baseline", "heldout_loss", "lower", pytest.approx(-0.1), pytest.approx(-0.1), 0.0, 0.02, "ok",
-         "paired n=1", ""),
-        ("gated-baseline", "accuracy", "higher", None, pytest.approx(0.1), None, None, "new", "",
-         "no finite baseline value"),
-    ]
+    reg._rows_of_case(result, "c/standard", base, case, {})
+    assert result.notes == ["case c/standard: arm old is only in the baseline: not compared"]
+    rows = [(r.arm, r.figure, r.verdict, r.p, r.note) for r in result.rows]
+    assert rows == [("baseline", "heldout_loss", "ok", 1.0, ""),
+                    ("gated", "heldout_loss", "regressed", 0.0, "no finite value now in seed(s) 1"),
+                    ("gated", "accuracy", "new", None, "no finite baseline value"),
+                    ("gated-baseline", "heldout_loss", "regressed", 0.0, "no finite value now in seed(s) 1")]
+
+
+def test_decide_by_hand():
+    """Holm at alpha 0.05 over the four rows with a p (0.01, 0.03, 0.3 and a lost value's 0): 0 <= 0.05/4,
+    0.01 <= 0.05/3 rejected, 0.03 > 0.05/2 is not and stops it. Improved: p_improved <= alpha / rows =
+    0.0125 (0.001 is, 0.02 is not); a row without a p is not judged."""
+    def row(p, p_improved=None, verdict="ok"):
+        return reg.Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, verdict,
+                       p_improved=p_improved)
+    result = reg.CheckResult(alpha=0.05, rows=[row(0.01), row(0.03, 0.001), row(0.3, 0.02), row(None),
+                                               row(0.0, verdict="regressed")])
+    reg.decide(result)
+    assert [r.verdict for r in result.rows] == ["regressed", "improved", "ok", "ok", "regressed"]
+
+
+def test_leave_out_by_hand():
+    """Draw 1 out of a baseline of draws 0, 1, 2: the kept baseline has 0 and 2, the drawn case only 1."""
+    arm = {"status": {"0": {"0": "completed", "1": "diverged", "2": "completed"}},
+           "diverged_at_step": {"0": {"0": None, "1": 5, "2": None}},
+           "figures": {"x": {"0": {"0": 1.0, "1": 2.0, "2": 3.0}}, "y": {"0": {"0": 1.0}}}}
+    baseline = {"draws": [0, 1, 2], "cases": {"c": {"fingerprint": "f", "arms": {"gated": arm}}}}
+    kept, drawn = reg.leave_out(baseline, 1)
+    assert kept["draws"] == [0, 2]
+    assert kept["cases"]["c"]["arms"]["gated"] == {
+        "status": {"0": {"0": "completed", "2": "completed"}}, "diverged_at_step": {"0": {"0": None, "2": None}},
+        "figures": {"x": {"0": {"0": 1.0, "2": 3.0}}, "y": {"0": {"0": 1.0}}}}
+    assert drawn["c"]["arms"]["gated"] == {"status": {"0": {"1": "diverged"}}, "diverged_at_step": {"0": {"1": 5}},
+                                           "figures": {"x": {"0": {"1": 2.0}}}}
+    assert drawn["c"]["fingerprint"] == "f"
 
 
 def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case():
     """Two records of case smoke/standard (seeds 0 and 1): both ids kept, in order. A third with 31 steps
-    instead of 60 is named as record #3 with the field that differs; seed 1 twice, as record #3 too."""
+    instead of 60 is named as record #3 with the field that differs; seed 1 twice, as record #3 too; a
+    replicate of seed 1 is another draw of it, not a repeat."""
     first, second = pair_record(seeds=(0,)), pair_record(seeds=(1,))
     first["id"], second["id"] = "first", "second"
-    assert reg.case_values([first, second])["smoke/standard"]["records"] == ["first", "second"]
+    cases = reg.case_values([first, second, replicate(second, 3)])
+    assert cases["smoke/standard"]["records"] == ["first", "second", "secondd3"]
+    assert sorted(cases["smoke/standard"]["arms"]["gated"]["status"]["1"]) == ["0", "3"]
+    assert cases["smoke/standard"]["steps"] == 60 and cases["smoke/standard"]["stress"] == "pair"
     other = {**pair_record(seeds=(2,), steps=31), "id": "third"}
     with pytest.raises(RecordError) as error:
         reg.case_values([first, second, other])
@@ -704,19 +726,8 @@ def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case(
                                 "configs among the records (run.steps: baseline 60, record 31)")
     with pytest.raises(RecordError) as error:
         reg.case_values([first, second, {**second, "id": "again"}])
-    assert str(error.value) == ("record #3 (smoke/standard, id again): case smoke/standard arm baseline seed 1 appears "
-                                "twice among the records (pass one run directory, or records of distinct seeds)")
-
-
-def test_status_rows_only_for_a_seed_that_completed_then_and_diverged_now():
-    then = {"status": {"0": "completed", "1": "diverged", "2": "completed", "3": "completed"}}
-    now = {"status": {"0": "completed", "1": "diverged", "2": "diverged", "4": "diverged"},
-           "diverged_at_step": {"2": 5, "4": 1}}
-    rows = reg._status_rows("c/standard", "gated", then, now)
-    assert [r.as_dict() for r in rows] == [
-        {"case": "c/standard", "arm": "gated", "figure": "status", "better": "completed", "baseline": None,
-         "current": None, "delta": None, "band": None, "verdict": "regressed", "mode": "",
-         "note": "seed 2 diverged at step 5; the baseline completed"}]
+    assert str(error.value) == ("record #3 (smoke/standard, id again): case smoke/standard arm baseline seed 1 draw 0 "
+                                "appears twice among the records (pass one run directory, or records of distinct seeds)")
 
 
 # ----------------------------------------------------------------------------- schedules

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from _stability_records import edited, pair_record
+from _stability_records import edited, pair_record, with_replicates
 
 from stability.check import regression as reg
 from stability.cli import main
@@ -35,7 +35,7 @@ def records():
 @pytest.fixture(scope="module")
 def written(records, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "report.html"
-    baseline = reg.make_baseline([records[0]])
+    baseline = reg.make_baseline(with_replicates(records[0]))
     result = reg.check([edited(records[0], "gated", "m_act_mean", factor=3.0)], baseline)
     return report.write_report(records, out, result), result
 
@@ -78,7 +78,7 @@ def test_cli_report_writes_html_and_markdown_and_rejects_bad_records(tmp_path, r
     good = tmp_path / "r.json"
     good.write_text(json.dumps(records[0], allow_nan=False))
     base = tmp_path / "b.json"
-    reg.write_baseline(reg.make_baseline([records[0]]), base)
+    reg.write_baseline(reg.make_baseline(with_replicates(records[0])), base)
     assert main(["report", str(good), "--out", str(tmp_path / "out" / "report.html"), "--baseline", str(base)]) == 0
     assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "report.md").is_file()
     assert "PASS" in capsys.readouterr().out

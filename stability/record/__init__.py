@@ -265,7 +265,7 @@ def paired_summary(arms: list[ArmRecord], reference: str = REFERENCE_ARM) -> dic
         present = {k for s in seeds for side in (reference, name) for k in by_seed[s][side].get("final", {})}
         table = {}
         for figure in sorted(present):
-            if fig.figure(figure) is None:
+            if fig.figure(figure) is None or fig.figure(figure).kind == "detail":
                 continue
             pairs = [(s, usable_value(by_seed[s][reference], figure), usable_value(by_seed[s][name], figure))
                      for s in seeds]

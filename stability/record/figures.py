@@ -16,6 +16,9 @@ Fields of a ``Figure``:
   out the same way; the stress cases' own figures name what happened before the divergence
   (``ramp_spikes``, ``ramp_divergence_lr``). "run" for a figure of the training trajectory that keeps
   its meaning whatever the status (non-finite events, divergence step, the stress-case figures).
+  "detail" for a value an arm's ``final`` keeps beside its figures (a flag such as
+  ``critical_lr_censored``, the counts behind a spike score, a setting echoed by a stress case): shown,
+  never judged and never paired.
 * ``floor`` / ``rel_floor``: the smallest change the regression check will call a change, in the
   figure's unit and as a fraction of the baseline value. They stop a deterministic figure (the
   same in every seed, so no spread) from failing on a difference nobody would act on.
@@ -49,8 +52,10 @@ class Figure:
     def __post_init__(self) -> None:
         if self.better not in (None, "lower", "higher"):
             raise ValueError(f"figure {self.name}: better={self.better!r}, expected 'lower', 'higher' or None")
-        if self.kind not in ("eval", "peak", "run"):
-            raise ValueError(f"figure {self.name}: kind={self.kind!r}, expected 'eval', 'peak' or 'run'")
+        if self.kind not in KINDS:
+            raise ValueError(f"figure {self.name}: kind={self.kind!r}, expected one of {KINDS}")
+        if self.kind == "detail" and self.better is not None:
+            raise ValueError(f"figure {self.name}: a detail is never judged: expected better=None")
         if self.quantum not in QUANTA:
             raise ValueError(f"figure {self.name}: quantum={self.quantum!r}, expected one of {QUANTA}")
 
@@ -60,6 +65,7 @@ class Figure:
         return self.kind in ("eval", "peak")
 
 
+KINDS = ("eval", "peak", "run", "detail")
 QUANTA = (None, "token", "count", "step", "step_pct", "seed", "head", "batch")
 
 
@@ -147,20 +153,20 @@ FIGURES: dict[str, Figure] = _table(
            rel_floor=0.5, quantum="count"),
     Figure("shock_recovered", "higher", "fraction of seeds", "the loss came back to its pre-shock level",
            kind="run", floor=0.25, quantum="seed"),
-    Figure("loss_spikes", None, "count", "steps flagged by the loss-spike score", kind="peak", quantum="count"),
-    Figure("grad_spikes", None, "count", "steps flagged by the gradient-norm spike score", kind="peak",
+    Figure("loss_spikes", None, "count", "steps flagged by the loss-spike score", kind="detail", quantum="count"),
+    Figure("grad_spikes", None, "count", "steps flagged by the gradient-norm spike score", kind="detail",
            quantum="count"),
     Figure("critical_lr_censored", None, "flag", "no swept LR diverged: critical_lr is one grid step above the "
-           "largest LR", kind="run"),
-    Figure("best_lr", None, "learning rate", "swept peak LR with the lowest held-out loss", kind="run"),
-    Figure("best_lr_loss", None, "nats/token", "held-out loss at best_lr", kind="run"),
-    Figure("loss_init", None, "nats/token", "loss at step 0 (a diverged sweep run counts it)", kind="run"),
+           "largest LR", kind="detail"),
+    Figure("best_lr", None, "learning rate", "swept peak LR with the lowest held-out loss", kind="detail"),
+    Figure("best_lr_loss", None, "nats/token", "held-out loss at best_lr", kind="detail"),
+    Figure("loss_init", None, "nats/token", "loss at step 0 (a diverged sweep run counts it)", kind="detail"),
     Figure("ramp_censored", None, "flag", "the LR range test never diverged (ramp_divergence_lr is the end LR)",
-           kind="run"),
-    Figure("ramp_best_loss", None, "nats/token", "lowest smoothed loss of the LR range test", kind="run"),
-    Figure("shock_step", None, "step", "step of the LR shock", kind="run"),
-    Figure("shock_pre_loss", None, "nats/token", "mean loss of the steps up to the shock", kind="run"),
-    Figure("final_batch_size", None, "sequences", "batch size at the end of the batch ramp", kind="run"),
+           kind="detail"),
+    Figure("ramp_best_loss", None, "nats/token", "lowest smoothed loss of the LR range test", kind="detail"),
+    Figure("shock_step", None, "step", "step of the LR shock", kind="detail"),
+    Figure("shock_pre_loss", None, "nats/token", "mean loss of the steps up to the shock", kind="detail"),
+    Figure("final_batch_size", None, "sequences", "batch size at the end of the batch ramp", kind="detail"),
     # families: the precision ladder per precision, post-training quantization per scheme
     Figure("loss_gap_*", "lower", "nats/token", "held-out loss at this precision minus fp32",
            floor=0.05, rel_floor=0.25),
