@@ -44,11 +44,7 @@ def cmd_stress(args) -> int:
 
 
 def finish(args, records: list[dict]) -> int:
-    """Write the baseline asked for with --baseline-out; the exit status (1 when a case ended in error)."""
-    if args.baseline_out:
-        from stability.check.regression import make_baseline, write_baseline
-
-        print(f"baseline written: {write_baseline(make_baseline(records), args.baseline_out)}")
+    """The exit status: 1 when a case ended in error."""
     return 1 if any(r["status"] == "error" for r in records) else 0
 
 
@@ -76,6 +72,10 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
                 record = run_recorded(kind, config, run_dir, args.tracking_uri, args.experiment,
                                       track=not args.no_track, plots=not args.no_plots, session=session,
                                       runner=runner)
+                for draw in range(1, args.replicates + 1):   # rounding replicates, for a regression baseline
+                    print(f"stability stress {kind}: rounding replicate {draw} of {args.replicates}", flush=True)
+                    run_recorded(kind, cfg.override(config, "run.replicate", draw), run_dir, track=False, plots=False,
+                                 session=session, runner=runner)
             except Interrupted as stop:
                 print(f"interrupted in {kind}: the record so far is {stop.record.get('record_path')}; continue "
                       f"with `stability stress {' '.join(kinds)} --resume {run_dir}`", file=sys.stderr)
@@ -102,8 +102,9 @@ def add_parsers(sub) -> None:
     add_config_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no per-step progress")
     parser.add_argument("--no-plots", action="store_true", help="no plots or report among the MLflow artifacts")
-    parser.add_argument("--baseline-out", metavar="PATH",
-                        help="also write a regression baseline made from these records to PATH")
+    parser.add_argument("--replicates", type=int, default=0, metavar="R",
+                        help="also train R rounding replicates of every case (the noise of a regression baseline: "
+                             "stability baseline update RUN_DIR)")
     parser.add_argument("--ray", metavar="auto|local:N|HOST:PORT",
                         help="train each run (case, arm, seed, LR / precision) as a Ray task: local:N starts Ray "
                              "here with N CPUs, auto joins this machine's cluster, HOST:PORT another (pip install "
