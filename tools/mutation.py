@@ -56,11 +56,12 @@ class Target:
 TARGETS = {
     "probes": Target("stability/train/probes.py", ("*",), ("tests/test_probes.py", HAND)),
     "stats": Target("stability/record/stats.py", ("*",), (HAND, "tests/test_regression.py")),
-    # the values compared, the band and the verdicts; not the input checks and their messages, the baseline
-    # document, the table/Markdown rendering, nor reading and writing files
+    # the values compared, the noise, the p-values and the verdicts; not the input checks and their messages,
+    # the baseline document, the table/Markdown rendering, nor reading and writing files
     "regression": Target("stability/check/regression.py",
-                         ("case_values", "_mean", "compare_values", "_paired_values", "_status_rows",
-                          "_compare_case"),
+                         ("figure_value", "case_values", "_mean", "_tail", "seed_noise", "welch_dof", "judge",
+                          "_single_draw", "_paired", "_divergence_notes", "_rows_of_case", "_row", "decide",
+                          "leave_out"),
                          ("tests/test_regression.py", HAND)),
     "record": Target("stability/record/__init__.py",
                      ("spike_score", "final_figures", "_finite_mean", "usable_value", "arm_names", "paired_summary"),

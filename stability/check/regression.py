@@ -16,16 +16,17 @@ stops helping"):
 1. **Status first.** Evaluation and peak figures (``kind`` "eval", "peak") of a run that did not
    complete are left out, on both sides, run by run; a run that diverged is judged by its
    ``divergence_step`` and ``diverged`` figures.
-2. **Noise.** ``sd`` pools, over the baseline's seeds, every run's deviation from its seed's mean
-   (``stability.record.stats.pooled_sd``: sum(n_s - 1) degrees of freedom, one outlier dropped by
-   Grubbs' test). A figure is never judged at a width below its resolution (``figures.quantum``:
-   accuracy on N tokens moves by 1/N at least): ``noise = max(sd, quantum)``.
+2. **Noise per seed.** The baseline runs of seed s (reference and replicates) give a mean ``m_s`` and a
+   sample variance ``v_s`` (``seed_noise``), never below the square of the figure's resolution
+   (``figures.quantum``: accuracy on N tokens moves by 1/N at least), so a figure identical in every
+   baseline run is not judged at zero width.
 3. **Row statistic.** Paired (the records hold baseline seeds): ``delta = mean_s(current_s - m_s)``,
-   ``m_s`` the mean of the baseline runs of seed s, standard error ``noise * sqrt(sum_s(1 + 1/n_s)) / n``.
-   Unpaired (other seeds): ``delta = mean(current) - mean_s(m_s)`` with the seed-to-seed spread of the
-   ``m_s`` (n_baseline - 1 degrees of freedom). ``floor = max(floor, rel_floor * |baseline|)`` (the
-   figure table: the smallest change worth acting on). The row's p-value tests "worse by more than the
-   floor": ``p = P(T > (worse - floor) / se)``, Student's t with the noise's degrees of freedom.
+   standard error ``sqrt(sum_s v_s (1 + 1/n_s)) / n`` with Welch-Satterthwaite degrees of freedom (a
+   chaotic seed among quiet ones lends the row its own few degrees of freedom). Unpaired (other seeds):
+   ``delta = mean(current) - mean_s(m_s)`` with the seed-to-seed spread of the ``m_s`` (n_baseline - 1
+   degrees of freedom). ``floor = max(floor, rel_floor * |baseline|)`` (the figure table: the smallest
+   change worth acting on). The row's p-value tests "worse by more than the floor":
+   ``p = P(T > (worse - floor) / se)``, Student's t.
 4. **One verdict per job.** Holm's step-down procedure over the p-values of every row of the job
    (Holm 1979) keeps the probability that a harmless change fails the job at or below ``alpha``
    (default 1%) whatever the dependence between the rows. A row regressed when Holm rejects it. A figure

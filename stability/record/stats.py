@@ -119,49 +119,7 @@ def paired_difference(baseline: list[float], treatment: list[float]) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- replicate noise, many rows
-
-def grubbs_critical(n: int, alpha: float = 0.01) -> float:
-    """Grubbs' two-sided critical value for one outlier among ``n`` normal residuals (n >= 3):
-    G = (n - 1) / sqrt(n) * sqrt(t^2 / (n - 2 + t^2)), t the upper alpha / (2 n) quantile with n - 2 df."""
-    t = t_quantile(alpha / (2 * n), n - 2)
-    return (n - 1) / math.sqrt(n) * math.sqrt(t * t / (n - 2 + t * t))
-
-
-def pooled_sd(groups: list[list[float]], outlier_alpha: float = 0.01) -> tuple[float, int, tuple | None]:
-    """Pooled within-group standard deviation, robust to one outlier: (sd, degrees of freedom, dropped).
-
-    Each group holds the runs of one seed (the reference and its replicates); the sd pools every
-    group's deviations from its own mean, with sum(n_g - 1) degrees of freedom. When the largest
-    standardised deviation passes Grubbs' test at ``outlier_alpha`` that one value is dropped
-    (``dropped`` = (group index, value index)) and the sd recomputed without it. Groups of one value
-    carry no information. (0.0, 0, None) when no group has two values."""
-    def pooled(gs):
-        squares, dof = 0.0, 0
-        for g in gs:
-            if len(g) >= 2:
-                mean = sum(g) / len(g)
-                squares += sum((v - mean) ** 2 for v in g)
-                dof += len(g) - 1
-        return (math.sqrt(squares / dof) if dof else 0.0), dof
-    sd, dof = pooled(groups)
-    if dof < 3 or sd == 0.0:
-        return sd, dof, None
-    worst, where = -1.0, None
-    for gi, g in enumerate(groups):
-        if len(g) >= 3:  # a group of two has equal deviations: no single value stands out
-            mean = sum(g) / len(g)
-            for vi, v in enumerate(g):
-                # the deviation scaled by its own standard error under the pooled sd
-                z = abs(v - mean) / (sd * math.sqrt((len(g) - 1) / len(g)))
-                if z > worst:
-                    worst, where = z, (gi, vi)
-    if where is None or worst <= grubbs_critical(dof + 1, outlier_alpha):
-        return sd, dof, None
-    kept = [[v for vi, v in enumerate(g) if (gi, vi) != where] for gi, g in enumerate(groups)]
-    sd, dof = pooled(kept)
-    return sd, dof, where
-
+# ----------------------------------------------------------------------------- many rows, one verdict
 
 def holm(p_values: list[float], alpha: float) -> list[bool]:
     """Holm's step-down procedure: which hypotheses are rejected with family-wise error rate <= alpha,
