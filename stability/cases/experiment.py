@@ -43,7 +43,7 @@ def load_inputs(config: cfg.ExperimentConfig):
     run = config.run
     corpus = load_corpus(run.data, run.model.vocab_size, run.model.context)
     check_corpus(corpus, config)  # long enough for the longest extrapolation length
-    if run.model.source != "harness" or run.model.factory:
+    if run.model.kind != "harness":
         check_models([config.arm_config(arm, config.seeds[0]).model for arm in config.arm_names], config.seeds[0],
                      run.model.vocab_size, run.model.context)
     return corpus
@@ -107,10 +107,11 @@ def quantization_hook(run: cfg.RunConfig, schemes: tuple[str, ...]):
     and store the result in the arm record's "quant" entry (None when no scheme is asked)."""
     if not schemes:
         return None
+    from stability.train.quantize import check_schemes, evaluate_schemes, quant_figures
+
+    check_schemes(schemes)  # a name no scheme is registered under: ConfigError before the arm trains
 
     def evaluate_quantized(model, corpus, record):
-        from stability.train.quantize import evaluate_schemes, quant_figures
-
         record["quant"] = evaluate_schemes(model, corpus, run, schemes)
         record["final"].update(quant_figures(record["quant"]))  # quant_<scheme>_damage_* in the paired table
     return evaluate_quantized

@@ -8,7 +8,8 @@
     run_shock(config)               LR jump by a factor mid-run (or no warmup)
     run_standard(config)            the plain pair at the preset's settings (what `stability run` trains)
 
-    run_case(kind, config)          any of the above by name (``CASES``)
+    run_case(kind, config)          any of the above by name: ``CASES``, the registry of stress cases
+                                    (``register(StressCase(name, run))`` adds one)
 
 Nothing here keeps state between calls: the config (including its ``stress`` settings) is the
 whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
@@ -54,7 +55,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -65,9 +67,6 @@ from stability.cases.runs import Unit
 from stability.precision import ao
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.train.schedules import Standard, from_stress
-
-CASES_ORDER = cfg.STRESS_CASES
-
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -440,16 +439,56 @@ def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dic
         return run_pair(config, session=session, runner=runner)
 
 
-# ----------------------------------------------------------------------------- by name
+# ----------------------------------------------------------------------------- the registry
 
-CASES = {"standard": run_standard, "lr_sweep": run_sweep, "lr_ramp": run_lr_ramp, "batch_ramp": run_batch_ramp,
-         "precision_ladder": run_precision_ladder, "shock": run_shock}
+@dataclass(frozen=True)
+class StressCase:
+    """A stress case: ``run(config, session=None, runner=None)`` trains it and returns its case record.
+
+    name: what ``stability stress NAME`` calls it. records_as: what its records say under "stress" (the
+    plain pair's say "pair", whoever trains it); "" means ``name``."""
+
+    name: str
+    run: Callable[..., dict]
+    records_as: str = ""
+
+    @property
+    def stress(self) -> str:
+        """The "stress" value of this case's records."""
+        return self.records_as or self.name
+
+
+# every stress case, in the order `stability stress` runs them; ``register`` adds one
+CASES: dict[str, StressCase] = {case.name: case for case in (
+    StressCase("standard", run_standard, records_as="pair"),
+    StressCase("lr_sweep", run_sweep),
+    StressCase("lr_ramp", run_lr_ramp),
+    StressCase("batch_ramp", run_batch_ramp),
+    StressCase("precision_ladder", run_precision_ladder),
+    StressCase("shock", run_shock),
+)}
+
+
+def register(case: StressCase) -> StressCase:
+    """Add ``case`` to ``CASES`` (a name not taken): ``stability stress`` runs it after the others."""
+    if case.name in CASES:
+        raise ValueError(f"stress case {case.name!r} is registered already")
+    CASES[case.name] = case
+    return case
+
+
+def check_cases(kinds) -> tuple[str, ...]:
+    """The names as a tuple; ConfigError naming the first that is not a registered case."""
+    kinds = tuple(kinds)
+    for kind in kinds:
+        if kind not in CASES:
+            raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
+    return kinds
 
 
 def run_case(kind: str, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record. ``session``:
     record after every run, per-step files, checkpoints, resume (``stability.cases.experiment.train_arm``);
     ``runner``: who trains the runs (None: this process; ``stability.cases.experiment.train_units``)."""
-    if kind not in CASES:
-        raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
-    return CASES[kind](config, session=session, runner=runner)
+    check_cases((kind,))
+    return CASES[kind].run(config, session=session, runner=runner)
