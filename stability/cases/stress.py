@@ -109,10 +109,13 @@ def run_summary(arm_record: dict, **extra) -> dict:
             "loss": list(arm_record["series"]["loss"])}
 
 
-class _Case:
-    """Shared bookkeeping of a stress case: the record, the corpus, the per-run timings, the session
-    (``stability.cases.experiment.train_arm``: record on disk after every run, resume, Ctrl-C), the runner
-    (None: train here; see ``stability.cases.experiment.train_units``)."""
+class CaseRun:
+    """The bookkeeping every stress case shares while it trains: the record, the corpus, the per-run
+    timings, the session (``stability.cases.experiment.train_arm``: record on disk after every run, resume,
+    Ctrl-C), the runner (None: train here; see ``stability.cases.experiment.train_units``).
+
+    ``CaseRun(kind, config, schedule_name, description, session, runner)``: ``kind`` is what the case's
+    records say under "stress"; ``train_each_arm`` trains every arm and seed, ``finish()`` returns the record."""
 
     def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
                  session=None, runner=None):
@@ -200,7 +203,7 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None, runner=None)
     grid = config.stress.sweep_lrs
     ref = reference_index(grid, config.run.optim.lr)
     with cpu_threads(config.stress.threads):
-        case = _Case("lr_sweep", config, "lr_sweep",
+        case = CaseRun("lr_sweep", config, "lr_sweep",
                      f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session, runner)
         per_arm, runs = [], []
         units = [case.unit(arm, seed, with_lr(config.arm_config(arm, seed), lr), Standard())
@@ -266,7 +269,7 @@ def run_lr_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict
     schedule = from_stress("lr_ramp", config)
     stress = config.stress
     with cpu_threads(stress.threads):
-        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
+        case = CaseRun("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
         case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
@@ -298,7 +301,7 @@ def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> d
                               f"data.batch_size={config.run.data.batch_size}")
     schedule = from_stress("batch_ramp", config)
     with cpu_threads(stress.threads):
-        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session,
+        case = CaseRun("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session,
                      runner)
 
         def figures_of(_run, arm_record):
@@ -345,7 +348,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None
     skipped = ladder_skips(config)
     precisions = [p for p in config.stress.precisions if p not in skipped]
     with cpu_threads(config.stress.threads):
-        case = _Case("precision_ladder", config, "precision_ladder",
+        case = CaseRun("precision_ladder", config, "precision_ladder",
                      f"the same run in {', '.join(precisions)}"
                      + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session, runner)
         runs, sources = [], {}
@@ -422,7 +425,7 @@ def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
         raise cfg.ConfigError(f"stress.shock_step={stress.shock_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
-        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session, runner)
+        case = CaseRun("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
