@@ -319,6 +319,18 @@ def test_a_format_no_one_registered_is_a_config_error_naming_the_field():
         precision.check_formats(("fp32", "fp64"), "stress.precisions")
 
 
+def test_the_format_registry_takes_a_new_name_once(monkeypatch):
+    from stability.precision import formats
+
+    assert list(precision.FORMATS) == ["fp32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4"]
+    monkeypatch.setattr(formats, "FORMATS", dict(formats.FORMATS))
+    with pytest.raises(ValueError, match="fp16"):
+        formats.register(type("Again", (formats.Format,), {"name": "fp16"}))
+    formats.register(type("Plain", (formats.Format,), {"name": "plain"}))
+    policy = PrecisionPolicy(PrecisionConfig(dtype="plain"), "cpu")
+    assert not policy.scaling and policy.describe()["recipe"] == "plain"
+
+
 def test_real_fp8_requested_without_tensor_cores_raises_config_error():
     if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9):
         pytest.skip("this device has fp8 tensor cores")

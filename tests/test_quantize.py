@@ -83,6 +83,15 @@ def test_unknown_scheme_is_a_config_error_naming_it_and_the_known_ones():
     assert resolve("smoke", {"quant_schemes": "int8,w8a8-tensor"}).quant_schemes == ("int8", "w8a8-tensor")
 
 
+def test_a_registered_scheme_is_known_once(monkeypatch):
+    monkeypatch.setattr(q, "SCHEMES", dict(q.SCHEMES))
+    with pytest.raises(ValueError, match="registered already"):
+        q.register("int8", "stability", "again")(lambda device: None)
+    q.register("identity", "stability", "no quantization at all")(lambda device: (lambda lin: lin, {}))
+    assert q.check_schemes(["identity"]) == ("identity",) and q.scheme_source("identity")["method"] == (
+        "no quantization at all")
+
+
 def test_quant_figures_and_paired_summary_directions():
     quant = {"schemes": {"int8": {"damage_loss": 0.1, "damage_accuracy": -0.01, "kl": 0.02},
                          "nf4": {"skipped": "no"}}}
