@@ -143,6 +143,14 @@ def test_every_model_figure_of_a_snapshot_is_in_the_figure_table_and_reaches_fin
     assert {k: final_figures(arm, 1)[k] for k in numbers} == {k: snapshot[k] for k in numbers}
 
 
+def test_heavy_probes_leave_alone_what_no_probe_reads(monkeypatch):
+    monkeypatch.setattr(probes, "LAYER_PROBES", {"m_act": probes.LAYER_PROBES["m_act"]})
+    config = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, context=16, gate=GateConfig(position="G1"))
+    snapshot = probes.heavy_probes(GatedLM(config, seed=0), torch.zeros(1, 8, dtype=torch.long))
+    assert [list(layer) for layer in snapshot["layers"]] == [["m_act"], ["m_act"]]   # attention, gate: not read
+    assert list(snapshot) == ["layers", "m_act_mean", "m_act_max", "logit_max", "log_z_mean", "linear_inputs"]
+
+
 def test_a_registered_layer_probe_is_measured_and_summarised(monkeypatch):
     from stability.record import figures
 

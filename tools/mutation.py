@@ -368,7 +368,7 @@ class Score:
 def run_module(name: str, jobs: int) -> Score:
     start = time.monotonic()
     target = TARGETS[name]
-    module = target.path[:-3].replace("/", ".")
+    module = target.path[:-3].replace("/", ".").removesuffix(".__init__")   # a package's module is its name
     mutated, not_mutated, missing = scope(name, target)
     score = Score(name, not_mutated=not_mutated, missing=missing)
     work = prepare(name, target)
