@@ -4,7 +4,7 @@ kurtosis / infinity-norm probes on the Linear inputs.
     python benchmarks/bench_quant.py [--preset smoke] [--steps N] [--rounds 5] [--arm gated] [--threads 1]
 
 Trains one arm of the preset (``--steps`` overrides its length), then for each scheme of
-``QUANT_SCHEMES`` times, as medians over ``--rounds``: building the quantized copy, the
+``SCHEMES`` times, as medians over ``--rounds``: building the quantized copy, the
 held-out evaluation (the trainer's ``evaluate`` on the preset's eval batches), the KL on the
 probe batch and the per-Linear damage pass; the full-precision evaluation is the first row.
 Then a probe-batch forward without hooks, with infinity-norm pre-hooks only, and with the
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from stability.config import QUANT_SCHEMES, resolve
+from stability.config import resolve
 from stability.data import eval_batches, load_corpus, probe_batch
 from stability.train import quantize as q
 from stability.train.evaluate import evaluate
@@ -79,7 +79,7 @@ def main() -> None:
              "eval / fp32 eval", "damage loss", "KL")]
     rows.append(("fp32 (reference)", "-", f"{full_s:.3f}", "-", "-", f"{full_s:.3f}", "1.0", "-", "-"))
     names = q.target_linears(reference)
-    for scheme in QUANT_SCHEMES:
+    for scheme in q.SCHEMES:
         try:
             with q._quiet_bitsandbytes():
                 build_s, (quantized, _) = timed(lambda s=scheme: q.quantize_model(reference, s), args.rounds)

@@ -35,12 +35,12 @@ def main(argv=None) -> int:
 
     from stability import config as cfg
     from stability.cases.ray_runner import RayRunner
-    from stability.cases.stress import run_case
+    from stability.cases.stress import CASES, run_case
 
     torch.set_num_threads(1)
     overrides = dict(item.split("=", 1) for item in args.set)
     config = cfg.resolve(args.preset, overrides)
-    cases = args.cases.split(",") if args.cases else list(cfg.STRESS_CASES)
+    cases = args.cases.split(",") if args.cases else list(CASES)
     print(f"preset {args.preset}, cases {', '.join(cases)}, seeds {config.seeds}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     results = {}

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stability.cases.stress import cpu_threads
+from stability.cli.options import check_here
 from stability.config import FP8_RECIPES, ConfigError, GateConfig, resolve
 from stability.train.trainer import train
 
@@ -125,7 +126,7 @@ def test_invalid_config_raises_config_error_naming_the_value(data):
     field, values = data.draw(st.sampled_from(INVALID), label="field")
     value = data.draw(values, label="value")
     with pytest.raises(ConfigError) as error:
-        resolve("smoke", {field: value})
+        check_here(resolve("smoke", {field: value}))  # the registries' names are checked there, before any work
     message = str(error.value)
     shown = repr(tuple(value)) if isinstance(value, tuple) else repr(value)
     assert shown in message or str(value) in message, f"{field}={value!r}: message {message!r} lacks the value"

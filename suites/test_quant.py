@@ -1,7 +1,7 @@
 """Post-training quantization of both arms of a trained pair, and low-precision training stress.
 
 One smoke pair (baseline vs G1-gated) is trained once for the module with every scheme of
-``QUANT_SCHEMES`` evaluated on both arms. The invariants here hold at any scale:
+``SCHEMES`` evaluated on both arms. The invariants here hold at any scale:
 
 * full-precision figures reproduce, and equal the trainer's final held-out figures;
 * the trained model is never modified by the evaluation;
@@ -35,8 +35,8 @@ import torch
 
 from stability.cases.experiment import run_pair
 from stability.cli import build_parser, main
-from stability.cli.options import resolve_from_args
-from stability.config import QUANT_SCHEMES, ConfigError
+from stability.cli.options import check_here, resolve_from_args
+from stability.config import ConfigError
 from stability.report.tables import quant_rows, quant_table
 from stability.track.runs import log_to_mlflow
 from stability.train import quantize
@@ -44,6 +44,7 @@ from stability.train.optimizer import make_optimizer
 from stability.train.trainer import train
 
 pytestmark = pytest.mark.quant
+QUANT_SCHEMES = tuple(quantize.SCHEMES)
 
 PLANT = {"channels": (3, 17, 40), "factor": 64.0}
 
@@ -228,7 +229,7 @@ def test_unknown_scheme_is_a_config_error(pair, stress_config):
     _, captured = pair
     seen = captured["gated"]
     with pytest.raises(ConfigError, match="int4"):
-        stress_config(quant_schemes="int8,int4")
+        check_here(stress_config(quant_schemes="int8,int4"))
     with pytest.raises(ConfigError, match="int4"):
         quantize.evaluate_schemes(seen["model"], seen["corpus"], seen["run"], ("int4",))
     args = build_parser().parse_args(["run", "--quant", "all"])

@@ -52,7 +52,7 @@ def other_seeds(name: str, seeds: tuple[int, int, int]) -> Entry:
     """The harmless entry "another seed set drawn the same way": both CPU presets (smoke, ci) draw ``seeds``."""
     drawn = ", ".join(map(str, seeds))
     return Entry(name, False, f"the CPU presets draw seeds {drawn} instead of 0, 1, 2", tuple(
-        ("stability/config/__init__.py", f"seeds=(0, 1, 2),  # {comment}", f"seeds=({drawn}),") for comment in (
+        ("stability/config/presets.py", f"seeds=(0, 1, 2),  # {comment}", f"seeds=({drawn}),") for comment in (
             "the fewest a regression baseline takes (its noise comes from the seed spread)",
             "three seeds: intervals over seeds, and what a regression baseline needs")))
 
@@ -71,8 +71,7 @@ ZOO = (
     Entry("init_std_x3", True, "weights initialised with 3x the configured standard deviation", (
         ("stability/model/lm.py", "std = self.config.init_std", "std = self.config.init_std * 3"),)),
     Entry("fp16_loss_scaler_off", True, "fp16 trains without dynamic loss scaling", (
-        ("stability/precision/__init__.py", 'self.scaling = config.dtype == "fp16" and config.loss_scaling',
-         "self.scaling = False"),)),
+        ("stability/precision/formats.py", "        return self.config.loss_scaling", "        return False"),)),
     Entry("adamw_eps_x1e4", True, "AdamW epsilon 1e4x the configured value", (
         ("stability/train/optimizer.py", ADAMW_CALL,
          "return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps * 1e4)"),)),

@@ -211,7 +211,7 @@ def test_mx_on_a_torchao_without_it_is_a_config_error_naming_the_format(monkeypa
         precision.check(PrecisionConfig(dtype="mxfp8"), "cpu")
     assert not isinstance(error.value, ao.TorchaoMissing)  # torchao is there: this is not a skip
     with pytest.raises(ConfigError, match="MX format"):
-        PrecisionPolicy(PrecisionConfig(dtype="mxfp4"), "cpu")
+        precision.check(PrecisionConfig(dtype="mxfp4"), "cpu")
     from stability.cases.stress import ladder_skips
 
     with pytest.raises(ConfigError, match="MX format"):

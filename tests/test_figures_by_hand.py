@@ -29,7 +29,6 @@ from stability.check import regression as reg
 from stability.check.claims import claim_rows, claims_table, held_out
 from stability.config import ConfigError, resolve
 from stability.record import (
-    PROBE_FIGURES,
     RecordError,
     arm_names,
     final_figures,
@@ -424,6 +423,11 @@ def test_layer_of_and_layer_groups_with_block_names():
 NAN, INF = float("nan"), float("inf")
 
 
+# the model figures of a heavy-probe snapshot (stability.train.probes.heavy_probes)
+PROBE_FIGURES = ("m_act_mean", "m_act_max", "f_attn_mean", "sink_rate_mean", "max_attn_logit", "gate_score_mean",
+                 "logit_max", "log_z_mean")
+
+
 def hand_arm(status: str = "diverged") -> dict:
     """12 steps of an arm (``new_arm_record`` layout) with every series chosen for its figures."""
     steps = 12
@@ -464,6 +468,9 @@ def test_final_figures_of_a_twelve_step_arm():
     assert final["max_grad_norm"] == 7.0
     assert final["diverged"] is True and final["divergence_step"] == 11
     assert {k: final[k] for k in PROBE_FIGURES} == hand_arm()["probes"][-1]
+    arm = hand_arm()
+    arm["probes"][-1].update(step=11, layers=[{"m_act": 10.0}], linear_inputs={"blocks.0.w_up": {"kurtosis": 3.0}})
+    assert set(final_figures(arm, steps_planned=40)) == set(final)   # step, layers, Linear inputs: no figures
     assert final["overflow_fraction"] == pytest.approx(0.2) and final["underflow_fraction"] == 0.25
     assert final["loss_scale_drops"] == 3
 

@@ -300,12 +300,35 @@ def test_prepare_converts_every_linear_and_fp8_model_trains(scaling):
 
 
 def test_fp8_without_float8_dtypes_raises_config_error(monkeypatch):
-    monkeypatch.setattr(precision, "_has_float8", lambda: False)
+    from stability.precision import formats
+
+    monkeypatch.setattr(formats, "has_float8", lambda: False)
     with pytest.raises(ConfigError, match=r"torch .*cpu"):
-        _policy("fp8", fp8_recipe="own")
+        precision.check(PrecisionConfig(dtype="fp8", fp8_recipe="own"), "cpu")
     with pytest.raises(ConfigError, match=r"torch .*cpu"):
-        _policy("fp8")  # torchao's recipes need the dtypes too
-    _policy("bf16")  # the other formats do not need float8
+        precision.check(PrecisionConfig(dtype="fp8"), "cpu")  # torchao's recipes need the dtypes too
+    precision.check(PrecisionConfig(dtype="bf16"), "cpu")  # the other formats do not need float8
+
+
+def test_a_format_no_one_registered_is_a_config_error_naming_the_field():
+    with pytest.raises(ConfigError, match=r"precision.dtype='fp64' is invalid: expected one of \('fp32', 'bf16'"):
+        precision.check(PrecisionConfig(dtype="fp64"), "cpu")
+    with pytest.raises(ConfigError, match="precision.dtype='fp64'"):
+        PrecisionPolicy(PrecisionConfig(dtype="fp64"), "cpu")
+    with pytest.raises(ConfigError, match=r"stress.precisions=\('fp32', 'fp64'\) is invalid: .*unknown: \['fp64'\]"):
+        precision.check_formats(("fp32", "fp64"), "stress.precisions")
+
+
+def test_the_format_registry_takes_a_new_name_once(monkeypatch):
+    from stability.precision import formats
+
+    assert list(precision.FORMATS) == ["fp32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4"]
+    monkeypatch.setattr(formats, "FORMATS", dict(formats.FORMATS))
+    with pytest.raises(ValueError, match="fp16"):
+        formats.register(type("Again", (formats.Format,), {"name": "fp16"}))
+    formats.register(type("Plain", (formats.Format,), {"name": "plain"}))
+    policy = PrecisionPolicy(PrecisionConfig(dtype="plain"), "cpu")
+    assert not policy.scaling and policy.describe()["recipe"] == "plain"
 
 
 def test_real_fp8_requested_without_tensor_cores_raises_config_error():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from stability.config import ModelConfig
+from stability.config import GateConfig, ModelConfig
 from stability.model.lm import GatedLM
 from stability.record import spike_score
 from stability.train import probes
@@ -127,6 +127,44 @@ def test_heavy_probes_on_a_model_with_a_planted_sink_and_massive_activation():
     assert set(after["linear_inputs"]) >= {"blocks.0.attn.q_proj", "blocks.1.mlp.w_down"}
     assert after["gate_score_mean"] is None  # a baseline model has no gate
     assert not any(b.attn.observer for b in model.blocks)
+
+
+def test_every_model_figure_of_a_snapshot_is_in_the_figure_table_and_reaches_final():
+    from stability.record import figures, final_figures, new_arm_record
+
+    config = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, context=16, gate=GateConfig(position="G1"))
+    snapshot = probes.heavy_probes(GatedLM(config, seed=0), torch.zeros(1, 8, dtype=torch.long))
+    numbers = [k for k, v in snapshot.items() if isinstance(v, float)]
+    assert numbers and all(figures.figure(k) is not None for k in numbers)
+    assert list(snapshot["layers"][0]) == ["f_attn", "sink_rate", "max_attn_logit", "gate_score", "m_act",
+                                           "m_act_ratio"] or set(snapshot["layers"][0]) == set(probes.LAYER_PROBES)
+    arm = new_arm_record("gated", "G1", 0, "standard")
+    arm["probes"].append({**snapshot, "step": 0})
+    assert {k: final_figures(arm, 1)[k] for k in numbers} == {k: snapshot[k] for k in numbers}
+
+
+def test_heavy_probes_leave_alone_what_no_probe_reads(monkeypatch):
+    monkeypatch.setattr(probes, "LAYER_PROBES", {"m_act": probes.LAYER_PROBES["m_act"]})
+    config = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, context=16, gate=GateConfig(position="G1"))
+    snapshot = probes.heavy_probes(GatedLM(config, seed=0), torch.zeros(1, 8, dtype=torch.long))
+    assert [list(layer) for layer in snapshot["layers"]] == [["m_act"], ["m_act"]]   # attention, gate: not read
+    assert list(snapshot) == ["layers", "m_act_mean", "m_act_max", "logit_max", "log_z_mean", "linear_inputs"]
+
+
+def test_a_registered_layer_probe_is_measured_and_summarised(monkeypatch):
+    from stability.record import figures
+
+    monkeypatch.setattr(probes, "LAYER_PROBES", dict(probes.LAYER_PROBES))
+    monkeypatch.setattr(figures, "FIGURES", dict(figures.FIGURES))
+    with pytest.raises(ValueError, match="not in the figure table"):
+        probes.register(probes.LayerProbe("row_max", "attn_probs", lambda p: p.max().item(), max="row_max_max"))
+    figures.add(figures.Figure("row_max_max", None, "probability", "largest attention weight of any layer"))
+    probes.register(probes.LayerProbe("row_max", "attn_probs", lambda p: p.max().item(), max="row_max_max"))
+    with pytest.raises(ValueError, match="new name"):
+        probes.register(probes.LayerProbe("row_max", "attn_probs", lambda p: p.max().item()))
+    snapshot = probes.heavy_probes(GatedLM(ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, context=16),
+                                           seed=0), torch.zeros(1, 8, dtype=torch.long))
+    assert snapshot["row_max_max"] == max(layer["row_max"] for layer in snapshot["layers"]) == 1.0  # query 0
 
 
 def test_spike_detector_waits_for_ten_values_by_default():

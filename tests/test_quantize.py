@@ -11,13 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from stability.config import QUANT_SCHEMES, ConfigError, GateConfig, ModelConfig, PrecisionConfig, resolve
+from stability.cli.options import check_here
+from stability.config import ConfigError, GateConfig, ModelConfig, PrecisionConfig, resolve
 from stability.data import load_corpus
 from stability.model.lm import GatedLM
 from stability.precision import Fp8Linear, PrecisionPolicy
 from stability.record import paired_summary
 from stability.train import quantize as q
 from stability.train.probes import heavy_probes
+
+QUANT_SCHEMES = tuple(q.SCHEMES)
 
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1,
         "model.context": 16, "data.batch_size": 2, "data.builtin_bytes": 20_000, "probes.eval_batches": 1,
@@ -75,9 +78,18 @@ def test_unknown_scheme_is_a_config_error_naming_it_and_the_known_ones():
     with pytest.raises(ConfigError, match="int3") as info:
         q.check_schemes(("int8", "int3"))
     assert all(name in str(info.value) for name in QUANT_SCHEMES)
-    with pytest.raises(ConfigError, match="int3"):
-        resolve("smoke", {"quant_schemes": "int8,int3"})
+    with pytest.raises(ConfigError, match=r"quant_schemes=\('int8', 'int3'\) is invalid"):
+        check_here(resolve("smoke", {"quant_schemes": "int8,int3"}))  # once, before any work
     assert resolve("smoke", {"quant_schemes": "int8,w8a8-tensor"}).quant_schemes == ("int8", "w8a8-tensor")
+
+
+def test_a_registered_scheme_is_known_once(monkeypatch):
+    monkeypatch.setattr(q, "SCHEMES", dict(q.SCHEMES))
+    with pytest.raises(ValueError, match="registered already"):
+        q.register("int8", "stability", "again")(lambda device: None)
+    q.register("identity", "stability", "no quantization at all")(lambda device: (lambda lin: lin, {}))
+    assert q.check_schemes(["identity"]) == ("identity",) and q.scheme_source("identity")["method"] == (
+        "no quantization at all")
 
 
 def test_quant_figures_and_paired_summary_directions():

@@ -121,6 +121,21 @@ def test_a_claim_refuses_the_seeds_it_was_discovered_on():
         held_out({"arms": [{"seed": 2}, {"seed": 100}]}, discovery_seeds=range(6))
 
 
+def test_the_case_registry_names_every_case_once_in_order(monkeypatch):
+    from stability.cases import stress
+
+    assert list(stress.CASES) == ["standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock"]
+    assert stress.CASES["standard"].stress == "pair" and stress.CASES["shock"].stress == "shock"
+    monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
+    with pytest.raises(ValueError, match="registered already"):
+        stress.register(stress.StressCase("shock", stress.run_shock))
+    stress.register(stress.StressCase("toy", lambda config, session=None, runner=None: {"stress": "toy"}))
+    assert stress.check_cases(["toy", "shock"]) == ("toy", "shock") and run_case("toy", resolve("smoke")) == {
+        "stress": "toy"}
+    with pytest.raises(ConfigError, match=r"stress case 'nope' is unknown: expected one of \('standard'.*'toy'\)"):
+        stress.check_cases(["shock", "nope"])
+
+
 def test_unknown_case_is_a_config_error():
     with pytest.raises(ConfigError, match="'nope'"):
         run_case("nope", resolve("smoke"))

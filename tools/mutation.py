@@ -152,9 +152,9 @@ EQUIVALENTS: tuple[Equivalent, ...] = (
                "self.previous = [torch.empty_like(local(p.detach()), memory_format=torch.preserve_format) for p in self.params]",
                "self.previous = [torch.empty_like(local(p.detach()), ) for p in self.params]",
                "preserve_format is empty_like's default: the same call"),
-    Equivalent("probes", "heavy_probes",
-               'layers[layer]["f_attn"] = first_token_share(tensor, first_query=1).mean().item()',
-               'layers[layer]["f_attn"] = first_token_share(tensor, ).mean().item()',
+    Equivalent("probes", "layer_f_attn",
+               "return first_token_share(probs, first_query=1).mean().item()",
+               "return first_token_share(probs, ).mean().item()",
                "first_query=1 is the default: the call is the same"),
     Equivalent("record", "_finite_mean", 'return sum(finite) / len(finite) if finite else float("nan")',
                'return sum(finite) / len(finite) if finite else float("NAN")', 'float() reads "nan" in any case'),
@@ -203,8 +203,7 @@ SLIPS = (
     Slip("probes", "the spike std over n - 1 values", "/ len(self.history))", "/ (len(self.history) - 1))"),
     Slip("probes", "the spike std over n + 1 values", "/ len(self.history))", "/ (len(self.history) + 1))"),
     Slip("probes", "the spike std over the window size", "/ len(self.history))", "/ self.history.maxlen)"),
-    Slip("probes", "m_act_max the minimum over layers", '"m_act_max": max(', '"m_act_max": min('),
-    Slip("probes", "max_attn_logit the minimum over layers", '"max_attn_logit": max(', '"max_attn_logit": min('),
+    Slip("probes", "a max over layers the minimum", "out[probe.max] = max(", "out[probe.max] = min("),
     Slip("probes", "m_act_mean the largest layer's", 'values) / len(values) if values', 'max(values) if values'),
     Slip("stats", "the t-interval with n degrees of freedom", "t_critical(n - 1)", "t_critical(n)"),
     Slip("stats", "the sample std over n", "/ (n - 1)) if scale", "/ n) if scale"),
@@ -370,7 +369,7 @@ class Score:
 def run_module(name: str, jobs: int) -> Score:
     start = time.monotonic()
     target = TARGETS[name]
-    module = target.path[:-3].replace("/", ".")
+    module = target.path[:-3].replace("/", ".").removesuffix(".__init__")   # a package's module is its name
     mutated, not_mutated, missing = scope(name, target)
     score = Score(name, not_mutated=not_mutated, missing=missing)
     work = prepare(name, target)

@@ -43,13 +43,11 @@ def load_inputs(config: cfg.ExperimentConfig):
     from stability.model.build import check_models
     from stability.train.extrapolation import check_corpus
 
-    for arm in config.arm_names:
-        arm_run = config.arm_config(arm, config.seeds[0])
-        precision.check(arm_run.precision, arm_run.device, arm_run.data.batch_size * arm_run.model.context)
-    run = config.run
+    run = config.run   # the arms share the run's precision: one check, before the corpus is read
+    precision.check(run.precision, run.device, run.data.batch_size * run.model.context)
     corpus = load_corpus(run.data, run.model.vocab_size, run.model.context)
     check_corpus(corpus, config)  # long enough for the longest extrapolation length
-    if run.model.source != "harness" or run.model.factory:
+    if run.model.kind != "harness":
         check_models([config.arm_config(arm, config.seeds[0]).model for arm in config.arm_names], config.seeds[0],
                      run.model.vocab_size, run.model.context)
     return corpus
@@ -111,10 +109,11 @@ def quantization_hook(run: cfg.RunConfig, schemes: tuple[str, ...]):
     and store the result in the arm record's "quant" entry (None when no scheme is asked)."""
     if not schemes:
         return None
+    from stability.train.quantize import check_schemes, evaluate_schemes, quant_figures
+
+    check_schemes(schemes)  # a name no scheme is registered under: ConfigError before the arm trains
 
     def evaluate_quantized(model, corpus, record):
-        from stability.train.quantize import evaluate_schemes, quant_figures
-
         record["quant"] = evaluate_schemes(model, corpus, run, schemes)
         record["final"].update(quant_figures(record["quant"]))  # quant_<scheme>_damage_* in the paired table
     return evaluate_quantized

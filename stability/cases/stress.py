@@ -8,7 +8,8 @@
     run_shock(config)               LR jump by a factor mid-run (or no warmup)
     run_standard(config)            the plain pair at the preset's settings (what `stability run` trains)
 
-    run_case(kind, config)          any of the above by name (``CASES``)
+    run_case(kind, config)          any of the above by name: ``CASES``, the registry of stress cases
+                                    (``register(StressCase(name, run))`` adds one)
 
 Nothing here keeps state between calls: the config (including its ``stress`` settings) is the
 whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
@@ -54,7 +55,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -65,9 +67,6 @@ from stability.cases.runs import Unit
 from stability.precision import ao
 from stability.record import case_timing, finish_status, new_case_record, paired_summary
 from stability.train.schedules import Standard, from_stress
-
-CASES_ORDER = cfg.STRESS_CASES
-
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -110,10 +109,13 @@ def run_summary(arm_record: dict, **extra) -> dict:
             "loss": list(arm_record["series"]["loss"])}
 
 
-class _Case:
-    """Shared bookkeeping of a stress case: the record, the corpus, the per-run timings, the session
-    (``stability.cases.experiment.train_arm``: record on disk after every run, resume, Ctrl-C), the runner
-    (None: train here; see ``stability.cases.experiment.train_units``)."""
+class CaseRun:
+    """The bookkeeping every stress case shares while it trains: the record, the corpus, the per-run
+    timings, the session (``stability.cases.experiment.train_arm``: record on disk after every run, resume,
+    Ctrl-C), the runner (None: train here; see ``stability.cases.experiment.train_units``).
+
+    ``CaseRun(kind, config, schedule_name, description, session, runner)``: ``kind`` is what the case's
+    records say under "stress"; ``train_each_arm`` trains every arm and seed, ``finish()`` returns the record."""
 
     def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
                  session=None, runner=None):
@@ -201,7 +203,7 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None, runner=None)
     grid = config.stress.sweep_lrs
     ref = reference_index(grid, config.run.optim.lr)
     with cpu_threads(config.stress.threads):
-        case = _Case("lr_sweep", config, "lr_sweep",
+        case = CaseRun("lr_sweep", config, "lr_sweep",
                      f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session, runner)
         per_arm, runs = [], []
         units = [case.unit(arm, seed, with_lr(config.arm_config(arm, seed), lr), Standard())
@@ -267,7 +269,7 @@ def run_lr_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict
     schedule = from_stress("lr_ramp", config)
     stress = config.stress
     with cpu_threads(stress.threads):
-        case = _Case("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
+        case = CaseRun("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
         case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
@@ -299,7 +301,7 @@ def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> d
                               f"data.batch_size={config.run.data.batch_size}")
     schedule = from_stress("batch_ramp", config)
     with cpu_threads(stress.threads):
-        case = _Case("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session,
+        case = CaseRun("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session,
                      runner)
 
         def figures_of(_run, arm_record):
@@ -346,7 +348,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None
     skipped = ladder_skips(config)
     precisions = [p for p in config.stress.precisions if p not in skipped]
     with cpu_threads(config.stress.threads):
-        case = _Case("precision_ladder", config, "precision_ladder",
+        case = CaseRun("precision_ladder", config, "precision_ladder",
                      f"the same run in {', '.join(precisions)}"
                      + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session, runner)
         runs, sources = [], {}
@@ -423,7 +425,7 @@ def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
         raise cfg.ConfigError(f"stress.shock_step={stress.shock_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
-        case = _Case("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session, runner)
+        case = CaseRun("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
@@ -440,16 +442,56 @@ def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dic
         return run_pair(config, session=session, runner=runner)
 
 
-# ----------------------------------------------------------------------------- by name
+# ----------------------------------------------------------------------------- the registry
 
-CASES = {"standard": run_standard, "lr_sweep": run_sweep, "lr_ramp": run_lr_ramp, "batch_ramp": run_batch_ramp,
-         "precision_ladder": run_precision_ladder, "shock": run_shock}
+@dataclass(frozen=True)
+class StressCase:
+    """A stress case: ``run(config, session=None, runner=None)`` trains it and returns its case record.
+
+    name: what ``stability stress NAME`` calls it. records_as: what its records say under "stress" (the
+    plain pair's say "pair", whoever trains it); "" means ``name``."""
+
+    name: str
+    run: Callable[..., dict]
+    records_as: str = ""
+
+    @property
+    def stress(self) -> str:
+        """The "stress" value of this case's records."""
+        return self.records_as or self.name
+
+
+# every stress case, in the order `stability stress` runs them; ``register`` adds one
+CASES: dict[str, StressCase] = {case.name: case for case in (
+    StressCase("standard", run_standard, records_as="pair"),
+    StressCase("lr_sweep", run_sweep),
+    StressCase("lr_ramp", run_lr_ramp),
+    StressCase("batch_ramp", run_batch_ramp),
+    StressCase("precision_ladder", run_precision_ladder),
+    StressCase("shock", run_shock),
+)}
+
+
+def register(case: StressCase) -> StressCase:
+    """Add ``case`` to ``CASES`` (a name not taken): ``stability stress`` runs it after the others."""
+    if case.name in CASES:
+        raise ValueError(f"stress case {case.name!r} is registered already")
+    CASES[case.name] = case
+    return case
+
+
+def check_cases(kinds) -> tuple[str, ...]:
+    """The names as a tuple; ConfigError naming the first that is not a registered case."""
+    kinds = tuple(kinds)
+    for kind in kinds:
+        if kind not in CASES:
+            raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
+    return kinds
 
 
 def run_case(kind: str, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record. ``session``:
     record after every run, per-step files, checkpoints, resume (``stability.cases.experiment.train_arm``);
     ``runner``: who trains the runs (None: this process; ``stability.cases.experiment.train_units``)."""
-    if kind not in CASES:
-        raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
-    return CASES[kind](config, session=session, runner=runner)
+    check_cases((kind,))
+    return CASES[kind].run(config, session=session, runner=runner)

@@ -40,21 +40,33 @@ def config_given(args) -> bool:
 
 
 def resolve_from_args(args) -> cfg.ExperimentConfig:
-    """The preset with the file and --set overrides applied, validated, on a device this machine has,
-    in a precision this installation can train (ConfigError otherwise, before any training)."""
+    """The preset with the file and --set overrides applied, validated, and checked for this machine
+    (``check_here``): ConfigError otherwise, before any training."""
     overrides = cfg.load_overrides(args.config) if args.config else {}
     overrides.update(parse_sets(args.set or []))
     quant = getattr(args, "quant", None)
     if quant:  # --quant int8,nf4 or --quant all
-        overrides["quant_schemes"] = ",".join(cfg.QUANT_SCHEMES) if quant.strip() == "all" else quant
+        from stability.train.quantize import SCHEMES
+
+        overrides["quant_schemes"] = ",".join(SCHEMES) if quant.strip() == "all" else quant
     config = cfg.resolve(args.preset or "smoke", overrides)
+    check_here(config)
+    return config
+
+
+def check_here(config: cfg.ExperimentConfig) -> None:
+    """Everything about ``config`` that the config itself cannot know, checked once before any work: the
+    names the registries define (training formats, quantization schemes), a device this machine has and a
+    backend that runs on it. ConfigError naming the field, the value and what was expected. Whether this
+    installation can train the format (torchao importable, the recipe known, MX blocks fitting the batch)
+    is checked once by the case itself, before it reads the corpus (``stability.cases.experiment.load_inputs``)."""
+    from stability import precision
+    from stability.train.quantize import check_schemes
+
+    check_schemes(config.quant_schemes)
+    precision.check_formats(config.stress.precisions, "stress.precisions")
     check_device(config.run.device)
     check_backend(config.run.model.backend, config.run.device)
-    from stability import precision
-
-    run = config.run  # the format can train here: torchao importable, knows the recipe, has MX
-    precision.check(run.precision, run.device, run.data.batch_size * run.model.context)
-    return config
 
 
 def check_backend(backend: str, device: str) -> None:
@@ -81,8 +93,11 @@ def resolve_session(args, label: str):
         if resume.label != label:
             raise RecordError(f"resume target {args.resume!r} was written by `stability {resume.label}`: resume "
                               f"it with that command")
-        config = resolve_from_args(args) if config_given(args) else resume.config
-        check_device(config.run.device)
+        if config_given(args):
+            config = resolve_from_args(args)
+        else:
+            config = resume.config
+            check_here(config)
         resume.check_config(config)
         if not resume.unfinished():
             raise RecordError(f"resume target {args.resume!r} has nothing left to train (its records are "

@@ -108,8 +108,8 @@ def train_and_keep(args, config, run_dir, resume, checkpoint_dir) -> int:
     print(f"stability run: preset {config.preset}, {len(config.seeds)} seed(s) x {len(config.arm_names)} arms "
           f"[{arms}], {steps} steps each, device {config.run.device}", flush=True)
     model, data = config.run.model, config.run.data
-    source = f"factory {model.factory}" if model.factory else (
-        f"hf ({model.hf_config})" if model.source == "hf" else f"harness ({model.family})")
+    source = {"factory": f"factory {model.factory}", "hf": f"hf ({model.hf_config})",
+              "harness": f"harness ({model.family})"}[model.kind]
     print(f"model: {source}, corpus: {data.corpus}{f' (tokenizer {data.tokenizer})' if data.tokenizer else ''}",
           flush=True)
     print(f"run directory: {run_dir}" + (" (continuing an interrupted run; --fresh starts a new one)"
@@ -166,8 +166,9 @@ def add_parsers(sub) -> None:
     add_config_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
     run.add_argument("--quant", metavar="SCHEMES",
-                     help=f"post-training quantization schemes to evaluate on every arm: a comma list of "
-                          f"{', '.join(cfg.QUANT_SCHEMES)}, or 'all' (sets quant_schemes)")
+                     help="post-training quantization schemes to evaluate on every arm: a comma list of names "
+                          "(int8, nf4, w8a8-token, torchao-int8wo ...: stability.train.quantize.SCHEMES, "
+                          "docs/quantization.md), or 'all' (sets quant_schemes)")
     run.set_defaults(func=cmd_run)
     presets = sub.add_parser("presets", help="print the named presets")
     presets.set_defaults(func=cmd_presets)

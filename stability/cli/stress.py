@@ -10,14 +10,11 @@ from stability.report.tables import ladder_table, paired_table, quant_table
 
 
 def cmd_stress(args) -> int:
-    kinds = args.kinds or list(cfg.STRESS_CASES)
-    for kind in kinds:
-        if kind not in cfg.STRESS_CASES:
-            raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {cfg.STRESS_CASES}")
+    from stability.cases.stress import CASES, check_cases, run_case
     from stability.train import distributed
 
+    kinds = list(check_cases(args.kinds)) or list(CASES)
     if distributed.launched() > 1:   # started by torchrun: one arm across the processes
-        from stability.cases.stress import run_case
         from stability.cli.run import under_torchrun
 
         if args.ray:
@@ -53,6 +50,7 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
     each record, print the tables; the records."""
     from stability.cases.experiment import Interrupted
     from stability.cases.pipeline import run_recorded
+    from stability.cases.stress import CASES
     from stability.cli.run import make_session, print_tracking
 
     print(f"run directory: {run_dir}" + (" (continuing an interrupted run; --fresh starts a new one)"
@@ -61,8 +59,8 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
     records = []
     try:
         for kind in kinds:
-            done = next((r for r in (resume.records if resume else []) if r.get("stress") in (kind, "pair"
-                         if kind == "standard" else kind) and r.get("status") not in ("running", "killed")), None)
+            done = next((r for r in (resume.records if resume else []) if r.get("stress") in (kind, CASES[kind].stress)
+                         and r.get("status") not in ("running", "killed")), None)
             if done is not None:
                 print(f"stability stress {kind}: done before the interruption ({done['_path']})", flush=True)
                 records.append(done)
@@ -96,9 +94,9 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
 
 
 def add_parsers(sub) -> None:
-    cases = ", ".join(cfg.STRESS_CASES)
-    parser = sub.add_parser("stress", help=f"run stress cases ({cases}) and record them")
-    parser.add_argument("kinds", nargs="*", help=f"cases to run (default all: {cases})")
+    parser = sub.add_parser("stress", help="run stress cases (standard, lr_sweep, lr_ramp, ...) and record them")
+    parser.add_argument("kinds", nargs="*", help="cases to run (default: every case of stability.cases.stress.CASES, "
+                                                 "in order; docs/stress.md)")
     add_config_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no per-step progress")
     parser.add_argument("--no-plots", action="store_true", help="no plots or report among the MLflow artifacts")

@@ -175,12 +175,12 @@ def _factory_model(config: ModelConfig, seed: int) -> nn.Module:
 
 def build_model(config: ModelConfig, seed: int) -> nn.Module:
     """The model of one arm (its gate is ``config.gate``), on the CPU, in fp32 (see module docstring)."""
-    if config.factory:
+    if config.kind == "factory":
         inner = _factory_model(config, seed)
         if isinstance(inner, GatedLM):
             return inner
         return WrappedLM(inner, "factory", f"model.factory={config.factory!r}", {"factory": config.factory})
-    if config.source == "hf":
+    if config.kind == "hf":
         from stability.model.hf import build_hf_model
 
         inner = build_hf_model(config, seed)
@@ -193,7 +193,7 @@ def check_models(configs: list[ModelConfig], seed: int, vocab_size: int, context
     tokens = torch.zeros(1, min(context, 4), dtype=torch.long)
     for config in configs:
         model = build_model(config, seed)
-        if config.source == "harness" and not config.factory:
+        if config.kind == "harness":
             continue  # the harness's own model: its config was validated
         what = model.what if isinstance(model, WrappedLM) else f"model.factory={config.factory!r}"
         try:

@@ -184,10 +184,6 @@ def _finite_mean(values) -> float:
     return sum(finite) / len(finite) if finite else float("nan")
 
 
-PROBE_FIGURES = ("m_act_mean", "m_act_max", "f_attn_mean", "sink_rate_mean", "max_attn_logit", "gate_score_mean",
-                 "logit_max", "log_z_mean")
-
-
 def spike_score(flags: list[bool]) -> float:
     """Percentage of steps flagged as spikes (0 for no steps)."""
     return 100.0 * sum(flags) / len(flags) if flags else 0.0
@@ -220,7 +216,7 @@ def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
                       "max_update_norm": max(finite_updates, default=float("nan"))})
     if arm["probes"]:
         last = arm["probes"][-1]
-        final.update({key: last[key] for key in PROBE_FIGURES})
+        final.update({key: value for key, value in last.items() if fig.figure(key) is not None})
     if arm["precision_stats"]:
         stats = arm["precision_stats"]
         final["overflow_fraction"] = _finite_mean([s.get("overflow_fraction") for s in stats])

@@ -200,6 +200,14 @@ FIGURES: dict[str, Figure] = _table(
 )
 
 
+def add(entry: Figure) -> Figure:
+    """Add a figure to the table (a name not in it yet): its direction, unit and meaning for every reader."""
+    if entry.name in FIGURES:
+        raise ValueError(f"figure {entry.name!r} is in the table already")
+    FIGURES[entry.name] = entry
+    return entry
+
+
 def figure(name: str) -> Figure | None:
     """The table entry of ``name``: its own, else the first family pattern it matches; None if unknown."""
     if name in FIGURES:

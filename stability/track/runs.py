@@ -326,8 +326,7 @@ def _arm_metrics(arm: dict, now: int, with_steps: bool = True):
     for snapshot in arm.get("probes") or []:
         step = int(snapshot.get("step", 0))
         for index, layer in enumerate(snapshot.get("layers") or []):
-            for key in ("f_attn", "m_act", "m_act_ratio", "sink_rate", "max_attn_logit", "gate_score"):
-                value = layer.get(key)
+            for key, value in layer.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     metrics.append(Metric(f"probe.{key}.layer{index}", float(value), now, step))
     metrics += [Metric(k, v, now, 0) for k, v in _finite_metrics(arm.get("final") or {}, "final.").items()]

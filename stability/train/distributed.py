@@ -193,7 +193,7 @@ def first_rank_module(module: str | None, world: World) -> tuple[int | None, str
 
 
 def reduce_counts(tally) -> None:
-    """Sum a precision tally's counts (``stability.precision._Tally``) over ranks, in place."""
+    """Sum a precision tally's counts (``stability.precision.counting.Tally``) over ranks, in place."""
     counts = tally._counts if tally._counts is not None else torch.zeros(3, dtype=torch.int64)
     packed = torch.cat([counts.to(torch.float64).cpu(), torch.tensor([float(tally.values)], dtype=torch.float64)])
     if torch.distributed.get_backend() == "nccl":

@@ -7,17 +7,23 @@ update W_after - W_before) and ``first_nonfinite_module`` (used only after a non
 so healthy steps pay nothing for it).
 
 Heavy figures run every K steps on a fixed probe batch through the explicit attention
-path: ``heavy_probes`` returns M-Act, F-Attn, sink rate, max attention logit, output
-logit health, gate score and the kurtosis / infinity norm of every Linear's input.
+path: ``heavy_probes`` measures every probe of ``LAYER_PROBES`` in each layer (M-Act, F-Attn, sink
+rate, max attention logit, gate score; ``register`` adds one) and the model figures made from them,
+the output logit health and the kurtosis / infinity norm of every Linear's input. What a probe
+computes is declared there once; its direction and unit are in ``stability.record.figures``.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from stability.record import figures
 
 SINK_THRESHOLD = 0.3  # Gu et al. (ICLR 2025): a head has a sink at k=0 when alpha_0 > 0.3
 
@@ -233,32 +239,104 @@ def kurtosis(x: torch.Tensor) -> float:
     return (centred.pow(4).mean() / var.pow(2)).item() if var > 0 else float("nan")
 
 
-def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
-    """All per-layer figures of ``model`` on one probe batch (B, S).
+def layer_m_act(block_output: torch.Tensor) -> float:
+    """M-Act of one layer: max |value| of the block's residual output."""
+    return massive_activation(block_output)[0]
 
-    ``model`` is a ``GatedLM`` or a ``stability.model.build.WrappedLM``: M-Act from the outputs of
-    ``model.blocks``, the attention figures through ``model.set_observer`` (the explicit attention
-    path, or the eager probe attention of an HF model). Runs one forward (without autograd) with hooks, then removes them.
-    A figure the model cannot show (attention of a module without an observer) is None."""
+
+def layer_m_act_ratio(block_output: torch.Tensor) -> float:
+    """max / median |value| of the block's residual output."""
+    return massive_activation(block_output)[1]
+
+
+def layer_f_attn(probs: torch.Tensor) -> float:
+    """F-Attn of one layer: attention on position 0 from query positions >= 1, mean over heads."""
+    return first_token_share(probs, first_query=1).mean().item()
+
+
+def layer_sink_rate(probs: torch.Tensor) -> float:
+    """Sink rate of one layer: the fraction of heads whose alpha_0 exceeds ``SINK_THRESHOLD``."""
+    return sink_rate(first_token_share(probs, first_query=0))
+
+
+def layer_gate_score(score: torch.Tensor) -> float:
+    """Mean gate value of one layer."""
+    return score.float().mean().item()
+
+
+@dataclass(frozen=True)
+class LayerProbe:
+    """A per-layer figure of the heavy probes, and the model figures made from it.
+
+    name: its key in each layer's entry of a snapshot (``layers``), and in MLflow (``probe.<name>.layer<i>``).
+    reads: the tensor it is computed from: "block" (each block's output, (B, S, d)), or, through the
+        model's observer, "attn_logits" ((B, H, S, S) scaled scores, masked entries -inf), "attn_probs"
+        ((B, H, S, S) rows summing to 1) or "gate_score" (the gate's values).
+    compute: that tensor -> a float (without autograd).
+    mean / max: the names of the model figures that are the mean / the max of it over the layers that
+        show it ("": none), each an entry of the figure table (``stability.record.figures``: direction, unit).
+    """
+
+    name: str
+    reads: str
+    compute: Callable[[torch.Tensor], float]
+    mean: str = ""
+    max: str = ""
+
+
+READS = ("block", "attn_logits", "attn_probs", "gate_score")
+LAYER_PROBES: dict[str, LayerProbe] = {}  # name -> probe; the model figures come out in this order
+
+
+def register(probe: LayerProbe) -> LayerProbe:
+    """Add a per-layer probe: every heavy-probe snapshot measures it from then on, its model figures reach
+    the arm's ``final`` figures, the paired comparison, the merge check and MLflow."""
+    if probe.name in LAYER_PROBES or probe.reads not in READS:
+        raise ValueError(f"layer probe {probe.name!r}: expected a new name and reads in {READS} "
+                         f"(got reads={probe.reads!r})")
+    for name in (probe.mean, probe.max):
+        if name and figures.figure(name) is None:
+            raise ValueError(f"layer probe {probe.name!r}: figure {name!r} is not in the figure table "
+                             f"(stability.record.figures): add its direction and unit there first")
+    LAYER_PROBES[probe.name] = probe
+    return probe
+
+
+for _probe in (
+    LayerProbe("m_act", "block", layer_m_act, mean="m_act_mean", max="m_act_max"),
+    LayerProbe("m_act_ratio", "block", layer_m_act_ratio),
+    LayerProbe("f_attn", "attn_probs", layer_f_attn, mean="f_attn_mean"),
+    LayerProbe("sink_rate", "attn_probs", layer_sink_rate, mean="sink_rate_mean"),
+    LayerProbe("max_attn_logit", "attn_logits", max_attention_logit, max="max_attn_logit"),
+    LayerProbe("gate_score", "gate_score", layer_gate_score, mean="gate_score_mean"),
+):
+    register(_probe)
+
+
+def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
+    """All per-layer figures of ``model`` on one probe batch (B, S): every probe of ``LAYER_PROBES``.
+
+    ``model`` is a ``GatedLM`` or a ``stability.model.build.WrappedLM``: the "block" probes from the outputs
+    of ``model.blocks``, the attention ones through ``model.set_observer`` (the explicit attention
+    path, or the eager probe attention of an HF model). Runs one forward (without autograd) with hooks, then
+    removes them. A figure the model cannot show (attention of a module without an observer) is None.
+    Returns {"layers": [per layer {probe name: value}], each probe's model figures, "logit_max",
+    "log_z_mean", "linear_inputs": {Linear name: {"kurtosis", "inf_norm"} of its input}}."""
     n_layers = len(model.blocks)
     layers = [{} for _ in range(n_layers)]
     linear_inputs: dict[str, dict[str, float]] = {}
     handles = []
+    readers: dict[str, list[LayerProbe]] = {}
+    for probe in LAYER_PROBES.values():
+        readers.setdefault(probe.reads, []).append(probe)
 
     def observe(layer, name, tensor):
-        if name == "attn_probs":
-            layers[layer]["f_attn"] = first_token_share(tensor, first_query=1).mean().item()
-            layers[layer]["sink_rate"] = sink_rate(first_token_share(tensor, first_query=0))
-        elif name == "attn_logits":
-            layers[layer]["max_attn_logit"] = max_attention_logit(tensor)
-        elif name == "gate_score":
-            layers[layer]["gate_score"] = tensor.float().mean().item()
+        for probe in readers.get(name, ()):
+            layers[layer][probe.name] = probe.compute(tensor)
 
     def block_hook(index):
         def hook(_module, _inputs, output):
-            peak, ratio = massive_activation(output[0] if isinstance(output, tuple) else output)
-            layers[index]["m_act"] = peak
-            layers[index]["m_act_ratio"] = ratio
+            observe(index, "block", output[0] if isinstance(output, tuple) else output)
         return hook
 
     def linear_hook(name):
@@ -284,21 +362,12 @@ def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
         for handle in handles:
             handle.remove()
     logit_max, log_z = logit_health(logits)
-
-    def mean_of(key):
-        values = [layer[key] for layer in layers if key in layer]
-        return sum(values) / len(values) if values else None
-
-    return {
-        "layers": layers,
-        "m_act_mean": mean_of("m_act"),
-        "m_act_max": max(layer["m_act"] for layer in layers),
-        "f_attn_mean": mean_of("f_attn"),
-        "sink_rate_mean": mean_of("sink_rate"),
-        "max_attn_logit": max((layer["max_attn_logit"] for layer in layers if "max_attn_logit" in layer),
-                              default=None),
-        "gate_score_mean": mean_of("gate_score"),
-        "logit_max": logit_max,
-        "log_z_mean": log_z,
-        "linear_inputs": linear_inputs,
-    }
+    out: dict = {"layers": layers}
+    for probe in LAYER_PROBES.values():
+        values = [layer[probe.name] for layer in layers if probe.name in layer]
+        if probe.mean:
+            out[probe.mean] = sum(values) / len(values) if values else None
+        if probe.max:
+            out[probe.max] = max(values, default=None)
+    out.update(logit_max=logit_max, log_z_mean=log_z, linear_inputs=linear_inputs)
+    return out

@@ -7,7 +7,8 @@ held-out loss, perplexity and next-token accuracy in full precision (fp32) and a
 scheme, on the same fixed held-out batches the trainer uses, and the damage (quantized minus
 full precision). The trained model is never touched: every scheme quantizes a deep copy.
 
-Schemes (``QUANT_SCHEMES``; every nn.Linear of the blocks, the gate projection included):
+Schemes (``SCHEMES``, each registered once below with ``register``; every nn.Linear of the blocks,
+the gate projection included):
 
     int8            bitsandbytes LLM.int8() (Linear8bitLt, threshold 6.0): int8 weights (per
                     output row) and int8 activations (per token), except the input columns
@@ -55,12 +56,13 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stability.config import QUANT_SCHEMES, ConfigError, PrecisionConfig, RunConfig
+from stability.config import ConfigError, PrecisionConfig, RunConfig
 from stability.data import Corpus, eval_batches, probe_batch
 from stability.precision import PrecisionPolicy, ao, plain_linears
 from stability.record import library_version
@@ -69,40 +71,7 @@ from stability.train.evaluate import evaluate
 
 PER_LINEAR_DAMAGE = ("relative L2 output error ||Q(x) - f(x)|| / ||f(x)|| of each Linear alone under the "
                      "scheme, fed its full-precision input, on the probe batch")
-SCHEME_NOTES = {
-    "int8": "bitsandbytes LLM.int8() Linear8bitLt, has_fp16_weights=False, threshold=6.0 "
-            "(int8 weights per row, int8 activations per token, outlier columns in fp16)",
-    "int8-nooutlier": "bitsandbytes Linear8bitLt, has_fp16_weights=False, threshold=0.0 (plain int8)",
-    "nf4": "bitsandbytes Linear4bit nf4, blocksize 64, double-quantized absmax; activations unquantized",
-    "fp4": "bitsandbytes Linear4bit fp4, blocksize 64, double-quantized absmax; activations unquantized",
-    "w8a8-tensor": "simulated int8 weights and activations, one absmax scale per tensor (per call for "
-                   "activations); quantize-dequantize then fp32 matmul",
-    "w8a8-token": "simulated int8, per-output-channel weight scales, per-token activation scales; "
-                  "quantize-dequantize then fp32 matmul",
-    "fp8": "e4m3 weights and activations, per-tensor current scaling (stability.precision's own fp8 Linear, "
-           "emulated); fp32 matmul",
-    "torchao-int8wo": "torchao Int8WeightOnlyConfig: int8 weights, one scale per output row; activations "
-                      "unquantized",
-    "torchao-int4wo": "torchao IntxWeightOnlyConfig(weight_dtype=int4, granularity=PerGroup(32)): int4 weights, "
-                      "one scale per group of 32 inputs; activations unquantized",
-    "torchao-fp8dq": "torchao Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()): e4m3 weights and "
-                     "activations, dynamic per-row scales",
-}
-# the library that implements each scheme ("stability": simulated here, no library)
-SCHEME_LIBRARY = {"int8": "bitsandbytes", "int8-nooutlier": "bitsandbytes", "nf4": "bitsandbytes",
-                  "fp4": "bitsandbytes", "w8a8-tensor": "stability", "w8a8-token": "stability",
-                  "fp8": "stability", "torchao-int8wo": "torchao", "torchao-int4wo": "torchao",
-                  "torchao-fp8dq": "torchao"}
 HEAD = "lm_head"  # the name of the LM head in the per-Linear figures when quantize_head=True
-
-
-def check_schemes(schemes) -> tuple[str, ...]:
-    """The schemes as a tuple; ConfigError naming any unknown one and listing the known ones."""
-    schemes = tuple(schemes)
-    unknown = [s for s in schemes if s not in QUANT_SCHEMES]
-    if unknown:
-        raise ConfigError(f"quant_schemes: unknown scheme(s) {unknown}: expected names from {QUANT_SCHEMES}")
-    return schemes
 
 
 # ----------------------------------------------------------------------------- fake quant
@@ -196,19 +165,6 @@ def _fp8(linear: nn.Linear, device: torch.device, policy: PrecisionPolicy) -> nn
     return policy.prepare(module).eval()
 
 
-def _torchao_config(scheme: str):
-    """The torchao quantization config of a torchao scheme (TorchaoMissing without torchao)."""
-    ao.load()
-    import torchao.quantization as tq
-    from torchao.quantization.granularity import PerGroup, PerRow
-
-    if scheme == "torchao-int8wo":
-        return tq.Int8WeightOnlyConfig()
-    if scheme == "torchao-int4wo":
-        return tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
-    return tq.Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
-
-
 def _torchao(linear: nn.Linear, device: torch.device, config) -> nn.Module:
     """A copy of ``linear`` on ``device`` with its weight quantized by ``torchao.quantization.quantize_``."""
     from torchao.quantization import quantize_
@@ -218,29 +174,130 @@ def _torchao(linear: nn.Linear, device: torch.device, config) -> nn.Module:
     return holder[0].eval()
 
 
-def _builder(scheme: str, device: torch.device) -> tuple[Callable[[nn.Linear], nn.Module], dict]:
-    """(function that quantizes one nn.Linear, facts for the record) of a scheme."""
-    if scheme in ("int8", "int8-nooutlier"):
-        threshold = 6.0 if scheme == "int8" else 0.0
-        return (lambda lin: _bnb_int8(lin, device, threshold)), {
-            "compute_dtype": "float16", "threshold": threshold,
-            "note": "bitsandbytes casts activations to fp16 before int8 quantization"}
-    if scheme in ("nf4", "fp4"):
-        return (lambda lin: _bnb_4bit(lin, device, scheme)), {"compute_dtype": "float32", "blocksize": 64}
-    if scheme == "w8a8-tensor":
-        return (lambda lin: FakeQuantLinear(lin, None, None).to(device)), {"compute_dtype": "float32"}
-    if scheme == "w8a8-token":
-        return (lambda lin: FakeQuantLinear(lin, 1, -1).to(device)), {"compute_dtype": "float32"}
-    if scheme.startswith("torchao-"):
-        config = _torchao_config(scheme)
-        return (lambda lin: _torchao(lin, device, config)), {"compute_dtype": "float32"}
-    if scheme == "fp8":
-        policy = PrecisionPolicy(PrecisionConfig(dtype="fp8", fp8_recipe="own", fp8_scaling="current"),
-                                 str(device), real_fp8=False)
-        return (lambda lin: _fp8(lin, device, policy)), {"compute_dtype": "float32", "fp8_format": "e4m3",
-                                                         "_policy": policy}
-    check_schemes((scheme,))
-    raise AssertionError(scheme)  # unreachable: check_schemes raised
+# ----------------------------------------------------------------------------- the schemes
+
+Builder = Callable[[torch.device], tuple[Callable[[nn.Linear], nn.Module], dict]]
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One post-training quantization scheme.
+
+    name: what ``quant_schemes`` and ``--quant`` call it. library: who implements it ("bitsandbytes",
+    "torchao", or "stability" for the ones simulated here); the record states its installed version.
+    method: the recipe in words, for the record. build(device): (a function that turns one nn.Linear
+    into its quantized module on ``device``, facts for the record such as the compute dtype), made once
+    per evaluation. A build or a quantized module that cannot run here (library missing, device
+    unable) makes the scheme "skipped" with the reason, not a failed run."""
+
+    name: str
+    library: str
+    method: str
+    build: Builder
+
+
+SCHEMES: dict[str, Scheme] = {}  # name -> scheme, in the order ``--quant all`` evaluates them
+
+
+def register(name: str, library: str, method: str) -> Callable[[Builder], Builder]:
+    """Decorator: register the decorated ``build(device)`` as the scheme ``name`` (a name not taken)."""
+    def add(build: Builder) -> Builder:
+        if name in SCHEMES:
+            raise ValueError(f"quantization scheme {name!r} is registered already")
+        SCHEMES[name] = Scheme(name, library, method, build)
+        return build
+    return add
+
+
+def check_schemes(schemes) -> tuple[str, ...]:
+    """The schemes as a tuple; ConfigError naming any unknown one and listing the registered ones."""
+    schemes = tuple(schemes)
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown:
+        raise ConfigError(f"quant_schemes={schemes!r} is invalid: expected names from {tuple(SCHEMES)} "
+                          f"(unknown: {unknown})")
+    return schemes
+
+
+@register("int8", "bitsandbytes", "bitsandbytes LLM.int8() Linear8bitLt, has_fp16_weights=False, threshold=6.0 "
+          "(int8 weights per row, int8 activations per token, outlier columns in fp16)")
+def _int8(device):
+    return (lambda lin: _bnb_int8(lin, device, 6.0)), {
+        "compute_dtype": "float16", "threshold": 6.0,
+        "note": "bitsandbytes casts activations to fp16 before int8 quantization"}
+
+
+@register("int8-nooutlier", "bitsandbytes",
+          "bitsandbytes Linear8bitLt, has_fp16_weights=False, threshold=0.0 (plain int8)")
+def _int8_nooutlier(device):
+    return (lambda lin: _bnb_int8(lin, device, 0.0)), {
+        "compute_dtype": "float16", "threshold": 0.0,
+        "note": "bitsandbytes casts activations to fp16 before int8 quantization"}
+
+
+@register("nf4", "bitsandbytes", "bitsandbytes Linear4bit nf4, blocksize 64, double-quantized absmax; "
+          "activations unquantized")
+def _nf4(device):
+    return (lambda lin: _bnb_4bit(lin, device, "nf4")), {"compute_dtype": "float32", "blocksize": 64}
+
+
+@register("fp4", "bitsandbytes", "bitsandbytes Linear4bit fp4, blocksize 64, double-quantized absmax; "
+          "activations unquantized")
+def _fp4(device):
+    return (lambda lin: _bnb_4bit(lin, device, "fp4")), {"compute_dtype": "float32", "blocksize": 64}
+
+
+@register("w8a8-tensor", "stability", "simulated int8 weights and activations, one absmax scale per tensor (per "
+          "call for activations); quantize-dequantize then fp32 matmul")
+def _w8a8_tensor(device):
+    return (lambda lin: FakeQuantLinear(lin, None, None).to(device)), {"compute_dtype": "float32"}
+
+
+@register("w8a8-token", "stability", "simulated int8, per-output-channel weight scales, per-token activation "
+          "scales; quantize-dequantize then fp32 matmul")
+def _w8a8_token(device):
+    return (lambda lin: FakeQuantLinear(lin, 1, -1).to(device)), {"compute_dtype": "float32"}
+
+
+@register("fp8", "stability", "e4m3 weights and activations, per-tensor current scaling (stability.precision's "
+          "own fp8 Linear, emulated); fp32 matmul")
+def _fp8_scheme(device):
+    policy = PrecisionPolicy(PrecisionConfig(dtype="fp8", fp8_recipe="own", fp8_scaling="current"),
+                             str(device), real_fp8=False)
+    return (lambda lin: _fp8(lin, device, policy)), {"compute_dtype": "float32", "fp8_format": "e4m3",
+                                                     "_policy": policy}
+
+
+@register("torchao-int8wo", "torchao", "torchao Int8WeightOnlyConfig: int8 weights, one scale per output row; "
+          "activations unquantized")
+def _torchao_int8wo(device):
+    ao.load()
+    import torchao.quantization as tq
+
+    config = tq.Int8WeightOnlyConfig()
+    return (lambda lin: _torchao(lin, device, config)), {"compute_dtype": "float32"}
+
+
+@register("torchao-int4wo", "torchao", "torchao IntxWeightOnlyConfig(weight_dtype=int4, granularity=PerGroup(32)): "
+          "int4 weights, one scale per group of 32 inputs; activations unquantized")
+def _torchao_int4wo(device):
+    ao.load()
+    import torchao.quantization as tq
+    from torchao.quantization.granularity import PerGroup
+
+    config = tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
+    return (lambda lin: _torchao(lin, device, config)), {"compute_dtype": "float32"}
+
+
+@register("torchao-fp8dq", "torchao", "torchao Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()): "
+          "e4m3 weights and activations, dynamic per-row scales")
+def _torchao_fp8dq(device):
+    ao.load()
+    import torchao.quantization as tq
+    from torchao.quantization.granularity import PerRow
+
+    config = tq.Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    return (lambda lin: _torchao(lin, device, config)), {"compute_dtype": "float32"}
 
 
 # ----------------------------------------------------------------------------- model surgery
@@ -296,7 +353,7 @@ def quantize_model(model: nn.Module, scheme: str, quantize_head: bool = False,
     and the facts of the scheme for the record. ``model`` itself is not changed."""
     check_schemes((scheme,))
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    build, facts = _builder(scheme, device)
+    build, facts = SCHEMES[scheme].build(device)
     quantized = copy.deepcopy(model).eval()
     for name in target_linears(model):
         parent_name, _, attr = name.rpartition(".")
@@ -434,9 +491,10 @@ def evaluate_schemes(model: nn.Module, corpus: Corpus, run: RunConfig, schemes: 
 def scheme_source(scheme: str) -> dict:
     """{"library", "version", "method"} of a scheme: who implements it, which version is installed
     (None when it is not), and the recipe."""
-    library = SCHEME_LIBRARY[scheme]
+    entry = SCHEMES[scheme]
+    library = entry.library
     return {"library": library, "version": library_version("stability" if library == "stability" else library),
-            "method": SCHEME_NOTES[scheme]}
+            "method": entry.method}
 
 
 def _one_scheme(reference, scheme, batches, probe_x, policy, full, stats, quantize_head, per_linear,

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from stability.config import LR_SCALING_RULES, SHOCK_KINDS, ConfigError, RunConfig, _check
+from stability.config import LR_SCALING_RULES, SHOCK_KINDS, ConfigError, RunConfig, check
 
 
 @runtime_checkable
@@ -80,8 +80,8 @@ class ExponentialRamp:
     name: str = "lr_ramp"
 
     def __post_init__(self) -> None:
-        _check(0 < self.start_lr < self.end_lr and math.isfinite(self.end_lr), "ExponentialRamp.end_lr",
-               (self.start_lr, self.end_lr), "0 < start_lr < end_lr, both finite")
+        check(0 < self.start_lr < self.end_lr and math.isfinite(self.end_lr), "ExponentialRamp.end_lr",
+              (self.start_lr, self.end_lr), "0 < start_lr < end_lr, both finite")
 
     def lr_at(self, step: int, run: RunConfig) -> float:
         fraction = step / max(1, run.steps - 1)
@@ -116,9 +116,9 @@ class BatchRamp:
     name: str = "batch_ramp"
 
     def __post_init__(self) -> None:
-        _check(self.double_every > 0, "BatchRamp.double_every", self.double_every, "a positive integer")
-        _check(self.max_batch_size > 0, "BatchRamp.max_batch_size", self.max_batch_size, "a positive integer")
-        _check(self.lr_rule in LR_SCALING_RULES, "BatchRamp.lr_rule", self.lr_rule, f"one of {LR_SCALING_RULES}")
+        check(self.double_every > 0, "BatchRamp.double_every", self.double_every, "a positive integer")
+        check(self.max_batch_size > 0, "BatchRamp.max_batch_size", self.max_batch_size, "a positive integer")
+        check(self.lr_rule in LR_SCALING_RULES, "BatchRamp.lr_rule", self.lr_rule, f"one of {LR_SCALING_RULES}")
 
     def batch_size_at(self, step: int, run: RunConfig) -> int:
         base = run.data.batch_size
@@ -144,9 +144,9 @@ class Shock:
     name: str = "shock"
 
     def __post_init__(self) -> None:
-        _check(self.kind in SHOCK_KINDS, "Shock.kind", self.kind, f"one of {SHOCK_KINDS}")
-        _check(self.at_step >= 0, "Shock.at_step", self.at_step, "a non-negative step")
-        _check(self.factor > 0 and math.isfinite(self.factor), "Shock.factor", self.factor, "a positive finite factor")
+        check(self.kind in SHOCK_KINDS, "Shock.kind", self.kind, f"one of {SHOCK_KINDS}")
+        check(self.at_step >= 0, "Shock.at_step", self.at_step, "a non-negative step")
+        check(self.factor > 0 and math.isfinite(self.factor), "Shock.factor", self.factor, "a positive finite factor")
 
     @property
     def shock_step(self) -> int:

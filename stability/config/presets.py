@@ -1,0 +1,102 @@
+"""The named scale presets: ``smoke`` (CPU, seconds), ``ci`` (CPU, the stress suites in minutes) and
+``full`` (GPU)."""
+
+from __future__ import annotations
+
+from stability.config.errors import ConfigError
+from stability.config.experiment import ExperimentConfig
+from stability.config.run import (
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    PrecisionConfig,
+    ProbeConfig,
+    RunConfig,
+)
+from stability.config.stress import StressConfig
+
+
+def _smoke() -> ExperimentConfig:
+    """CPU, seconds per arm: proves the machinery, says little about stability."""
+    return ExperimentConfig(
+        name="smoke", preset="smoke",
+        run=RunConfig(
+            model=ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, context=64),
+            data=DataConfig(batch_size=8, builtin_bytes=300_000),
+            optim=OptimConfig(lr=3e-3, warmup_steps=10),
+            probes=ProbeConfig(every=25, spike_window=30, diverge_patience=15, eval_batches=4),
+            checkpoint=CheckpointConfig(every=50),
+            steps=60,
+        ),
+        seeds=(0, 1, 2),  # the fewest a regression baseline takes (its noise comes from the seed spread)
+        # decade grid around the reference LR 3e-3 up to one that diverges; a ramp that crosses
+        # LR 1 a third of the way before the end; two batch doublings; a x10 jump at mid-run
+        stress=StressConfig(sweep_lrs=(3e-4, 3e-3, 3e-2, 3e-1, 3.0), ramp_start_lr=1e-3, ramp_end_lr=1e4,
+                            batch_double_every=20, batch_max_size=32, shock_step=30, shock_factor=10.0,
+                            ladder_steps=20, threads=1),
+    )
+
+
+def _ci() -> ExperimentConfig:
+    """CPU, about 10 s per arm on one thread: the stress suites in about 5 minutes on 2 idle cores.
+
+    The smoke model trained 5x longer, three seeds, in the regime where the CPU-scale search
+    (reports/effects.md) found the arms to differ: peak LR 1e-2, no weight decay, beta2 0.999,
+    no gradient clipping (the knobs the literature links to sinks and massive activations). The
+    precision ladder trains its rungs for half the run and leaves out mxfp8: the emulated rungs cost
+    most of the job (fp16 about 7x an fp32 step on the CPU, mxfp8 6x), and mxfp8's e4m3 elements and MX
+    block scales are each measured by another rung (fp8, mxfp4)."""
+    return ExperimentConfig(
+        name="ci", preset="ci",
+        run=RunConfig(
+            model=ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, context=64),
+            data=DataConfig(batch_size=8, builtin_bytes=1_000_000),
+            optim=OptimConfig(lr=1e-2, warmup_steps=30, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=0.0),
+            probes=ProbeConfig(every=100, spike_window=50, eval_batches=8),
+            checkpoint=CheckpointConfig(every=100),
+            steps=300,
+        ),
+        seeds=(0, 1, 2),  # three seeds: intervals over seeds, and what a regression baseline needs
+        # half-decade grid from the reference LR to one that diverges; LR 1 crossed at ~40% of the
+        # ramp; two batch doublings; a x10 jump at mid-run
+        stress=StressConfig(sweep_lrs=(1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0), ramp_start_lr=1e-3, ramp_end_lr=1e4,
+                            batch_double_every=100, batch_max_size=32, shock_step=150, shock_factor=10.0,
+                            precisions=("fp32", "bf16", "fp16", "fp8", "mxfp4"), ladder_steps=150, threads=1),
+    )
+
+
+def _full() -> ExperimentConfig:
+    """GPU: a 76M-parameter byte-level model (83M gated), bf16, the Triton kernel, on the Python standard library's
+    source files (real text every machine has). A tokenized corpus is an override: data.corpus=<file.bin>
+    (or a text/JSONL/Parquet file with data.tokenizer=<dir>) and model.vocab_size to match."""
+    return ExperimentConfig(
+        name="full", preset="full",
+        run=RunConfig(
+            model=ModelConfig(vocab_size=257, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4,
+                              context=1024, backend="triton"),
+            data=DataConfig(corpus="stdlib", batch_size=32),
+            optim=OptimConfig(lr=1e-3, warmup_steps=200),
+            precision=PrecisionConfig(dtype="bf16"),
+            probes=ProbeConfig(every=250, spike_window=200, spike_k=6.0, eval_batches=32, probe_batch_size=8),
+            checkpoint=CheckpointConfig(every=500),
+            steps=5000,
+            device="cuda",
+        ),
+        seeds=(0, 1, 2),
+        # Wortsman et al.'s grid plus 1.0; the ramp crosses 1e-2 at mid-run; batch 32 -> 128
+        stress=StressConfig(sweep_lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0), ramp_start_lr=1e-5,
+                            ramp_end_lr=10.0, batch_double_every=1000, batch_max_size=128, shock_step=2500,
+                            shock_factor=10.0, threads=0),
+    )
+
+
+PRESETS = {"smoke": _smoke, "ci": _ci, "full": _full}
+
+
+def preset(name: str) -> ExperimentConfig:
+    """The named preset ("smoke", "ci" or "full")."""
+    if name not in PRESETS:
+        raise ConfigError(f"preset={name!r} is unknown: expected one of {tuple(PRESETS)}")
+    return PRESETS[name]()
+
