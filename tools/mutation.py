@@ -62,7 +62,7 @@ TARGETS = {
                          ("case_values", "_mean", "compare_values", "_paired_values", "_status_rows",
                           "_compare_case"),
                          ("tests/test_regression.py", HAND)),
-    "record": Target("stability/record/__init__.py",
+    "record": Target("stability/record/summary.py",
                      ("spike_score", "final_figures", "_finite_mean", "usable_value", "arm_names", "paired_summary"),
                      (HAND, "tests/test_probes.py", "tests/test_regression.py")),
     # every LR and batch-size rule and its settings' checks; not describe() (prose)
