@@ -23,7 +23,7 @@ from _stability_records import edited, pair_record
 
 from stability.cases.pipeline import report_artifacts
 from stability.cli import main
-from stability.record import write_record
+from stability.record import Status, write_record
 from stability.track import runs as tracking
 
 SERVER_START_TIMEOUT_S = 150
@@ -161,7 +161,7 @@ def test_one_experiment_per_preset_or_campaign(store, monkeypatch):
 
 
 def test_killed_arms_and_pairs_are_marked_killed(store):
-    killed = pair_record(seeds=(0,), status="killed")
+    killed = pair_record(seeds=(0,), status=Status.KILLED)
     result = tracking.log_to_mlflow(killed, store)
     client = _client(store)
     assert client.get_run(result["parent_run_id"]).info.status == "KILLED"

@@ -6,6 +6,7 @@ import sys
 
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_session
+from stability.record import UNFINISHED, Status
 from stability.report.tables import ladder_table, paired_table, quant_table
 
 
@@ -49,7 +50,7 @@ def finish(args, records: list[dict]) -> int:
         from stability.check.regression import make_baseline, write_baseline
 
         print(f"baseline written: {write_baseline(make_baseline(records), args.baseline_out)}")
-    return 1 if any(r["status"] == "error" for r in records) else 0
+    return 1 if any(r["status"] == Status.ERROR for r in records) else 0
 
 
 def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None, runner=None) -> list[dict]:
@@ -66,7 +67,7 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
     try:
         for kind in kinds:
             done = next((r for r in (resume.records if resume else []) if r.get("stress") in (kind, "pair"
-                         if kind == "standard" else kind) and r.get("status") not in ("running", "killed")), None)
+                         if kind == "standard" else kind) and r.get("status") not in UNFINISHED), None)
             if done is not None:
                 print(f"stability stress {kind}: done before the interruption ({done['_path']})", flush=True)
                 records.append(done)

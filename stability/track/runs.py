@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from stability.config import flatten
-from stability.record import case_key, write_json
+from stability.record import Status, case_key, write_json
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 STEP_METRICS = ("loss", "lr", "grad_norm", "update_norm", "loss_scale", "batch_size")
@@ -342,12 +342,15 @@ def _arm_metrics(arm: dict, now: int, with_steps: bool = True):
     return metrics
 
 
+MLFLOW_STATUS = {Status.KILLED: "KILLED", Status.RUNNING: "KILLED", Status.ERROR: "FAILED"}   # else FINISHED
+
+
 def arm_status(arm: dict) -> str:
-    return {"killed": "KILLED", "error": "FAILED", "running": "KILLED"}.get(arm.get("status"), "FINISHED")
+    return MLFLOW_STATUS.get(arm.get("status"), "FINISHED")
 
 
 def record_status(record: dict) -> str:
-    return {"killed": "KILLED", "running": "KILLED", "error": "FAILED"}.get(record.get("status"), "FINISHED")
+    return MLFLOW_STATUS.get(record.get("status"), "FINISHED")
 
 
 def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str | None = None,
