@@ -107,6 +107,9 @@ def _check(value, kind, path: str, where: str) -> None:
         if not isinstance(value, list):
             raise RecordError(f"{where}: {path} = {_show(value)}: expected a list")
         (item_kind,) = typing.get_args(kind)
+        plain = _plain(item_kind)
+        if plain is not None and all(type(item) in plain for item in value):
+            return                 # a long list of plain values (a series): one pass, no per-item call
         for index, item in enumerate(value):
             _check(item, item_kind, f"{path}[{index}]", where)
     elif origin is dict:
@@ -120,6 +123,17 @@ def _check(value, kind, path: str, where: str) -> None:
             _check(item, item_kind, _at(path, key), where)
     elif not _is(value, kind):
         raise RecordError(f"{where}: {path} = {_show(value)}: expected {_describe(kind)}")
+
+
+@functools.cache
+def _plain(kind) -> frozenset | None:
+    """The Python types a plain ``kind`` (numbers, flags, strings, null and their unions) accepts; None for
+    any other kind."""
+    types_of = {float: {int, float}, int: {int}, bool: {bool}, str: {str}, type(None): {type(None)}}
+    options = typing.get_args(kind) if typing.get_origin(kind) in (Union, types.UnionType) else (kind,)
+    if not all(option in types_of for option in options):
+        return None
+    return frozenset().union(*(types_of[option] for option in options))
 
 
 def _is(value, kind) -> bool:
