@@ -239,7 +239,8 @@ def test_a_killed_run_stops_the_case_and_ray_notes_attempts():
     assert record["ray"]["units"] == [{"id": "a1", "name": "pair/baseline/seed0", "attempts": None},
                                       {"id": "b2", "name": "pair/gated/seed0", "attempts": 2}]
     assert record["ray"]["retries"] == 1
-    validate_record(record, "r")
+    mark_error(record["arms"][0], RuntimeError("a process was lost"), "Traceback (most recent call last): ...")
+    validate_record(record, "r")   # the stop of every kind, its traceback and the Ray notes are in the schema
 
 
 def test_a_case_result_must_be_one_the_schema_knows():
