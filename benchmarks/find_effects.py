@@ -49,7 +49,7 @@ import torch
 
 from stability import config as cfg
 from stability.cases.experiment import run_pair
-from stability.record import REFERENCE_ARM, usable_value
+from stability.record import REFERENCE_ARM, Status, usable_value
 from stability.record import figures as fig
 from stability.record.stats import paired_difference
 
@@ -228,7 +228,7 @@ def per_seed_values(record: dict) -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     for arm in record["arms"]:
         values = {name: usable_value(arm, name) for name in arm["final"] if fig.figure(name) is not None}
-        values["diverged"] = float(arm["status"] == "diverged")
+        values["diverged"] = float(arm["status"] == Status.DIVERGED)
         out.setdefault(arm["arm"], {})[str(arm["seed"])] = values
     return out
 
@@ -295,7 +295,7 @@ def run_lr_sweep(name: str, spec: dict, overrides: dict, started: float) -> dict
             key = (arm["arm"], arm["seed"])
             first = next((v for v in arm["series"]["loss"] if math.isfinite(v)), float("nan"))
             initial[key] = initial.get(key, first)
-            is_div = arm["status"] == "diverged"
+            is_div = arm["status"] == Status.DIVERGED
             diverged.setdefault(key, {})[lr] = is_div
             loss = arm["final"].get("heldout_loss", float("nan"))
             losses.setdefault(key, {})[lr] = float("nan") if is_div or not math.isfinite(loss) else loss

@@ -29,11 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import regression_zoo as zoo  # noqa: E402
+import regression_zoo as zoo
 
-from stability.check.regression import _paired, _single_draw, case_values, load_baseline  # noqa: E402
-from stability.record import REFERENCE_ARM  # noqa: E402
-from stability.record import figures as fig  # noqa: E402
+from stability.check.regression import _paired, _single_draw, case_values, load_baseline
+from stability.record import REFERENCE_ARM
+from stability.record import figures as fig
 
 
 def rows_of(arms: dict, nested: bool):
@@ -108,10 +108,10 @@ def main() -> int:
     zoo.KEPT = Path(args.kept)
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
     lines = [f"## Rounding replicates against harmless changes at `{args.scale}`", "",
-             "Per row (case x arm x figure and paired differences) and seed: `u = (x - m) / sqrt(v (1 + 1/n))`, "
+             ("Per row (case x arm x figure and paired differences) and seed: `u = (x - m) / sqrt(v (1 + 1/n))`, "
              "x the value, m and v the mean and sample variance of the seed's baseline runs. Replicates: each "
              "baseline run against the other runs of its seed. *Same*: the value equals every baseline run "
-             "of the seed; *unforeseen*: it differs although the baseline runs all agree.", "",
+             "of the seed; *unforeseen*: it differs although the baseline runs all agree."), "",
              "| runs | rows x seeds | same | unforeseen | median abs(u) | 90% | 99% | max | beyond 3 | beyond 6 |",
              "|---|---|---|---|---|---|---|---|---|---|", summary("replicates (leave-one-out)", replicate_u(baseline))]
     for entry in (*zoo.ZOO, *zoo.HELD_OUT):

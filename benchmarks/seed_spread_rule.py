@@ -23,7 +23,7 @@ from stability.check.regression import (
     paired_arm,
     regression_records,
 )
-from stability.record import REFERENCE_ARM, arm_names
+from stability.record import REFERENCE_ARM, Status, arm_names
 from stability.record import figures as fig
 from stability.record.stats import sample_std, t_quantile_for_z
 
@@ -82,7 +82,7 @@ def judge(records: list[dict], baseline: dict) -> list[str]:
             if b is None or c is None:
                 continue
             for seed, status in c["status"].items():
-                if status == "diverged" and b["status"].get(seed) == "completed":
+                if status == Status.DIVERGED and b["status"].get(seed) == Status.COMPLETED:
                     regressed.append(f"{key} {arm} status")
             names = fig.judged(set(b["figures"]) | set(c["figures"]))
             for name in names:

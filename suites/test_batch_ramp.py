@@ -12,6 +12,7 @@ import math
 import pytest
 
 from stability.config import RunConfig, from_dict
+from stability.record import Status
 from stability.train.schedules import lr_scale, warmup_cosine
 
 pytestmark = pytest.mark.stress
@@ -45,7 +46,7 @@ class TestInvariants:
     def test_finite_and_learns(self, record):
         """The ramp stays trainable: no non-finite event, no divergence, the loss falls."""
         for arm in record["arms"]:
-            assert arm["status"] == "completed", arm["stop_reason"]
+            assert arm["status"] == Status.COMPLETED, arm["stop_reason"]
             assert arm["final"]["nonfinite_events"] == 0
             assert math.isfinite(arm["final"]["heldout_loss"])
             assert arm["final"]["final_train_loss"] < 0.9 * arm["series"]["loss"][0]

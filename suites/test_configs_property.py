@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from stability.cases.stress import cpu_threads
 from stability.cli.options import check_here
 from stability.config import FP8_RECIPES, ConfigError, GateConfig, resolve
+from stability.record import Status
 from stability.train.trainer import train
 
 pytestmark = pytest.mark.stress
@@ -62,7 +63,7 @@ def small_configs(draw):
 def test_valid_small_config_trains_one_finite_step(run):
     with cpu_threads(1):
         record = train(run, arm="property")
-    assert record["status"] == "completed", (run, record["stop_reason"])
+    assert record["status"] == Status.COMPLETED, (run, record["stop_reason"])
     assert len(record["series"]["loss"]) == 1
     loss = record["series"]["loss"][0]
     assert math.isfinite(loss) and math.isfinite(record["series"]["grad_norm"][0]), run

@@ -20,7 +20,7 @@ import pytest
 from stability.cases.experiment import run_pair
 from stability.cases.pipeline import keep
 from stability.cases.stress import cpu_threads
-from stability.record import read_record
+from stability.record import Status, read_record
 from stability.train.schedules import warmup_cosine
 
 pytestmark = pytest.mark.stress
@@ -44,9 +44,9 @@ def test_nonfinite_fault_reported_at_step_and_layer(stress_config, record_pair, 
     config = stress_config({"name": f"fault-{kind}", "fault.kind": kind, "fault.step": step,
                             "fault.layer": layer, "steps": step + 4})
     record = record_pair(config)
-    assert record["status"] == "completed"
+    assert record["status"] == Status.COMPLETED
     for arm in record["arms"]:
-        assert arm["status"] == "diverged" and arm["diverged_at_step"] == step, (arm["arm"], arm["stop_reason"])
+        assert arm["status"] == Status.DIVERGED and arm["diverged_at_step"] == step, (arm["arm"], arm["stop_reason"])
         assert all(math.isfinite(v) for v in arm["series"]["loss"][:step])
         assert arm["series"]["nonfinite"][step] != ""
         event = arm["events"][0]
@@ -81,9 +81,9 @@ def test_exploding_config_recorded_as_diverged(stress_config, record_pair):
     config = stress_config({"name": "fault-explode", "optim.lr": 10.0, "optim.warmup_steps": 0,
                             "optim.grad_clip": 0.0})
     record = record_pair(config)
-    assert record["status"] == "completed"  # both arms ran; nothing raised
+    assert record["status"] == Status.COMPLETED  # both arms ran; nothing raised
     for arm in record["arms"]:
-        assert arm["status"] == "diverged", (arm["arm"], arm["status"], arm["final"].get("final_train_loss"))
+        assert arm["status"] == Status.DIVERGED, (arm["arm"], arm["status"], arm["final"].get("final_train_loss"))
         step = arm["diverged_at_step"]
         assert isinstance(step, int) and 0 <= step < config.run.steps
         assert arm["final"]["steps_completed"] == step + 1 < config.run.steps

@@ -11,6 +11,8 @@ import math
 
 import pytest
 
+from stability.record import Status
+
 pytestmark = pytest.mark.stress
 KIND = "lr_ramp"
 
@@ -39,7 +41,7 @@ class TestInvariants:
         the loss first fell: the best loss on the way is below the initial loss."""
         for arm in record["arms"]:
             final = arm["final"]
-            assert arm["status"] == "diverged" and not final["ramp_censored"], (arm["arm"], arm["stop_reason"])
+            assert arm["status"] == Status.DIVERGED and not final["ramp_censored"], (arm["arm"], arm["stop_reason"])
             assert final["ramp_divergence_step"] <= arm["diverged_at_step"]
             # the LR of the update after which the loss first went bad (the update before the onset step)
             assert arm["series"]["lr"][final["ramp_divergence_step"] - 1] == final["ramp_divergence_lr"]

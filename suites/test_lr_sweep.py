@@ -10,6 +10,8 @@ import math
 
 import pytest
 
+from stability.record import Status
+
 pytestmark = pytest.mark.stress
 KIND = "lr_sweep"
 
@@ -31,13 +33,13 @@ class TestInvariants:
         runs = record[KIND]["runs"]
         assert sorted((r["arm"], r["seed"], r["lr"]) for r in runs) == sorted(
             (arm, seed, lr) for arm in ("baseline", "gated") for seed in seeds for lr in grid)
-        assert all(r["status"] in ("completed", "diverged") for r in runs), [r["stop_reason"] for r in runs]
+        assert all(r["status"] in (Status.COMPLETED, Status.DIVERGED) for r in runs), [r["stop_reason"] for r in runs]
 
     def test_reference_lr_finite_and_learns(self, record):
         """At the reference LR in fp32 both arms complete with no non-finite event and the loss falls."""
         for arm in record["arms"]:
             final = arm["final"]
-            assert arm["status"] == "completed", arm["stop_reason"]
+            assert arm["status"] == Status.COMPLETED, arm["stop_reason"]
             assert final["nonfinite_events"] == 0
             assert math.isfinite(final["heldout_loss"])
             assert final["final_train_loss"] < 0.9 * final["loss_init"], (arm["arm"], final["final_train_loss"])
@@ -45,7 +47,7 @@ class TestInvariants:
     def test_sweep_figures_consistent(self, record):
         for entry in record[KIND]["per_arm"]:
             assert entry["lr_sensitivity"] >= 0.0
-            diverged = [lr for lr, s in zip(entry["lrs"], entry["status"]) if s == "diverged"]
+            diverged = [lr for lr, s in zip(entry["lrs"], entry["status"]) if s == Status.DIVERGED]
             if diverged:
                 assert entry["critical_lr"] == min(diverged) and not entry["critical_lr_censored"]
             else:

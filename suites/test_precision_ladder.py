@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from stability.record import Status
+
 pytestmark = pytest.mark.stress
 KIND = "precision_ladder"
 
@@ -75,7 +77,7 @@ class TestInvariants:
 
     def test_fp32_finite_and_learns(self, record):
         for arm in record["arms"]:
-            assert arm["status"] == "completed", arm["stop_reason"]
+            assert arm["status"] == Status.COMPLETED, arm["stop_reason"]
             assert arm["final"]["nonfinite_events"] == 0
             assert arm["final"]["final_train_loss"] < 0.9 * arm["series"]["loss"][0]
 

@@ -37,6 +37,7 @@ from stability.cases.experiment import run_pair
 from stability.cli import build_parser, main
 from stability.cli.options import check_here, resolve_from_args
 from stability.config import ConfigError
+from stability.record import Status
 from stability.report.tables import quant_rows, quant_table
 from stability.track.runs import log_to_mlflow
 from stability.train import quantize
@@ -96,7 +97,7 @@ def pair(stress_config):
         record = run_pair(config)
     finally:
         patch.undo()
-    assert record["status"] == "completed", [a.get("stop_reason") for a in record["arms"]]
+    assert record["status"] == Status.COMPLETED, [a.get("stop_reason") for a in record["arms"]]
     return record, captured
 
 
@@ -249,7 +250,7 @@ def test_adamw8bit_runs_on_the_cpu_with_8bit_state(stress_config):
     config = stress_config({**SHORT, "optim.optimizer": "adamw8bit"})
     run = config.arm_config("gated", 0)
     record = train(run, arm="gated")
-    assert record["status"] == "completed", record["stop_reason"]
+    assert record["status"] == Status.COMPLETED, record["stop_reason"]
     assert all(math.isfinite(v) for v in record["series"]["loss"])
     from stability.model.lm import GatedLM
 
@@ -271,7 +272,7 @@ def test_fp16_without_loss_scaling_records_where_it_overflows(stress_config):
                             "optim.lr": 3.0, "optim.warmup_steps": 0})
     record = train(config.arm_config("baseline", 0), arm="baseline")
     print("\nfp16 (no loss scaling):", record["stop_reason"], record["events"][:1], record["precision_stats"])
-    assert record["status"] == "diverged", record.get("traceback")
+    assert record["status"] == Status.DIVERGED, record.get("traceback")
     event = record["events"][0]
     assert event["module"] and event["layer"] is not None
     assert set(record["series"]["loss_scale"]) == {1.0}
@@ -292,7 +293,7 @@ def test_fp8_run_trains_through_torchao_with_the_overflow_figures(tmp_path, caps
     (path,) = record_files([tmp_path], all_sessions=True)
     record = read_record(path)
     for arm in record["arms"]:
-        assert arm["status"] == "completed"
+        assert arm["status"] == Status.COMPLETED
         source = arm["precision"]
         assert (source["library"], source["recipe"], source["emulated"]) == ("torchao", "float8 tensorwise", True)
         assert source["version"] == record["env"]["torchao"]
@@ -306,7 +307,7 @@ def test_fp8_delayed_and_current_scaling_both_run_and_differ(stress_config):
         config = stress_config({**SHORT, "precision.dtype": "fp8", "precision.fp8_recipe": "own",
                                 "precision.fp8_scaling": scaling})
         records[scaling] = train(config.arm_config("gated", 0), arm="gated")
-        assert records[scaling]["status"] == "completed", records[scaling]["stop_reason"]
+        assert records[scaling]["status"] == Status.COMPLETED, records[scaling]["stop_reason"]
     current, delayed = records["current"], records["delayed"]
     print("\nfp8 current:", current["series"]["loss"], current["precision_stats"])
     print("fp8 delayed:", delayed["series"]["loss"], delayed["precision_stats"])

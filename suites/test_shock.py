@@ -12,7 +12,7 @@ import pytest
 
 from stability.cases.stress import run_case
 from stability.config import ExperimentConfig, RunConfig, from_dict
-from stability.record import clean
+from stability.record import Status, clean
 from stability.train.schedules import Shock, warmup_cosine
 
 pytestmark = pytest.mark.stress
@@ -49,7 +49,7 @@ class TestInvariants:
             assert final["shock_peak_excess"] is not None
             assert 1 <= final["shock_recovery_steps"] <= record["config"]["run"]["steps"] - s
             if final["shock_recovered"]:
-                assert arm["status"] != "diverged"
+                assert arm["status"] != Status.DIVERGED
 
 
 class TestDeterminism:

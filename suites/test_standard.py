@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from stability.record import Status
+
 pytestmark = pytest.mark.stress
 KIND = "standard"
 
@@ -27,7 +29,7 @@ class TestInvariants:
         assert sorted({a["arm"] for a in record["arms"]}) == ["baseline", "gated"]
         for arm in record["arms"]:
             final = arm["final"]
-            assert arm["status"] == "completed", arm["stop_reason"]
+            assert arm["status"] == Status.COMPLETED, arm["stop_reason"]
             assert final["nonfinite_events"] == 0 and math.isfinite(final["heldout_loss"])
             assert final["final_train_loss"] < 0.9 * arm["series"]["loss"][0]
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from stability.config import DataConfig, GateConfig, ModelConfig, OptimConfig, ProbeConfig, RunConfig
+from stability.record import Status
 from stability.train.trainer import train
 
 pytestmark = pytest.mark.kernel
@@ -31,6 +32,6 @@ def test_training_with_the_triton_backend_matches_the_torch_backend(gate):
     run = replace(TINY, model=replace(TINY.model, gate=gate))
     torch_record = train(run)
     triton_record = train(replace(run, model=replace(run.model, backend="triton")))
-    assert triton_record["status"] == "completed", triton_record.get("stop_reason")
+    assert triton_record["status"] == Status.COMPLETED, triton_record.get("stop_reason")
     assert triton_record["series"]["loss"] == pytest.approx(torch_record["series"]["loss"], rel=1e-4, abs=1e-4)
     assert triton_record["final"]["heldout_loss"] == pytest.approx(torch_record["final"]["heldout_loss"], rel=1e-4)

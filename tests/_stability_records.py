@@ -13,12 +13,12 @@ import math
 import random
 
 from stability import config as cfg
-from stability.record import SCHEMA_VERSION, paired_summary
+from stability.record import SCHEMA_VERSION, Status, paired_summary
 
 LAYERS = 2
 
 
-def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: str = "completed",
+def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: str = Status.COMPLETED,
                diverge_at: int | None = None, quant: bool = False) -> dict:
     rng = random.Random(f"{arm}-{seed}-{lr}")
     gated = arm != "baseline"  # every treatment arm gets the gated arm's figures
@@ -26,7 +26,7 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
     loss = [5.5 * math.exp(-step / 12) + 3.0 + rng.uniform(-0.05, 0.05) for step in range(n)]
     if diverge_at is not None:
         loss[-1] = float("nan")
-        status = "diverged"
+        status = Status.DIVERGED
     grad = [1.5 * math.exp(-step / 20) + 0.3 + rng.uniform(0, 0.2) for step in range(n)]
     lrs = [lr * min(1.0, (step + 1) / 5) for step in range(n)]
     layers = [{"f_attn": (0.06 if gated else 0.3) + 0.01 * i + rng.uniform(0, 0.01),
@@ -52,7 +52,7 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
              "overflow_fraction": 0.0, "underflow_fraction": 0.0, "loss_scale_drops": 0.0}
     record = {
         "arm": arm, "variant": "G1-elementwise" if gated else "baseline", "seed": seed, "schedule": "standard",
-        "status": status, "diverged_at_step": diverge_at, "stop_reason": None, "num_parameters": 1000,
+        "status": Status(status).value, "diverged_at_step": diverge_at, "stop_reason": None, "num_parameters": 1000,
         "gate_parameters": 100 if gated else 0, "layer_names": [f"blocks.{i}" for i in range(LAYERS)],
         "series": {"step": list(range(n)), "lr": lrs, "batch_size": [8] * n, "tokens": [512 * (s + 1) for s in range(n)],
                    "loss": loss, "grad_norm": grad, "layer_grad_norm": [[g / 2, g / 2] for g in grad],
@@ -82,7 +82,7 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
 
 
 def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2), preset: str = "smoke",
-                lrs=None, status: str = "completed", quant: bool = False, purpose: str = "regression",
+                lrs=None, status: str = Status.COMPLETED, quant: bool = False, purpose: str = "regression",
                 **overrides) -> dict:
     """A complete pair record; ``lrs`` makes an LR-sweep record (one arm per seed and LR); an ``arms``
     override ("controls", "gated,qk_norm") gives it those arms."""
@@ -95,18 +95,18 @@ def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2)
                 critical = 0.1 if arm == "baseline" else 0.3
                 losses = [None if lr >= critical else 3.2 + abs(math.log10(lr / 3e-3)) / 5 for lr in lrs]
                 per_arm.append({"arm": arm, "seed": seed, "lrs": list(lrs), "final_loss": losses,
-                                "status": ["diverged" if v is None else "completed" for v in losses],
+                                "status": [(Status.DIVERGED if v is None else Status.COMPLETED).value for v in losses],
                                 "lr_sensitivity": 0.5 if arm == "baseline" else 0.3, "critical_lr": critical,
                                 "critical_lr_censored": False, "loss_init": 5.6})
                 arms[-1]["final"].update(lr_sensitivity=per_arm[-1]["lr_sensitivity"], critical_lr=critical,
                                          peak_lr=config.run.optim.lr)
     if status == "killed":
-        arms[-1]["status"] = "killed"
+        arms[-1]["status"] = Status.KILLED.value
         arms[-1]["stop_reason"] = "interrupted (Ctrl-C)"
     record = {
         "schema_version": SCHEMA_VERSION, "created_at": "2026-01-01T00:00:00+00:00", "name": name,
         "preset": preset, "schedule": schedule, "stress": "pair", "purpose": purpose,
-        "description": "warmup then cosine decay", "status": status,
+        "description": "warmup then cosine decay", "status": Status(status).value,
         "git": {"commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main", "dirty": False},
         "env": {"python": "3.11", "torch": "2.13.0+cpu", "triton": "3.6.0", "bitsandbytes": "0.50.2",
                 "mlflow": "3.17", "device": "cpu", "device_name": "x86_64", "threads": 2},

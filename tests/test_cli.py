@@ -9,6 +9,7 @@ import pytest
 
 from stability.cases.stress import cpu_threads
 from stability.cli import main
+from stability.record import Status
 
 FAST = ["--set", "steps=8", "--set", "probes.every=4", "--set", "probes.eval_batches=1", "--set", "seeds=0", "--quiet"]
 
@@ -36,7 +37,7 @@ def test_run_writes_the_record_and_one_parent_with_two_child_runs(workdir, capsy
     assert len(records) == 1
     record = json.loads(records[0].read_text())
     assert record["tracking"]["status"] == "tracked"
-    assert [a["status"] for a in record["arms"]] == ["completed", "completed"]
+    assert [a["status"] for a in record["arms"]] == [Status.COMPLETED, Status.COMPLETED]
 
     from mlflow.tracking import MlflowClient
 

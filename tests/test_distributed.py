@@ -27,6 +27,7 @@ import torch
 
 from stability.cases.steplog import read_steplog
 from stability.config import ConfigError, DistributedConfig, FaultConfig, PrecisionConfig, resolve
+from stability.record import Status
 from stability.train import distributed
 from stability.train.trainer import train
 
@@ -101,7 +102,7 @@ def one_process():
 def test_two_processes_reproduce_the_single_process_steps(two_ranks, one_process, strategy):
     rank0, rank1 = (found[strategy] for found in two_ranks)
     assert rank0["distributed"] == {**rank0["distributed"], "world_size": 2, "strategy": strategy, "backend": "gloo"}
-    assert rank0["status"] == one_process["status"] == "completed"
+    assert rank0["status"] == one_process["status"] == Status.COMPLETED
     for key in ("loss", "grad_norm", "update_norm"):
         close(rank0["series"][key], one_process["series"][key], key)
     assert rank0["series"] == rank1["series"]   # global figures, spike and skip flags: the same on every rank
@@ -114,7 +115,7 @@ def test_bf16_trains_sharded_under_fsdp2_mixed_precision_within_bf16_rounding(tw
     sharded = two_ranks[0]["bf16"]
     assert sharded["distributed"]["param_dtype"] == "bf16" and sharded["distributed"]["reduce_dtype"] == "fp32"
     single = train(BF16, arm="gated")   # autocast in one process: the same casts up to where they happen
-    assert sharded["status"] == single["status"] == "completed"
+    assert sharded["status"] == single["status"] == Status.COMPLETED
     for step, (x, y) in enumerate(zip(sharded["series"]["loss"], single["series"]["loss"])):
         assert x == pytest.approx(y, rel=2 ** -8), f"bf16 loss at step {step}: {x} vs {y}"   # bf16: 8 bits
 
@@ -136,7 +137,7 @@ def test_a_nan_on_rank_1_is_reported_at_its_step_rank_and_module_and_stops_both(
 
     for found in two_ranks:
         run = found["nan"]
-        assert run["status"] == "diverged" and run["diverged_at_step"] == NAN_FAULT.step
+        assert run["status"] == Status.DIVERGED and run["diverged_at_step"] == NAN_FAULT.step
         assert len(run["series"]["loss"]) == NAN_FAULT.step + 1
         event = run["events"][0]
         assert (event["step"], event["rank"], event["module"], event["layer"]) == (NAN_FAULT.step, 1, "blocks.1", 1)
@@ -145,7 +146,7 @@ def test_a_nan_on_rank_1_is_reported_at_its_step_rank_and_module_and_stops_both(
 
 def test_a_ctrl_c_reaching_one_rank_stops_every_rank_after_the_same_step(two_ranks):
     # the stop request travels in the next step's all-reduce: both ranks end after step 4
-    assert [found["ctrl_c"]["status"] for found in two_ranks] == ["killed", "killed"]
+    assert [found["ctrl_c"]["status"] for found in two_ranks] == [Status.KILLED, Status.KILLED]
     assert [found["ctrl_c"]["series"]["step"] for found in two_ranks] == [list(range(5))] * 2
 
 
@@ -164,7 +165,7 @@ def test_torchrun_run_keeps_one_record_and_one_mlflow_parent_from_rank_0(request
     records = [p for p in run_dirs[0].glob("*.json") if p.name != "manifest.json"]
     assert len(records) == 1
     record = json.loads(records[0].read_text())
-    assert record["status"] == "completed" and [a["arm"] for a in record["arms"]] == ["baseline", "gated"]
+    assert record["status"] == Status.COMPLETED and [a["arm"] for a in record["arms"]] == ["baseline", "gated"]
     assert all(a["distributed"]["world_size"] == 2 and len(a["series"]["loss"]) == STEPS for a in record["arms"])
     client = MlflowClient(tracking_uri=store)
     runs = client.search_runs([client.get_experiment_by_name("stability-smoke").experiment_id])
@@ -184,7 +185,7 @@ def test_a_killed_rank_stops_the_job_and_the_record_keeps_the_steps_so_far(tmp_p
     (path,) = [p for p in run_dir.glob("*.json") if p.name != "manifest.json"]
     record = json.loads(path.read_text())
     (arm,) = record["arms"]     # the job stopped in the first arm: the gated arm never started
-    assert record["status"] == "killed" and arm["arm"] == "baseline" and arm["status"] in ("error", "killed")
+    assert record["status"] == Status.KILLED and arm["arm"] == "baseline" and arm["status"] in (Status.ERROR, Status.KILLED)
     assert arm["series"]["step"] == list(range(kill_at))
     (steps,) = (run_dir / "steps").rglob("*.jsonl")
     assert [row["step"] for row in read_steplog(steps)["steps"]] == list(range(kill_at))

@@ -19,6 +19,7 @@ from stability.cli import main
 from stability.config import ConfigError, GateConfig, ModelConfig
 from stability.model.build import build_model
 from stability.model.lm import GatedLM
+from stability.record import Status
 from stability.train.probes import heavy_probes
 
 transformers = pytest.importorskip("transformers")
@@ -104,7 +105,7 @@ def test_an_hf_llama_pair_trains_with_a_record_and_mlflow_runs(tmp_path, monkeyp
     assert "model: hf (llama)" in out and "corpus: builtin" in out
     (path,) = [p for p in (tmp_path / "reports" / "runs").glob("*/*.json") if p.name != "manifest.json"]
     record = json.loads(path.read_text())
-    assert [a["status"] for a in record["arms"]] == ["completed", "completed"]
+    assert [a["status"] for a in record["arms"]] == [Status.COMPLETED, Status.COMPLETED]
     assert record["config"]["run"]["model"]["source"] == "hf"
     assert {a["model"]["class"] for a in record["arms"]} == {"LlamaForCausalLM"}
     assert record["corpus"]["kind"] == "builtin" and record["tracking"]["status"] == "tracked"
@@ -129,7 +130,7 @@ def test_a_factory_model_trains_as_a_pair_with_its_shared_parameters_paired():
     assert all(torch.equal(gated_params[n], p) for n, p in shared.items())
     assert models[1].block_names == ["inner.layers.0", "inner.layers.1"]
     record = run_pair(config)
-    assert [a["status"] for a in record["arms"]] == ["completed", "completed"]
+    assert [a["status"] for a in record["arms"]] == [Status.COMPLETED, Status.COMPLETED]
     gated = record["arms"][1]
     assert gated["model"]["source"] == "factory" and gated["layer_names"] == ["head", "layer0", "layer1"]
     assert gated["final"]["m_act_max"] > 0 and gated["final"]["gate_score_mean"] is not None

@@ -18,6 +18,7 @@ from stability.cases.pipeline import keep
 from stability.cases.session import Session
 from stability.cli import main
 from stability.config import resolve
+from stability.record import Status
 from stability.track import runs as tracking
 from stability.track.live import LiveTracker
 
@@ -73,7 +74,7 @@ def test_steps_reach_mlflow_while_the_arm_trains_and_runs_carry_the_training_tim
         assert parent.info.start_time <= child.info.start_time
         ends.append(child.info.end_time)
         assert {k: child.data.tags[k] for k in ("arm", "seed", "case", "status")} == {
-            "arm": arm["arm"], "seed": "0", "case": "standard", "status": "completed"}
+            "arm": arm["arm"], "seed": "0", "case": "standard", "status": Status.COMPLETED}
         assert [m.step for m in client.get_metric_history(child.info.run_id, "loss")] == list(range(24))  # once
         assert len(client.get_metric_history(child.info.run_id, "update_norm")) == 24
         assert "final.heldout_loss" in child.data.metrics
@@ -156,7 +157,7 @@ def test_a_silent_store_never_holds_training_up_and_degrades_with_one_message(tm
         session.close()
     finally:
         server.close()
-    assert record["status"] == "completed" and len(record["arms"][1]["series"]["loss"]) == 24
+    assert record["status"] == Status.COMPLETED and len(record["arms"][1]["series"]["loss"]) == 24
     assert record["tracking"]["status"] == "not tracked"
     err = capsys.readouterr().err
     assert err.count("NOT TRACKED") == 1 and ("did not answer" in err or "took more than" in err), err

@@ -20,6 +20,7 @@ from stability.cases.session import Resume, Session
 from stability.cases.steplog import read_steplog
 from stability.cli import main
 from stability.config import resolve
+from stability.record import Status
 from stability.train import probes
 from stability.train.checkpoint import Bundles
 
@@ -57,14 +58,14 @@ def interrupted(tmp_path_factory):
 
 def test_ctrl_c_stops_the_case_after_the_step_in_flight_with_everything_on_disk(interrupted):
     run_dir, record = interrupted
-    assert record["status"] == "killed"
+    assert record["status"] == Status.KILLED
     assert [(a["arm"], a["status"], len(a["series"]["loss"])) for a in record["arms"]] == [
-        ("baseline", "completed", 24), ("gated", "killed", 14)]
+        ("baseline", Status.COMPLETED, 24), ("gated", Status.KILLED, 14)]
     on_disk = json.loads(next(run_dir.glob("smoke-standard-*.json")).read_text())
-    assert on_disk["status"] == "killed" and [r["status"] for r in on_disk["runs"]] == ["completed", "killed"]
+    assert on_disk["status"] == Status.KILLED and [r["status"] for r in on_disk["runs"]] == [Status.COMPLETED, Status.KILLED]
     steps = {path.name.split("-")[0]: read_steplog(path) for path in (run_dir / "steps" / record["id"]).iterdir()}
     assert [row["step"] for row in steps["gated"]["steps"]] == list(range(14)) and steps["gated"]["end"] is None
-    assert steps["baseline"]["end"]["status"] == "completed" and len(steps["baseline"]["steps"]) == 24
+    assert steps["baseline"]["end"]["status"] == Status.COMPLETED and len(steps["baseline"]["steps"]) == 24
     checkpoints = list((run_dir / "checkpoints" / record["id"]).glob("*.pt"))
     assert [p.name.split("-")[0] for p in checkpoints] == ["gated"]   # the finished arm's was deleted
 
@@ -76,7 +77,7 @@ def test_a_resumed_run_continues_bit_for_bit(interrupted, reference, tmp_path):
     resume = Resume.load(run_dir)
     assert resume.check_checkpoints() == 1
     record = run_pair(tiny(), session=Session(run_dir, resume=resume))
-    assert record["status"] == "completed" and record["id"] == resume.records[0]["id"]
+    assert record["status"] == Status.COMPLETED and record["id"] == resume.records[0]["id"]
     for expected, got in zip(reference["arms"], record["arms"]):
         assert got["series"]["loss"] == expected["series"]["loss"]          # bit for bit, every step
         assert got["series"]["update_norm"] == expected["series"]["update_norm"]
@@ -179,7 +180,7 @@ def test_the_same_command_again_continues_the_interrupted_run(interrupted, refer
     assert "continuing an interrupted run" in out and "resuming after step 13" in out
     assert len(list(root.iterdir())) == 1
     record = json.loads(next(root.glob("*/smoke-standard-*.json")).read_text())
-    assert record["status"] == "completed"
+    assert record["status"] == Status.COMPLETED
     assert record["arms"][1]["series"]["loss"] == reference["arms"][1]["series"]["loss"]
 
 

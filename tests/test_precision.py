@@ -9,6 +9,7 @@ from torch import nn
 from stability import precision
 from stability.config import ConfigError, PrecisionConfig
 from stability.precision import Fp8Linear, PrecisionPolicy, format_limits
+from stability.record import Status
 
 _CONFIG_FIELDS = ("loss_scaling", "init_loss_scale", "growth_factor", "backoff_factor", "growth_interval",
                   "fp8_recipe", "fp8_scaling", "fp8_history")
@@ -381,7 +382,7 @@ def test_gradscaler_trajectory_of_a_training_run_that_overflows():
                                "probes.eval_batches": 1})
     torch.set_num_threads(1)
     record = train(config.arm_config("baseline", 0), arm="baseline")
-    assert record["status"] == "completed", record["stop_reason"]
+    assert record["status"] == Status.COMPLETED, record["stop_reason"]
     scales, skipped = record["series"]["loss_scale"], record["series"]["skipped"]
     assert skipped[0] and not all(skipped)  # 2^30 overflows at first; the scale comes down until it fits
     expected, scale, clean = [], 2.0 ** 30, 0

@@ -16,7 +16,7 @@ from stability.config import ConfigError, GateConfig, ModelConfig, PrecisionConf
 from stability.data import load_corpus
 from stability.model.lm import GatedLM
 from stability.precision import Fp8Linear, PrecisionPolicy
-from stability.record import paired_summary
+from stability.record import Status, paired_summary
 from stability.train import quantize as q
 from stability.train.probes import heavy_probes
 
@@ -98,8 +98,8 @@ def test_quant_figures_and_paired_summary_directions():
     figures = q.quant_figures(quant)
     assert figures == {"quant_int8_damage_loss": 0.1, "quant_int8_damage_accuracy": -0.01,
                        "quant_int8_kl": 0.02}
-    arms = [{"arm": "baseline", "seed": 0, "status": "completed", "final": {"heldout_loss": 3.0, **figures}},
-            {"arm": "gated", "seed": 0, "status": "completed", "final": {"heldout_loss": 2.9, "quant_int8_damage_loss": 0.05,
+    arms = [{"arm": "baseline", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 3.0, **figures}},
+            {"arm": "gated", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 2.9, "quant_int8_damage_loss": 0.05,
                                                    "quant_int8_damage_accuracy": 0.0, "quant_int8_kl": 0.01}}]
     paired = paired_summary(arms)["gated"]
     assert paired["quant_int8_damage_loss"]["better"] == "lower"

@@ -18,6 +18,7 @@ from stability.cases.runs import Unit, check_unique
 from stability.cases.stress import run_case
 from stability.cli import main
 from stability.config import resolve
+from stability.record import Status
 from stability.train.schedules import Standard
 
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 16,
@@ -117,7 +118,7 @@ def test_a_killed_worker_is_retried_and_its_unit_counted_once(ray_local):
     assert attempts[victim] == 2 and record["ray"]["retries"] == 1
     assert sorted(attempts.values()) == [1, 2]
     assert [(a["arm"], a["unit"]["id"]) for a in record["arms"]].count(("gated", victim)) == 1
-    assert len(record["arms"]) == 2 and record["status"] == "completed"
+    assert len(record["arms"]) == 2 and record["status"] == Status.COMPLETED
     killed = next(a for a in record["arms"] if a["unit"]["id"] == victim)
     assert killed["unit"]["attempt"] == 2
     assert figures(record) == figures(run_case("standard", config))   # the retried run measured the same
@@ -131,7 +132,7 @@ def test_stress_cli_with_ray(ray_local, tmp_path, capsys):
     (path,) = tmp_path.glob("*/*shock*.json")
     record = json.loads(path.read_text())
     assert record["ray"]["address"] == "local:2" and len(record["arms"]) == 2 and str(path) in out
-    assert record["shock"]["per_arm"][0]["shock_step"] == 3 and record["status"] == "completed"
+    assert record["shock"]["per_arm"][0]["shock_step"] == 3 and record["status"] == Status.COMPLETED
 
 
 def test_negative_retries_are_a_config_error():

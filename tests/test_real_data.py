@@ -14,6 +14,7 @@ from stability.cli import main
 from stability.config import ConfigError, DataConfig
 from stability.data import load_corpus
 from stability.data.stdlib import SEPARATOR, stdlib_corpus, stdlib_files, stdlib_root
+from stability.record import Status
 
 
 def test_stdlib_corpus_is_real_source_split_by_file_with_its_provenance():
@@ -57,7 +58,7 @@ def test_the_full_preset_starts_on_a_machine_without_data_files(tmp_path, monkey
     (path,) = [p for p in tmp_path.glob("reports/runs/*/*.json") if p.name != "manifest.json"]
     record = json.loads(path.read_text())
     assert record["corpus"]["kind"] == "stdlib" and record["corpus"]["heldout_files"] > 0
-    assert [a["status"] for a in record["arms"]] == ["completed", "completed"]
+    assert [a["status"] for a in record["arms"]] == [Status.COMPLETED, Status.COMPLETED]
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the root conftest turns the interpreter on for the tests
     assert main(["run", "--preset", "full", "--set", "device=cpu", "--no-track"]) == 2  # triton on the CPU
     assert "model.backend='triton' is invalid with device='cpu'" in capsys.readouterr().err

@@ -251,12 +251,13 @@ def test_a_figure_value_that_is_not_a_number_is_unusable_input(record, baseline)
     for value in ("2.31", [2.31], {"v": 1}):
         result = reg.check([_set(record, "gated", "heldout_loss", [value, 3.0, 3.0])], baseline)
         assert result.exit_code == 2, value
-        assert "arm gated/seed 0 figure heldout_loss=" in result.errors[0] and "not a number" in result.errors[0]
+        assert "(arm gated, seed 0).final.heldout_loss = " in result.errors[0], result.errors
+        assert "expected a number, true/false or null" in result.errors[0]
 
 
 def test_a_figure_the_table_does_not_know_is_unusable_input(record, baseline):
     result = reg.check([_set(record, "gated", "heldout_los", [3.0, 3.0, 3.0])], baseline)
-    assert result.exit_code == 2 and "figure 'heldout_los'" in result.errors[0]
+    assert result.exit_code == 2 and "final.heldout_los is not a figure of the table" in result.errors[0]
 
 
 def test_records_of_several_draws_are_not_one_job(record, baseline):
@@ -358,7 +359,7 @@ def test_cli_bad_inputs_exit_2_with_a_message(tmp_path, record, baseline, capsys
     assert "schema_version=7 is unknown" in capsys.readouterr().out
     string = _write(tmp_path / "s.json", _set(record, "gated", "accuracy", ["0.15", 0.15, 0.15]))
     assert main(["check", "--baseline", str(base), string]) == 2
-    assert "figure accuracy='0.15' is not a number" in capsys.readouterr().out
+    assert "(arm gated, seed 0).final.accuracy = '0.15': expected a number" in capsys.readouterr().out
     good = _write(tmp_path / "good.json", record)
     assert main(["check", "--baseline", str(tmp_path / "missing.json"), good]) == 2
     assert "does not exist" in capsys.readouterr().out

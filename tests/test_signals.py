@@ -22,6 +22,7 @@ import torch
 from stability.cases.experiment import run_pair
 from stability.cases.steplog import read_steplog
 from stability.config import resolve
+from stability.record import Status
 
 STEPS = 160   # a progress line every 16 steps
 CONFIG = {"seeds": "0", "steps": STEPS, "probes.every": 80, "probes.eval_batches": 1, "model.d_model": 32,
@@ -77,9 +78,9 @@ def test_ctrl_c_stops_the_command_with_exit_130_and_the_same_command_continues(t
     assert code == 130, err[-2000:]
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
     _, record = the_record(tmp_path)
-    assert record["status"] == "killed"
+    assert record["status"] == Status.KILLED
     baseline, gated = record["arms"]
-    assert (baseline["status"], gated["status"]) == ("completed", "killed") and len(gated["series"]["loss"]) >= 65
+    assert (baseline["status"], gated["status"]) == (Status.COMPLETED, Status.KILLED) and len(gated["series"]["loss"]) >= 65
     stopped_at = len(gated["series"]["loss"])
     assert gated["series"]["loss"] == reference["arms"][1]["series"]["loss"][:stopped_at]
 
@@ -88,7 +89,7 @@ def test_ctrl_c_stops_the_command_with_exit_130_and_the_same_command_continues(t
     assert code == 0, err[-2000:]
     assert "continuing an interrupted run" in out and f"resuming after step {stopped_at - 1}" in out
     _, record = the_record(tmp_path)
-    assert record["status"] == "completed"
+    assert record["status"] == Status.COMPLETED
     for expected, got in zip(reference["arms"], record["arms"]):
         assert got["series"]["loss"] == expected["series"]["loss"]
         assert got["final"]["heldout_loss"] == expected["final"]["heldout_loss"]
@@ -100,7 +101,7 @@ def test_after_kill_9_the_steps_trained_are_on_disk_and_resume_finishes_the_run(
     process.kill()                                               # SIGKILL: nothing runs on the way out
     process.communicate(timeout=TIMEOUT_S)
     run_dir, record = the_record(tmp_path)
-    assert record["status"] == "running" and [r["status"] for r in record["runs"]] == ["completed"]
+    assert record["status"] == Status.RUNNING and [r["status"] for r in record["runs"]] == [Status.COMPLETED]
     (steps_file,) = (run_dir / "steps" / record["id"]).glob("gated-*.jsonl")
     rows = read_steplog(steps_file)["steps"]
     assert len(rows) >= 97 and [r["step"] for r in rows] == list(range(len(rows)))
@@ -129,9 +130,9 @@ def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_ru
     (run_dir,) = (tmp_path / "reports" / "runs").iterdir()
     (path,) = run_dir.glob("smoke-lr_sweep-*.json")
     record = json.loads(path.read_text())
-    assert record["status"] == "killed"
-    assert [(r["name"], r["status"]) for r in record["runs"]] == [("baseline-seed0-lr0.001", "completed"),
-                                                                  ("baseline-seed0-lr0.003", "killed")]
+    assert record["status"] == Status.KILLED
+    assert [(r["name"], r["status"]) for r in record["runs"]] == [("baseline-seed0-lr0.001", Status.COMPLETED),
+                                                                  ("baseline-seed0-lr0.003", Status.KILLED)]
     assert record["tracking"]["status"] == "tracked", record["tracking"]
 
     from mlflow.tracking import MlflowClient
@@ -143,7 +144,7 @@ def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_ru
     assert {n: r.info.status for n, r in children.items()} == {"baseline-seed0-lr0.001": "FINISHED",
                                                                "baseline-seed0-lr0.003": "KILLED"}
     killed = children["baseline-seed0-lr0.003"]
-    assert killed.data.tags["case"] == "lr_sweep" and killed.data.tags["status"] == "killed"
+    assert killed.data.tags["case"] == "lr_sweep" and killed.data.tags["status"] == Status.KILLED
     assert len(client.get_metric_history(killed.info.run_id, "loss")) >= 28   # sent live while it trained
 
 

@@ -9,6 +9,7 @@ import pytest
 from stability.cases.stress import ramp_figures, reference_index, run_case, shock_figures, sweep_figures
 from stability.check.claims import claim_rows, held_out
 from stability.config import ConfigError, resolve
+from stability.record import Status
 from stability.train.schedules import (
     BatchRamp,
     ExponentialRamp,
@@ -77,7 +78,7 @@ def test_reference_index_is_nearest_on_log_scale():
 
 def test_ramp_figures_find_the_onset():
     losses = [5.0, 4.0, 3.0, 2.5, 6.0, 7.0, 9.0]
-    record = {"status": "diverged", "diverged_at_step": 6,
+    record = {"status": Status.DIVERGED, "diverged_at_step": 6,
               "series": {"loss": losses, "lr": [10.0 ** (i - 3) for i in range(7)],
                          "loss_spike": [False, False, False, False, True, False, False],
                          "grad_spike": [False] * 7}}
@@ -91,11 +92,11 @@ def test_ramp_figures_find_the_onset():
 
 def test_shock_figures_peak_and_recovery():
     losses = [4.0, 3.0, 2.0, 2.0, 3.0, 2.5, 1.9, 1.8]
-    figures = shock_figures(losses, [False] * 8, shock_step=3, smoothing=2, status="completed")
+    figures = shock_figures(losses, [False] * 8, shock_step=3, smoothing=2, status=Status.COMPLETED)
     assert figures["shock_pre_loss"] == pytest.approx(2.0)
     assert figures["shock_peak_excess"] == pytest.approx(1.0)
     assert figures["shock_recovery_steps"] == 4 and figures["shock_recovered"]  # mean(1.9, 1.8) <= 2.0
-    never = shock_figures([2.0, 2.0, 5.0, 4.0], [False] * 4, shock_step=1, smoothing=1, status="completed")
+    never = shock_figures([2.0, 2.0, 5.0, 4.0], [False] * 4, shock_step=1, smoothing=1, status=Status.COMPLETED)
     assert not never["shock_recovered"] and never["shock_recovery_steps"] == 2
 
 

@@ -19,11 +19,11 @@ import time
 import urllib.request
 
 import pytest
-from _stability_records import edited, pair_record
+from _stability_records import edited, pair_record, with_replicates
 
 from stability.cases.pipeline import report_artifacts
 from stability.cli import main
-from stability.record import write_record
+from stability.record import Status, write_record
 from stability.track import runs as tracking
 
 SERVER_START_TIMEOUT_S = 150
@@ -161,7 +161,7 @@ def test_one_experiment_per_preset_or_campaign(store, monkeypatch):
 
 
 def test_killed_arms_and_pairs_are_marked_killed(store):
-    killed = pair_record(seeds=(0,), status="killed")
+    killed = pair_record(seeds=(0,), status=Status.KILLED)
     result = tracking.log_to_mlflow(killed, store)
     client = _client(store)
     assert client.get_run(result["parent_run_id"]).info.status == "KILLED"
@@ -242,7 +242,8 @@ def test_check_from_mlflow_takes_the_latest_parent_runs_of_a_branch(tmp_path, st
     old = edited(record, "gated", "m_act_mean", factor=10.0)
     assert tracking.log_to_mlflow(old, store)["status"] == "tracked"
     time.sleep(0.01)
-    assert tracking.log_to_mlflow(record, store)["status"] == "tracked"   # latest wins
+    for draw in with_replicates(record, draws=(1, 2)):    # the latest of each draw wins: the reference and two
+        assert tracking.log_to_mlflow(draw, store)["status"] == "tracked"   # replicates
     current = tmp_path / "r.json"
     current.write_text(json.dumps(record, allow_nan=False))
     assert main(["check", "--from-mlflow", "main", "--tracking-uri", store, str(current)]) == 0

@@ -20,7 +20,7 @@ from stability.config import (
     resolve,
 )
 from stability.data import get_batch, load_corpus
-from stability.record import paired_summary
+from stability.record import Status, paired_summary
 from stability.train.trainer import ArmHooks, train
 
 TINY = RunConfig(
@@ -35,7 +35,7 @@ TINY = RunConfig(
 def test_loss_falls_and_the_record_is_complete():
     record = train(TINY, arm="baseline")
     series = record["series"]
-    assert record["status"] == "completed" and record["diverged_at_step"] is None
+    assert record["status"] == Status.COMPLETED and record["diverged_at_step"] is None
     assert len(series["loss"]) == TINY.steps == len(series["grad_norm"]) == len(series["lr"])
     assert series["loss"][-1] < series["loss"][0] - 0.5
     assert len(series["layer_grad_norm"][0]) == len(record["layer_names"]) == TINY.model.n_layers + 2
@@ -58,7 +58,7 @@ def test_same_config_and_seed_give_the_same_figures():
 def test_an_exploding_run_is_recorded_as_diverged_not_raised():
     exploding = replace(TINY, optim=replace(TINY.optim, lr=50.0, warmup_steps=0, grad_clip=0.0), steps=60)
     record = train(exploding)
-    assert record["status"] == "diverged"
+    assert record["status"] == Status.DIVERGED
     step = record["diverged_at_step"]
     assert step is not None and step < 59 and len(record["series"]["loss"]) == step + 1
     assert record["stop_reason"]
@@ -67,7 +67,7 @@ def test_an_exploding_run_is_recorded_as_diverged_not_raised():
 def test_a_nan_injected_into_a_layer_is_found_at_its_step_and_layer():
     faulty = replace(TINY, fault=FaultConfig(kind="nan", step=12, layer=1))
     record = train(faulty)
-    assert record["status"] == "diverged" and record["diverged_at_step"] == 12
+    assert record["status"] == Status.DIVERGED and record["diverged_at_step"] == 12
     event = record["events"][0]
     assert (event["step"], event["what"], event["module"], event["layer"]) == (12, "activation", "blocks.1", 1)
     assert record["series"]["nonfinite"][:12] == [""] * 12
@@ -76,7 +76,7 @@ def test_a_nan_injected_into_a_layer_is_found_at_its_step_and_layer():
 def test_a_sustained_rise_above_the_initial_loss_counts_as_divergence():
     run = replace(TINY, probes=replace(TINY.probes, diverge_factor=0.01, diverge_patience=3))
     record = train(run)
-    assert record["status"] == "diverged" and record["diverged_at_step"] == 2  # steps 0, 1, 2
+    assert record["status"] == Status.DIVERGED and record["diverged_at_step"] == 2  # steps 0, 1, 2
     assert "consecutive" in record["stop_reason"]
 
 
@@ -85,7 +85,7 @@ def test_ctrl_c_keeps_the_steps_so_far(monkeypatch):
         if step == 4:
             raise KeyboardInterrupt
     record = train(TINY, hooks=ArmHooks(on_step=interrupt))
-    assert record["status"] == "killed" and len(record["series"]["loss"]) == 5
+    assert record["status"] == Status.KILLED and len(record["series"]["loss"]) == 5
 
 
 def test_both_arms_of_a_pair_read_identical_batches():
@@ -107,13 +107,13 @@ def test_a_pair_record_holds_both_arms_per_seed_and_paired_figures():
     assert loss["n"] == 2 and loss["seeds"] == [0, 1]
     assert loss["difference"] == pytest.approx(loss["treatment"] - loss["baseline"])
     assert loss["ci_low"] <= loss["difference"] <= loss["ci_high"]
-    assert record["status"] == "completed" and record["schema_version"] == 2
+    assert record["status"] == Status.COMPLETED and record["schema_version"] == 2
 
 
 def test_paired_summary_drops_a_seed_missing_an_arm():
-    arms = [{"arm": "baseline", "seed": 0, "status": "completed", "final": {"heldout_loss": 2.0}},
-            {"arm": "gated", "seed": 0, "status": "completed", "final": {"heldout_loss": 1.5}},
-            {"arm": "baseline", "seed": 1, "status": "completed", "final": {"heldout_loss": 9.0}}]
+    arms = [{"arm": "baseline", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 2.0}},
+            {"arm": "gated", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 1.5}},
+            {"arm": "baseline", "seed": 1, "status": Status.COMPLETED, "final": {"heldout_loss": 9.0}}]
     summary = paired_summary(arms)["gated"]["heldout_loss"]
     assert summary["n"] == 1 and summary["difference"] == -0.5 and summary["ci_low"] is None
 
@@ -125,10 +125,10 @@ def test_gated_smoke_preset_uses_the_papers_g1_gate():
 
 
 def test_paired_summary_leaves_out_evaluation_figures_of_an_arm_that_diverged():
-    arms = [{"arm": "baseline", "seed": s, "status": "completed", "final": {"heldout_loss": 2.0, "diverged": False}}
+    arms = [{"arm": "baseline", "seed": s, "status": Status.COMPLETED, "final": {"heldout_loss": 2.0, "diverged": False}}
             for s in (0, 1)]
-    arms += [{"arm": "gated", "seed": 0, "status": "completed", "final": {"heldout_loss": 1.5, "diverged": False}},
-             {"arm": "gated", "seed": 1, "status": "diverged", "final": {"heldout_loss": 1e9, "diverged": True}}]
+    arms += [{"arm": "gated", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 1.5, "diverged": False}},
+             {"arm": "gated", "seed": 1, "status": Status.DIVERGED, "final": {"heldout_loss": 1e9, "diverged": True}}]
     paired = paired_summary(arms)["gated"]
     assert paired["heldout_loss"]["n"] == 1 and paired["heldout_loss"]["difference"] == -0.5
     assert paired["diverged"]["n"] == 2 and paired["diverged"]["difference"] == 0.5   # a trajectory figure

@@ -63,7 +63,7 @@ TARGETS = {
                           "_single_draw", "_paired", "_divergence_notes", "_rows_of_case", "_row", "decide",
                           "leave_out"),
                          ("tests/test_regression.py", HAND)),
-    "record": Target("stability/record/__init__.py",
+    "record": Target("stability/record/summary.py",
                      ("spike_score", "final_figures", "_finite_mean", "usable_value", "arm_names", "paired_summary"),
                      (HAND, "tests/test_probes.py", "tests/test_regression.py")),
     # every LR and batch-size rule and its settings' checks; not describe() (prose)

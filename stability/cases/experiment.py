@@ -30,7 +30,17 @@ from stability import config as cfg
 from stability import precision
 from stability.cases.runs import Unit, check_unique
 from stability.data import load_corpus
-from stability.record import case_timing, finish_status, new_case_record, paired_summary
+from stability.record import (
+    Status,
+    add_arm,
+    finish_case,
+    new_case_record,
+    set_corpus,
+    set_extrapolation,
+    set_paired,
+    set_quant,
+    stop_case,
+)
 from stability.train import distributed
 from stability.train.trainer import ArmHooks, train
 
@@ -74,13 +84,10 @@ def train_arm(case_record: dict, config: cfg.ExperimentConfig, run: cfg.RunConfi
         arm_record = train(run, schedule, corpus=corpus, arm=arm, hooks=hooks)
     if session is not None:
         session.arm_done(case_record, arm_record)
-    if arm_record["status"] == "killed" or (arm_record["status"] == "error" and distributed.current() is not None):
+    if arm_record["status"] == Status.KILLED or (arm_record["status"] == Status.ERROR
+                                                  and distributed.current() is not None):
         # under torchrun an error (a lost process above all) ends the job: the others cannot go on alone
-        case_record["arms"].append(arm_record)
-        case_record["paired"] = paired_summary(case_record["arms"])
-        case_record["status"] = "killed"
-        case_record["timing"] = case_timing([a["timing"] for a in case_record["arms"]],
-                                            sum(a["timing"].get("wall_seconds", 0.0) for a in case_record["arms"]))
+        stop_case(case_record, arm_record)
         if session is not None:
             session.arm_done(case_record, None)
         raise Interrupted(case_record)
@@ -114,8 +121,8 @@ def quantization_hook(run: cfg.RunConfig, schemes: tuple[str, ...]):
     check_schemes(schemes)  # a name no scheme is registered under: ConfigError before the arm trains
 
     def evaluate_quantized(model, corpus, record):
-        record["quant"] = evaluate_schemes(model, corpus, run, schemes)
-        record["final"].update(quant_figures(record["quant"]))  # quant_<scheme>_damage_* in the paired table
+        quant = evaluate_schemes(model, corpus, run, schemes)
+        set_quant(record, quant, quant_figures(quant))  # quant_<scheme>_damage_* in the paired table
     return evaluate_quantized
 
 
@@ -128,8 +135,8 @@ def extrapolation_hook(run: cfg.RunConfig, extrapolation: cfg.ExtrapolationConfi
     def evaluate_extrapolation(model, corpus, record):
         from stability.train.extrapolation import evaluate_lengths, extrapolation_figures
 
-        record["extrapolation"] = evaluate_lengths(model, corpus, run, extrapolation)
-        record["final"].update(extrapolation_figures(record["extrapolation"]))
+        result = evaluate_lengths(model, corpus, run, extrapolation)
+        set_extrapolation(record, result, extrapolation_figures(result))
     return evaluate_extrapolation
 
 
@@ -160,12 +167,11 @@ def run_pair(config: cfg.ExperimentConfig, schedule=None, description: str = "",
     record = new_case_record(config, schedule.name, description or schedule.describe(), stress="pair",
                              purpose=purpose)
     corpus = load_inputs(config)
-    record["corpus"] = corpus.info
+    set_corpus(record, corpus.info)
     units = [Unit("pair", arm, seed, config.arm_config(arm, seed), schedule)
              for seed in config.seeds for arm in config.arm_names]
     for arm_record in train_units(record, config, units, corpus, session, runner):
-        record["arms"].append(arm_record)
-        record["paired"] = paired_summary(record["arms"])
-    record["status"] = finish_status(record)
-    record["timing"] = case_timing([a["timing"] for a in record["arms"]], time.perf_counter() - started)
+        add_arm(record, arm_record)
+        set_paired(record)
+    finish_case(record, [a["timing"] for a in record["arms"]], time.perf_counter() - started)
     return record

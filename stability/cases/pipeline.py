@@ -17,7 +17,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from stability.record import write_record
+from stability.record import (
+    Status,
+    add_tracking_seconds,
+    clear_tracking,
+    mark_case_killed,
+    set_record_path,
+    set_tracking,
+    write_record,
+)
 from stability.record.rundir import ensure_run_dir
 
 
@@ -36,25 +44,25 @@ def keep(record: dict, run_dir: str | Path, tracking_uri: str | None = None, exp
     ``session``: its live MLflow runs are completed instead of new ones made; when its live tracking
     failed, the record stays "not tracked" (the failure was reported once)."""
     run_dir = ensure_run_dir(run_dir)
-    record.pop("tracking", None)   # the live ids written while training; the result of tracking replaces them
+    clear_tracking(record)   # the live ids written while training; the result of tracking replaces them
     path = write_record(record, run_dir)
-    record["record_path"] = str(path)
+    set_record_path(record, str(path))
     tracker = getattr(session, "tracker", None)
     if track and tracker is not None and tracker.failed:
-        record["tracking"] = tracker.status()
+        set_tracking(record, tracker.status())
         write_record(record, run_dir)
     elif track:
         from stability.track.runs import log_to_mlflow
 
         live = session.live_runs(record) if session is not None else None
         if tracker is not None and tracker.failed:
-            record["tracking"] = tracker.status()
+            set_tracking(record, tracker.status())
         else:
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp:
                 artifacts = report_artifacts(record, Path(tmp)) if plots else []
-                record["tracking"] = log_to_mlflow(record, tracking_uri, experiment, artifacts, live=live)
-            record.setdefault("timing", {})["tracking_seconds"] = time.perf_counter() - started
+                set_tracking(record, log_to_mlflow(record, tracking_uri, experiment, artifacts, live=live))
+            add_tracking_seconds(record, time.perf_counter() - started)
         write_record(record, run_dir)
     return record
 
@@ -89,7 +97,7 @@ def stopped_record(stop: KeyboardInterrupt, session) -> dict | None:
     (marked killed), else None (nothing was measured yet)."""
     record = getattr(stop, "record", None)
     if record is None and session is not None and session.current is not None \
-            and session.current.get("status") == "running":
+            and session.current.get("status") == Status.RUNNING:
         record = session.current
-        record["status"] = "killed"
+        mark_case_killed(record)
     return record

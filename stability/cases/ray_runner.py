@@ -36,6 +36,7 @@ import os
 
 from stability import config as cfg
 from stability.cases.runs import Unit
+from stability.record import name_run, note_attempts, set_ray, set_unit
 
 _CORPORA: dict[str, object] = {}   # per worker process: corpus of a config, loaded once
 
@@ -90,7 +91,7 @@ def _task(config, unit: Unit, attempts, before_unit) -> tuple[str, dict]:
     if before_unit is not None:
         before_unit(unit.id, attempt)
     arm_record = train_alone(config, unit)
-    arm_record["unit"] = {"id": unit.id, "name": unit.name, "attempt": attempt, "pid": os.getpid()}
+    set_unit(arm_record, unit.id, unit.name, attempt, os.getpid())
     return unit.id, arm_record
 
 
@@ -151,22 +152,19 @@ class RayRunner:
         attempts = ray.remote(num_cpus=0)(_Attempts).remote()
         config_ref = ray.put(config)
         pending = {unit.id: task.remote(config_ref, unit, attempts, self.before_unit) for unit in units}
-        entry = {"address": self.address, "task_resources": resources, "max_retries": self.max_retries,
-                 "units": [{"id": unit.id, "name": unit.name, "attempts": None} for unit in units], "retries": 0}
-        case_record["ray"] = entry
+        set_ray(case_record, self.address, resources, self.max_retries, [(unit.id, unit.name) for unit in units])
         results: dict[str, dict] = {}
-        for unit, row in zip(units, entry["units"]):
+        for index, unit in enumerate(units):
             try:
                 unit_id, arm_record = ray.get(pending[unit.id])
             except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as error:
                 raise UnitLost(f"unit {unit.name} ({unit.id}): its worker died {self.max_retries + 1} times "
                                f"(max_retries={self.max_retries}): {error}") from None
             name, key, _ = run_names(case_record, unit.run, unit.schedule, unit.arm)
-            arm_record.update(run_name=name, run_key=key)   # as a session names a run trained here
+            name_run(arm_record, name, key)   # as a session names a run trained here
             results[unit_id] = arm_record       # keyed by id: a unit that ran twice is kept once
             counts = ray.get(attempts.all.remote())
-            row["attempts"] = counts.get(unit.id, 1)
-            entry["retries"] = sum(max(0, n - 1) for n in counts.values())
+            note_attempts(case_record, index, counts.get(unit.id, 1), sum(max(0, n - 1) for n in counts.values()))
             yield results[unit.id]
 
     def close(self) -> None:

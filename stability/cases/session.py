@@ -34,7 +34,19 @@ from pathlib import Path
 
 from stability import config as cfg
 from stability.cases.steplog import StepLog, read_steplog
-from stability.record import RecordError, read_record, write_record
+from stability.record import (
+    UNFINISHED,
+    RecordError,
+    Status,
+    name_run,
+    note_resumed,
+    note_run,
+    read_record,
+    set_checkpoint_dir,
+    set_replay_bundles,
+    set_tracking,
+    write_record,
+)
 from stability.record.rundir import MANIFEST, ensure_run_dir, is_session, sessions
 from stability.train.checkpoint import Bundles, Checkpoints, load_state, run_fingerprint
 from stability.train.trainer import ArmHooks
@@ -118,7 +130,7 @@ class Resume:
         return cfg.from_dict(cfg.ExperimentConfig, self.records[0]["config"])
 
     def unfinished(self) -> list[dict]:
-        return [r for r in self.records if r.get("status") in ("running", "killed")]
+        return [r for r in self.records if r.get("status") in UNFINISHED]
 
     def check_config(self, config: cfg.ExperimentConfig) -> None:
         """RecordError unless ``config`` is the one the records were made with (checkpoint settings aside)."""
@@ -237,7 +249,7 @@ class Session:
         label = f"  [{case_label(case_record)}] {name}"
 
         def on_start(record):
-            record["run_name"], record["run_key"] = name, key
+            name_run(record, name, key)
             first = len(record["series"]["step"])
             self._say(f"{label}: {'resuming after step ' + str(first - 1) + ', ' if first else ''}"
                       f"{run.steps} steps")
@@ -253,7 +265,7 @@ class Session:
                           f"grad-norm {row['grad_norm']:.3g}  update-norm {row['update_norm']:.3g}")
 
         def on_end(record):
-            if record["status"] == "killed":
+            if record["status"] == Status.KILLED:
                 steplog.close()          # no end line: the run is continued from its checkpoint
                 self._say(f"{label}: stopped after step {len(record['series']['step']) - 1} "
                           f"(checkpoint {checkpoint_file})")
@@ -272,24 +284,19 @@ class Session:
         """Note a finished (or stopped) run in the case record and write the record."""
         case = self._case(case_record)
         if arm_record is not None:
-            timing = arm_record.get("timing") or {}
-            case_record.setdefault("runs", []).append({
-                "run_key": arm_record.get("run_key"), "name": arm_record.get("run_name"), "arm": arm_record["arm"],
-                "seed": arm_record["seed"], "status": arm_record["status"],
-                "steps": len(arm_record["series"]["step"]), "started_at": timing.get("started_at"),
-                "ended_at": timing.get("ended_at"), "final": arm_record.get("final"),
-                "steps_file": str(Path("steps") / case_record["id"] / f"{arm_record.get('run_key')}.jsonl")})
+            note_run(case_record, arm_record,
+                     str(Path("steps") / case_record["id"] / f"{arm_record.get('run_key')}.jsonl"))
         if case["bundles"] is not None:
-            case_record["replay_bundles"] = case["bundles"].index()
+            set_replay_bundles(case_record, case["bundles"].index())
         self.write(case_record)
 
     def write(self, case_record: dict) -> Path:
         """Write the case record into the run directory (with the live run ids, so a resume reuses them)."""
         ensure_run_dir(self.run_dir, self.label)
         self._hold_lock()
-        if self.tracker is not None and case_record.get("status") in ("running", "killed"):
+        if self.tracker is not None and case_record.get("status") in UNFINISHED:
             live = self.tracker.runs_of(case_record)
-            case_record["tracking"] = {"status": "live", **live} if live else self.tracker.status()
+            set_tracking(case_record, {"status": "live", **live} if live else self.tracker.status())
         path = write_record(case_record, self.run_dir)
         self.record_paths[case_record["id"]] = path
         if self.tracker is not None:
@@ -316,13 +323,12 @@ class Session:
         if case is not None and case["record"] is case_record:
             return case
         old = self.resume.record_for(case_record) if self.resume is not None else None
-        resumed = old is not None and old.get("status") in ("running", "killed")
+        resumed = old is not None and old.get("status") in UNFINISHED
         if resumed:   # the same file, the same per-step files and checkpoints
-            case_record.update(id=old["id"], created_at=old["created_at"])
-            case_record["resumed_from"] = {"status": old.get("status"), "runs": len(old.get("runs") or [])}
+            note_resumed(case_record, old)
         inside = self.checkpoint_dir.resolve().is_relative_to(self.run_dir.resolve())
-        case_record["checkpoint_dir"] = str(self.checkpoint_dir.resolve().relative_to(self.run_dir.resolve())
-                                            if inside else self.checkpoint_dir.resolve())
+        set_checkpoint_dir(case_record, str(self.checkpoint_dir.resolve().relative_to(self.run_dir.resolve())
+                                            if inside else self.checkpoint_dir.resolve()))
         bundles = None
         run_cfg = (case_record.get("config") or {}).get("run") or {}
         budget = run_cfg.get("checkpoint") or {}

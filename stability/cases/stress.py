@@ -65,7 +65,15 @@ from stability import precision
 from stability.cases.experiment import load_inputs, run_pair, train_units
 from stability.cases.runs import Unit
 from stability.precision import ao
-from stability.record import case_timing, finish_status, new_case_record, paired_summary
+from stability.record import (
+    Status,
+    add_arm,
+    add_figures,
+    finish_case,
+    new_case_record,
+    set_case_result,
+    set_corpus,
+)
 from stability.train.schedules import Standard, from_stress
 
 # ----------------------------------------------------------------------------- helpers
@@ -126,7 +134,7 @@ class CaseRun:
         self.runner = runner
         self.record = new_case_record(config, schedule_name, description, stress=kind)
         self.corpus = load_inputs(config)
-        self.record["corpus"] = self.corpus.info
+        set_corpus(self.record, self.corpus.info)
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
@@ -147,17 +155,16 @@ class CaseRun:
                  for seed in self.config.seeds for arm in self.config.arm_names]
         for unit, arm_record in zip(units, self.train_units(units)):
             figures, extras = figures_of(unit.run, arm_record)
-            arm_record["final"].update(figures)
-            self.record["arms"].append(arm_record)
+            add_figures(arm_record, figures)
+            add_arm(self.record, arm_record)
             per_arm.append({"arm": unit.arm, "seed": unit.seed, "status": arm_record["status"],
                             "diverged_at_step": arm_record["diverged_at_step"], **figures, **extras})
         return per_arm
 
     def finish(self) -> dict:
         record = self.record
-        record["paired"] = paired_summary(record["arms"])
-        record["status"] = finish_status(record, [run["status"] for run in (record.get(self.kind) or {}).get("runs", [])])
-        record["timing"] = case_timing(self.runs, time.perf_counter() - self.started)
+        finish_case(record, self.runs, time.perf_counter() - self.started,
+                    [run["status"] for run in (record.get(self.kind) or {}).get("runs", [])])
         return record
 
 
@@ -217,7 +224,7 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None, runner=None)
                     records.append(arm_record)
                     runs.append(run_summary(arm_record, lr=lr))
                 losses = [r["final"].get("heldout_loss") for r in records]
-                diverged = [r["status"] != "completed" for r in records]
+                diverged = [r["status"] != Status.COMPLETED for r in records]
                 first = [r["series"]["loss"][0] for r in records if r["series"]["loss"]
                          and _finite(r["series"]["loss"][0])]
                 loss_init = first[0] if first else math.log(config.run.model.vocab_size)
@@ -225,10 +232,10 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None, runner=None)
                 per_arm.append({"arm": arm, "seed": seed, "lrs": list(grid), "final_loss": losses,
                                 "status": [r["status"] for r in records], **figures})
                 reference = records[ref]
-                reference["final"].update(figures)
-                reference["final"]["peak_lr"] = grid[ref]
-                case.record["arms"].append(reference)
-        case.record["lr_sweep"] = {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs}
+                add_figures(reference, {**figures, "peak_lr": grid[ref]})
+                add_arm(case.record, reference)
+        set_case_result(case.record, "lr_sweep",
+                        {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs})
         return case.finish()
 
 
@@ -247,7 +254,7 @@ def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr
     if not losses:
         return {}
     init = next((v for v in losses if _finite(v)), None)
-    diverged = arm_record["status"] == "diverged"
+    diverged = arm_record["status"] == Status.DIVERGED
     if diverged:
         onset = arm_record["diverged_at_step"]
         while onset > 0 and not (_finite(losses[onset - 1]) and init is not None
@@ -272,8 +279,8 @@ def run_lr_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict
         case = CaseRun("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
-        case.record["lr_ramp"] = {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
-                                  "per_arm": per_arm}
+        set_case_result(case.record, "lr_ramp", {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
+                                                 "per_arm": per_arm})
         return case.finish()
 
 
@@ -311,8 +318,9 @@ def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> d
             return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record)}
 
         per_arm = case.train_each_arm(schedule, figures_of)
-        case.record["batch_ramp"] = {"lr_rule": stress.batch_lr_rule, "double_every": stress.batch_double_every,
-                                     "max_batch_size": stress.batch_max_size, "per_arm": per_arm}
+        set_case_result(case.record, "batch_ramp", {"lr_rule": stress.batch_lr_rule,
+                                                    "double_every": stress.batch_double_every,
+                                                    "max_batch_size": stress.batch_max_size, "per_arm": per_arm})
         return case.finish()
 
 
@@ -370,19 +378,19 @@ def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None
                         continue
                     final = rec["final"]
                     loss = final.get("heldout_loss")
-                    reference["final"].update({
+                    add_figures(reference, {
                         f"loss_gap_{p}": (loss - ref_loss) if _finite(loss) and _finite(ref_loss) and
-                        rec["status"] == "completed" else None,
+                        rec["status"] == Status.COMPLETED else None,
                         f"nonfinite_events_{p}": final.get("nonfinite_events"),
-                        f"diverged_{p}": rec["status"] != "completed",
+                        f"diverged_{p}": rec["status"] != Status.COMPLETED,
                         f"overflow_fraction_{p}": final.get("overflow_fraction"),
                         f"underflow_fraction_{p}": final.get("underflow_fraction"),
                         f"loss_scale_drops_{p}": final.get("loss_scale_drops"),
                         f"loss_spike_score_{p}": final.get("loss_spike_score"),
                     })
-                case.record["arms"].append(reference)
-        case.record["precision_ladder"] = {"precisions": precisions, "sources": sources, "skipped": skipped,
-                                           "runs": runs}
+                add_arm(case.record, reference)
+        set_case_result(case.record, "precision_ladder",
+                        {"precisions": precisions, "sources": sources, "skipped": skipped, "runs": runs})
         return case.finish()
 
 
@@ -410,7 +418,7 @@ def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoo
     peak = max(finite_after) if finite_after else None
     if any(not _finite(v) for v in horizon):
         peak = math.inf
-    recovered = recovery is not None and status != "diverged"
+    recovered = recovery is not None and status != Status.DIVERGED
     return {"shock_step": shock_step, "shock_pre_loss": pre,
             "shock_peak_excess": (peak - pre) if peak is not None and pre is not None else None,
             "shock_recovery_steps": recovery if recovered else len(after),
@@ -429,8 +437,8 @@ def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
-        case.record["shock"] = {"kind": stress.shock_kind, "step": schedule.shock_step,
-                                "factor": stress.shock_factor, "per_arm": per_arm}
+        set_case_result(case.record, "shock", {"kind": stress.shock_kind, "step": schedule.shock_step,
+                                               "factor": stress.shock_factor, "per_arm": per_arm})
         return case.finish()
 
 

@@ -52,7 +52,9 @@ from typing import ClassVar
 
 from stability.record import (
     REFERENCE_ARM,
+    USABLE,
     RecordError,
+    Status,
     arm_names,
     case_key,
     comparable_config,
@@ -73,7 +75,6 @@ BASELINE_SCHEMA_VERSION = 3
 MIN_SEEDS = 3
 MIN_DRAWS = 3          # per arm and seed: the reference and at least two replicates
 DEFAULT_ALPHA = 0.01
-USABLE_ARM_STATUS = ("completed", "diverged")
 TOLERANCE_KEYS = ("floor", "rel_floor")
 METHOD = "Holm over every row; noise from rounding replicates"
 
@@ -91,7 +92,7 @@ def paired_arm(arm: str) -> str:
 
 def regression_records(records: list[dict]) -> tuple[list[dict], list[str]]:
     """The records a check or a baseline may use (purpose "regression"), and a note on the others."""
-    used = [r for r in records if r.get("purpose", "regression") == "regression" and r.get("status") != "running"]
+    used = [r for r in records if r.get("purpose", "regression") == "regression" and r.get("status") != Status.RUNNING]
     left = {}
     for r in records:
         if r.get("purpose", "regression") != "regression":
@@ -100,14 +101,14 @@ def regression_records(records: list[dict]) -> tuple[list[dict], list[str]]:
              for purpose, n in sorted(left.items())]
     notes += [f"left out {where(r, i)}: still running or interrupted by a crash (status 'running'); finish it "
               f"with `stability run --resume` / `stability stress --resume`" for i, r in enumerate(records)
-              if r.get("status") == "running"]
+              if r.get("status") == Status.RUNNING]
     return used, notes
 
 
 def _check_usable(record: dict, index: int) -> None:
     validate_record(record, where(record, index))
     for arm in record["arms"]:
-        if arm["status"] not in USABLE_ARM_STATUS:
+        if arm["status"] not in USABLE:
             reason = f" ({arm.get('stop_reason')})" if arm.get("stop_reason") else ""
             raise RecordError(f"{where(record, index)}: arm {arm['arm']}/seed {arm['seed']} has status "
                               f"{arm['status']!r}{reason}: only completed or diverged arms can be compared; "
@@ -170,7 +171,7 @@ def case_values(records: list[dict]) -> dict[str, dict]:
                 entry_ = fig.figure(name)
                 if entry_.better is None:
                     continue
-                if entry_.needs_completed_arm and arm["status"] != "completed":
+                if entry_.needs_completed_arm and arm["status"] != Status.COMPLETED:
                     continue  # a broken model or the explosion's size: left out (divergence figures judge it)
                 entry["figures"].setdefault(name, {}).setdefault(seed, {})[draw] = value
     return cases
@@ -534,7 +535,7 @@ def _paired(arms: dict, arm: str, name: str, nested: bool) -> dict:
 def _divergence_notes(key: str, arm: str, base: dict, cur: dict) -> list[str]:
     notes = []
     for seed, status in sorted(cur["status"].items()):
-        if status == "diverged" and all(s == "completed" for s in base["status"].get(seed, {}).values()):
+        if status == Status.DIVERGED and all(s == Status.COMPLETED for s in base["status"].get(seed, {}).values()):
             notes.append(f"case {key} {arm} seed {seed} diverged at step {cur['diverged_at_step'][seed]}; every "
                          f"baseline run of that seed completed (judged by divergence_step)")
     return notes

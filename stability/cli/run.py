@@ -7,6 +7,7 @@ import sys
 
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_from_args, resolve_session
+from stability.record import Status
 from stability.report.tables import paired_table, quant_table
 
 
@@ -140,7 +141,7 @@ def train_and_keep(args, config, run_dir, resume, checkpoint_dir) -> int:
     if quant_table(record):
         print()
         print(quant_table(record))
-    return 1 if record["status"] == "error" else 0
+    return 1 if record["status"] == Status.ERROR else 0
 
 
 def cmd_presets(args) -> int:

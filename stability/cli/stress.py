@@ -6,6 +6,7 @@ import sys
 
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_session
+from stability.record import UNFINISHED, Status
 from stability.report.tables import ladder_table, paired_table, quant_table
 
 
@@ -42,7 +43,7 @@ def cmd_stress(args) -> int:
 
 def finish(args, records: list[dict]) -> int:
     """The exit status: 1 when a case ended in error."""
-    return 1 if any(r["status"] == "error" for r in records) else 0
+    return 1 if any(r["status"] == Status.ERROR for r in records) else 0
 
 
 def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None, runner=None) -> list[dict]:
@@ -60,7 +61,7 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
     try:
         for kind in kinds:
             done = next((r for r in (resume.records if resume else []) if r.get("stress") in (kind, CASES[kind].stress)
-                         and r.get("status") not in ("running", "killed")), None)
+                         and r.get("status") not in UNFINISHED), None)
             if done is not None:
                 print(f"stability stress {kind}: done before the interruption ({done['_path']})", flush=True)
                 records.append(done)
@@ -72,8 +73,8 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
                                       runner=runner)
                 for draw in range(1, args.replicates + 1):   # rounding replicates, for a regression baseline
                     print(f"stability stress {kind}: rounding replicate {draw} of {args.replicates}", flush=True)
-                    run_recorded(kind, cfg.override(config, "run.replicate", draw), run_dir, track=False, plots=False,
-                                 session=session, runner=runner)
+                    run_recorded(kind, cfg.override(config, "run.replicate", draw), run_dir, args.tracking_uri,
+                                 args.experiment, track=not args.no_track, plots=False, session=session, runner=runner)
             except Interrupted as stop:
                 print(f"interrupted in {kind}: the record so far is {stop.record.get('record_path')}; continue "
                       f"with `stability stress {' '.join(kinds)} --resume {run_dir}`", file=sys.stderr)

@@ -21,8 +21,8 @@ import math
 import re
 from pathlib import Path
 
+from stability.record import Status, usable_value
 from stability.record import figures as fig
-from stability.record import usable_value
 from stability.report.tables import fmt, ladder_rows, quant_rows
 
 ARM_COLORS = {"baseline": "#1f77b4", "gated": "#d62728"}
@@ -52,10 +52,10 @@ def lr_sweep(record: dict) -> dict[str, list[dict]] | None:
     sweep = record.get("lr_sweep") or {}
     points: dict[str, list[dict]] = {}
     for entry in sweep.get("per_arm") or []:
-        statuses = entry.get("status") or ["completed"] * len(entry.get("lrs") or [])
+        statuses = entry.get("status") or [Status.COMPLETED] * len(entry.get("lrs") or [])
         for lr, loss, status in zip(entry.get("lrs") or [], entry.get("final_loss") or [], statuses):
             points.setdefault(entry.get("arm"), []).append({
-                "lr": lr, "seed": entry.get("seed"), "diverged": status != "completed",
+                "lr": lr, "seed": entry.get("seed"), "diverged": status != Status.COMPLETED,
                 "loss": loss if isinstance(loss, (int, float)) and math.isfinite(loss) else None,
                 "initial_loss": entry.get("loss_init")})
     if not points or all(len({p["lr"] for p in pts}) < 2 for pts in points.values()):
@@ -235,7 +235,7 @@ def extrapolation_curves(record: dict) -> dict[str, dict[str, list[tuple[float, 
     from the arms' ``extrapolation`` points (stability.train.extrapolation); the NTK curve starts at plain 1x."""
     sums: dict[tuple[str, str, float], list[list[float]]] = {}
     for arm in record.get("arms") or []:
-        if arm.get("status") != "completed":
+        if arm.get("status") != Status.COMPLETED:
             continue
         points = (arm.get("extrapolation") or {}).get("points") or []
         ropes = {p["rope"] for p in points}
@@ -327,8 +327,8 @@ def per_arm_rows(record: dict) -> list[list[str]]:
     for name in names:
         mine = [a for a in arms if a["arm"] == name]
         cells = [name, str(mine[0].get("variant")), str(len(mine)),
-                 str(sum(a.get("status") == "completed" for a in mine)),
-                 str(sum(a.get("status") == "diverged" for a in mine))]
+                 str(sum(a.get("status") == Status.COMPLETED for a in mine)),
+                 str(sum(a.get("status") == Status.DIVERGED for a in mine))]
         for figure in figures:
             values = [v for v in (usable_value(a, figure) for a in mine) if v is not None]
             cells.append(fmt(sum(values) / len(values)) if values else "-")

@@ -29,6 +29,7 @@ import os
 import queue
 import time
 
+from stability.record import Status
 from stability.track import runs as tracking
 
 POLL_SECONDS = 0.5   # how often the training side looks at what the sender reported
@@ -312,7 +313,7 @@ class _Sender:
             name = tracking.experiment_name(record, self.experiment)
             experiment_id = self.store(tracking.ensure_experiment, client, self.uri, name)
             parent = self.store(client.create_run, experiment_id, start_time=stamp, run_name=tracking.run_name(record),
-                                tags=tracking.parent_tags({**record, "status": "running"}))
+                                tags=tracking.parent_tags({**record, "status": Status.RUNNING}))
             params = [Param(k, v) for k, v in tracking.params_of(record["config"]).items()]
             for start in range(0, len(params), 100):
                 self.store(client.log_batch, parent.info.run_id, params=params[start:start + 100])
@@ -333,7 +334,7 @@ class _Sender:
             self.store(client.update_run, runs["child_run_ids"][key], status="RUNNING")
         else:
             child = self.store(client.create_run, runs["experiment_id"], start_time=stamp, run_name=key,
-                               tags=tracking.child_tags(runs["record"], {**arm, "status": "running"},
+                               tags=tracking.child_tags(runs["record"], {**arm, "status": Status.RUNNING},
                                                         runs["parent_run_id"]))
             self.store(client.log_batch, child.info.run_id,
                        params=[Param("arm", str(arm["arm"])), Param("variant", str(arm.get("variant"))),

@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from stability.config import flatten
-from stability.record import case_key, write_json
+from stability.record import Status, case_key, write_json
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 STEP_METRICS = ("loss", "lr", "grad_norm", "update_norm", "loss_scale", "batch_size")
@@ -341,12 +341,15 @@ def _arm_metrics(arm: dict, now: int, with_steps: bool = True):
     return metrics
 
 
+MLFLOW_STATUS = {Status.KILLED: "KILLED", Status.RUNNING: "KILLED", Status.ERROR: "FAILED"}   # else FINISHED
+
+
 def arm_status(arm: dict) -> str:
-    return {"killed": "KILLED", "error": "FAILED", "running": "KILLED"}.get(arm.get("status"), "FINISHED")
+    return MLFLOW_STATUS.get(arm.get("status"), "FINISHED")
 
 
 def record_status(record: dict) -> str:
-    return {"killed": "KILLED", "running": "KILLED", "error": "FAILED"}.get(record.get("status"), "FINISHED")
+    return MLFLOW_STATUS.get(record.get("status"), "FINISHED")
 
 
 def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str | None = None,
@@ -453,7 +456,8 @@ def _create_experiment(client, uri: str, name: str) -> str:
 
 def fetch_records(branch: str, tracking_uri: str | None = None, preset: str | None = None,
                   max_results: int = 500) -> list[dict]:
-    """The JSON records of the latest parent run per case (name + schedule) tagged git.branch=BRANCH."""
+    """The JSON records of the latest parent run per case (name + schedule) and rounding draw
+    (``run.replicate``) tagged git.branch=BRANCH: a baseline's reference runs and their replicates."""
     from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
@@ -471,7 +475,8 @@ def fetch_records(branch: str, tracking_uri: str | None = None, preset: str | No
     runs = client.search_runs(experiments, query, max_results=max_results, order_by=["attributes.start_time DESC"])
     latest: dict[tuple, object] = {}
     for run in runs:
-        key = (run.data.tags.get("stability.name"), run.data.tags.get("stability.schedule"))
+        key = (run.data.tags.get("stability.name"), run.data.tags.get("stability.schedule"),
+               run.data.params.get("run.replicate", "0"))
         latest.setdefault(key, run)
     records = []
     with tempfile.TemporaryDirectory(prefix="stability-fetch-") as tmp:

@@ -43,9 +43,9 @@ class SingleProcess:
         """The arm hooks this reducer can serve: all of them."""
         return hooks
 
-    def describe(self) -> dict:
-        """What the arm record says about the processes: nothing."""
-        return {}
+    def describe(self) -> dict | None:
+        """How the processes trained the arm, for its record: None in one process."""
+        return None
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
@@ -92,8 +92,8 @@ class ProcessGroup:
             raise ConfigError("resuming an arm is single-process only: expected a run started without torchrun")
         return dataclasses.replace(hooks, checkpoints=None, bundles=None)
 
-    def describe(self) -> dict:
-        return {"distributed": self.world.describe(self.run)}
+    def describe(self) -> dict | None:
+        return self.world.describe(self.run)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Shard the model (every rank built the same values from the same seed), or wrap it in DDP."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from stability.record import start_timing
 from stability.train.monitor import Monitor
 
 
@@ -42,7 +43,7 @@ class TrainState:
         """Start this call's wall clock; the record's timing carries a resumed run's wall seconds over."""
         self.wall_before = self.record.get("timing", {}).get("wall_seconds", 0.0)
         self.clock = time.perf_counter()
-        self.record["timing"] = {"started_at": self.started_at, "wall_seconds": self.wall_before}
+        start_timing(self.record, self.started_at, self.wall_before)
 
     def wall_seconds(self) -> float:
         """Wall seconds of this arm so far, the calls it resumes included."""

@@ -23,6 +23,7 @@ from stability.config import RunConfig
 from stability.data import Corpus, get_batch
 from stability.model.lm import next_token_loss, z_loss
 from stability.precision import PrecisionPolicy
+from stability.record import add_event, append_step, note_skipped
 from stability.train import probes
 from stability.train.checkpoint import step_bundle
 from stability.train.state import TrainState
@@ -80,8 +81,7 @@ def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
     grads_finite = math.isfinite(grad_norm)
     nonfinite = monitor.nonfinite(loss_value, grad_norm)
     if nonfinite:  # localise before the optimizer step can spread the NaN into the weights
-        event = _nonfinite_event(parts, step, nonfinite, x)
-        state.record["events"].append(event)
+        _nonfinite_event(parts, state, step, nonfinite, x)
     loss_spike, grad_spike = monitor.gradients(loss_value, grad_norm)
     if hooks.bundles is not None and (loss_spike or grad_spike or nonfinite):
         measured = {"loss": loss_value, "grad_norm": grad_norm, "layer_grad_norm": layer_norms, "lr": lr}
@@ -102,10 +102,9 @@ def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
            "update_norm": update_norm, "layer_update_norm": layer_updates,
            "loss_scale": policy.loss_scale, "loss_spike": loss_spike, "grad_spike": grad_spike,
            "update_spike": monitor.update_spike(update_norm), "nonfinite": nonfinite, "skipped": not stepped}
-    for key, value in row.items():
-        state.record["series"][key].append(value)
+    append_step(state.record, row)
     if nonfinite:
-        event["skipped"] = not stepped
+        note_skipped(state.record, not stepped)
     return row
 
 
@@ -121,21 +120,19 @@ def _keep_bundle(parts: Parts, hooks, step: int, policy_state, x, y, measured: d
                                    {**measured, "reasons": reasons, "severity": severity}, hooks.replay_optimizer))
 
 
-def _nonfinite_event(parts: Parts, step: int, what: str, x: torch.Tensor) -> dict:
-    """Describe a non-finite step: the first module whose output went non-finite (re-running the step's
+def _nonfinite_event(parts: Parts, state: TrainState, step: int, what: str, x: torch.Tensor) -> None:
+    """Record a non-finite step: the first module whose output went non-finite (re-running the step's
     forward with hooks), or the parameters whose gradients did. Under torchrun every rank re-runs its rows
     and the event names the first rank where a module went non-finite ("rank") and every rank's finding
     ("rank_modules")."""
     model = parts.model
-    event = {"step": step, "what": what, "skipped": False, "module": None, "layer": None,
-             "grad_params": probes.nonfinite_grad_modules(model)[:20]}
+    grad_params = probes.nonfinite_grad_modules(model)[:20]
+    module, layer, found = None, None, {}
     if parts.run.probes.localize_nonfinite:
         def forward():
             with parts.policy.autocast():
                 parts.forward(x)
         module, found = parts.reducer.first_nonfinite(probes.first_nonfinite_module(model, forward))
-        event.update(found)
         if module is not None:
-            event.update(what="activation" if what == "loss" else what, module=module,
-                         layer=probes.layer_of(module, model.block_names))
-    return event
+            what, layer = "activation" if what == "loss" else what, probes.layer_of(module, model.block_names)
+    add_event(state.record, step, what, module, layer, grad_params, found)

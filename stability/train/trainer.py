@@ -41,7 +41,22 @@ from stability.data import Corpus, eval_batches, load_corpus, probe_batch
 from stability.model.build import build_model
 from stability.model.rounding import perturb_rounding
 from stability.precision import PrecisionPolicy
-from stability.record import final_figures, new_arm_record
+from stability.record import (
+    USABLE,
+    add_figures,
+    add_precision_stats,
+    add_probes,
+    describe_arm,
+    final_figures,
+    mark_completed,
+    mark_diverged,
+    mark_error,
+    mark_killed,
+    mark_running,
+    new_arm_record,
+    note_wall_seconds,
+    set_arm_timing,
+)
 from stability.train import faults, probes
 from stability.train.checkpoint import arm_state, restore
 from stability.train.evaluate import evaluate
@@ -117,7 +132,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     if resume is not None:
         restore(resume, parts.model, parts.optimizer, parts.policy, state)
         state.first_step = resume["step"] + 1
-        state.record.update(status="running", stop_reason=None)
+        mark_running(state.record)
     state.start_clock()
     record = state.record
     if hooks.on_start:
@@ -132,7 +147,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
                 if hooks.on_step:
                     hooks.on_step(step, row)
                 if stop_reason is not None:
-                    record.update(status="diverged", diverged_at_step=step, stop_reason=stop_reason)
+                    mark_diverged(record, step, stop_reason)
                     break
                 if step % run.probes.every == 0:
                     take_probes(parts, state, step)
@@ -142,14 +157,13 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
                 if reducer.stop_requested(stop.requested):   # under torchrun: any rank's Ctrl-C
                     raise KeyboardInterrupt
             else:
-                record["status"] = "completed"
+                mark_completed(record)
     except KeyboardInterrupt:
-        record.update(status="killed", stop_reason="interrupted (Ctrl-C)")
+        mark_killed(record)
         if hooks.checkpoints is not None and state.between_steps and record["series"]["step"]:
             checkpoint(parts, state, hooks, record["series"]["step"][-1])   # resume continues after the last step
     except Exception as error:  # noqa: BLE001 -- recorded, never lost; the caller reports it
-        record.update(status="error", stop_reason=f"{type(error).__name__}: {error}",
-                      traceback=traceback.format_exc())
+        mark_error(record, error, traceback.format_exc())
     finally:
         for handle in fault_hooks:
             handle.remove()
@@ -186,28 +200,26 @@ def new_record(parts: Parts, arm: str) -> dict:
     """The arm record before its first step: what was built (parameters, layers, model, precision, processes)."""
     run, model = parts.run, parts.model
     record = new_arm_record(arm, run.variant, run.seed, parts.schedule.name)
-    record.update(num_parameters=model.num_parameters(), gate_parameters=model.num_gate_parameters(),
-                  layer_names=list(parts.groups), model=model.describe(),
-                  precision={"dtype": run.precision.dtype, **parts.policy.describe()})
-    record.update(parts.reducer.describe())
+    describe_arm(record, num_parameters=model.num_parameters(), gate_parameters=model.num_gate_parameters(),
+                 layer_names=list(parts.groups), model=model.describe(),
+                 precision={"dtype": run.precision.dtype, **parts.policy.describe()},
+                 distributed=parts.reducer.describe())
     return record
 
 
 def take_probes(parts: Parts, state: TrainState, step: int) -> None:
     """The heavy probes on the fixed probe batch, and the precision's overflow/underflow counts so far."""
     t0 = time.perf_counter()
-    snapshot = probes.heavy_probes(parts.model, parts.probe_x)
-    snapshot["step"] = step
-    state.record["probes"].append(snapshot)
+    add_probes(state.record, probes.heavy_probes(parts.model, parts.probe_x), step)
     if parts.run.precision.dtype != "fp32":
         parts.reducer.precision_tally(parts.policy.tally)
-        state.record["precision_stats"].append({"step": step, **parts.policy.pop_stats()})
+        add_precision_stats(state.record, step, parts.policy.pop_stats())
     state.probe_seconds += time.perf_counter() - t0
 
 
 def checkpoint(parts: Parts, state: TrainState, hooks: ArmHooks, step: int) -> None:
     """Save the state after ``step`` through ``hooks.checkpoints``."""
-    state.record["timing"]["wall_seconds"] = state.wall_seconds()
+    note_wall_seconds(state.record, state.wall_seconds())
     hooks.checkpoints.save(arm_state(step, parts.model, parts.optimizer, parts.policy, state, hooks.identity))
 
 
@@ -216,23 +228,19 @@ def finish(parts: Parts, state: TrainState, hooks: ArmHooks) -> None:
     ``hooks.on_trained``; of every arm, the trajectory figures and the timing."""
     run, record = parts.run, state.record
     eval_seconds = 0.0
-    if record["status"] in ("completed", "diverged") and record["series"]["step"]:
+    if record["status"] in USABLE and record["series"]["step"]:
         last = record["series"]["step"][-1]
         if not record["probes"] or record["probes"][-1]["step"] != last:
             take_probes(parts, state, last)
         t0 = time.perf_counter()
-        record["final"].update(evaluate(parts.model, parts.held_out, parts.policy))
+        add_figures(record, evaluate(parts.model, parts.held_out, parts.policy))
         if hooks.on_trained is not None:
             trained = parts.reducer.full_model(parts.model,
                                                lambda: parts.policy.prepare(build_model(run.model, run.seed)))
             if trained is not None:   # None on the ranks other than 0 (whose record is kept)
                 hooks.on_trained(trained, parts.corpus, record)
         eval_seconds = time.perf_counter() - t0
-    record["final"].update(final_figures(record, run.steps))
-    wall = state.wall_seconds()
-    train_seconds, tokens_seen = state.train_seconds, state.tokens_seen
-    record["timing"] = {"wall_seconds": wall, "train_seconds": train_seconds, "probe_seconds": state.probe_seconds,
-                        "eval_seconds": eval_seconds, "tokens": tokens_seen,
-                        "tokens_per_second": tokens_seen / train_seconds if train_seconds else 0.0,
-                        "started_at": state.started_at, "ended_at": time.time(),
-                        **({"resumed_at_step": state.first_step} if state.first_step else {})}
+    add_figures(record, final_figures(record, run.steps))
+    set_arm_timing(record, wall_seconds=state.wall_seconds(), train_seconds=state.train_seconds,
+                   probe_seconds=state.probe_seconds, eval_seconds=eval_seconds, tokens=state.tokens_seen,
+                   started_at=state.started_at, ended_at=time.time(), resumed_at_step=state.first_step)

@@ -1,0 +1,86 @@
+"""Reading and writing records: strict JSON, written atomically, checked both ways.
+
+    path = write_record(record, run_dir)   # <run dir>/<name>-<schedule>-<purpose>-<id>.json
+    record = read_record(path)             # record["_path"] is the file it came from
+
+A record is checked against its schema (``stability.record.validate``) before it is written and after
+it is read, so a key nobody declared never reaches the disk unnoticed, and a file from elsewhere is
+refused with a RecordError naming it (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from stability.record.build import ensure_id
+from stability.record.identity import case_key
+from stability.record.schema import CaseRecord, RecordError
+from stability.record.validate import validate_record
+
+
+def clean(value):
+    """Recursively replace NaN / Inf floats with None (strict JSON); tuples become lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def record_filename(record: CaseRecord) -> str:
+    """``<name>-<schedule>-<purpose>-<id>.json`` (the id is set once, so rewrites keep the name)."""
+    return f"{record['name']}-{record['schedule']}-{record.get('purpose', 'regression')}-{record['id']}.json"
+
+
+def _write_text(path: Path, text: str) -> Path:
+    """Write ``text`` atomically: a killed writer leaves the previous version, never half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _dumps(document) -> str:
+    return json.dumps(document, indent=1, allow_nan=False) + "\n"
+
+
+def write_json(path: Path, document) -> Path:
+    """Write ``document`` as strict JSON (NaN / Inf as null), atomically."""
+    return _write_text(path, _dumps(clean(document)))
+
+
+def write_record(record: CaseRecord, directory: str | Path) -> Path:
+    """Write the record into ``directory`` (a run directory) as strict JSON, atomically, after checking it
+    against the schema (RecordError naming the key that does not fit); returns the path."""
+    ensure_id(record)
+    path = Path(directory) / record_filename(record)
+    document = clean({k: v for k, v in record.items() if not k.startswith("_")})
+    validate_record(document, f"record {str(path)!r}")
+    return _write_text(path, _dumps(document))
+
+
+def read_record(path: str | Path) -> CaseRecord:
+    """Load and validate a record file; RecordError (exit 2) when missing, corrupt, of another schema or
+    holding a key or figure the schema does not know."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecordError(f"record {str(path)!r} does not exist")
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RecordError(f"record {str(path)!r} is not valid JSON (corrupt or truncated?): {error}") from None
+    validate_record(record, f"record {str(path)!r}")
+    record["_path"] = str(path)
+    return record
+
+
+def where(record: CaseRecord, index: int = 0) -> str:
+    """How to name a record in a message: its file, else its case and id."""
+    return str(record.get("_path") or f"record #{index + 1} ({case_key(record)}, id {record.get('id')})")

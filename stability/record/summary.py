@@ -1,0 +1,117 @@
+"""The figures of a record: an arm's trajectory figures, a figure as a usable number, and the paired
+summary of every treatment arm against the reference arm.
+
+    arm["final"].update(final_figures(arm, steps_planned))     (through stability.record.build.add_figures)
+    record["paired"] = paired_summary(record["arms"])          (through stability.record.build.set_paired)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import stability.record.figures as fig
+from stability.config import BASELINE_ARM
+from stability.record.schema import ArmRecord, PairedFigure, Status
+from stability.record.stats import paired_difference
+
+REFERENCE_ARM = BASELINE_ARM
+
+
+def _finite_mean(values) -> float:
+    finite = [v for v in values if v is not None and not isinstance(v, bool) and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def spike_score(flags: list[bool]) -> float:
+    """Percentage of steps flagged as spikes (0 for no steps)."""
+    return 100.0 * sum(flags) / len(flags) if flags else 0.0
+
+
+def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
+    """The trajectory figures of a finished (or stopped) arm, and the last probe snapshot's figures."""
+    series = arm["series"]
+    losses = series["loss"]
+    finite_grads = [v for v in series["grad_norm"] if math.isfinite(v)]
+    diverged = arm["status"] == Status.DIVERGED
+    final = {
+        "steps_completed": len(losses),
+        "final_train_loss": _finite_mean(losses[-10:]),
+        "min_train_loss": min((v for v in losses if math.isfinite(v)), default=float("nan")),
+        "loss_spike_score": spike_score(series["loss_spike"]),
+        "grad_spike_score": spike_score(series["grad_spike"]),
+        "loss_spikes": sum(series["loss_spike"]),
+        "grad_spikes": sum(series["grad_spike"]),
+        "nonfinite_events": len(arm["events"]),
+        "skipped_steps": sum(series["skipped"]),
+        "max_grad_norm": max(finite_grads, default=float("nan")),
+        "diverged": diverged,
+        "divergence_step": arm["diverged_at_step"] if diverged else steps_planned,
+    }
+    if "update_norm" in series:  # records written before the update-norm probe have none
+        finite_updates = [v for v in series["update_norm"] if v is not None and math.isfinite(v)]
+        final.update({"update_spike_score": spike_score(series["update_spike"]),
+                      "update_spikes": sum(series["update_spike"]),
+                      "max_update_norm": max(finite_updates, default=float("nan"))})
+    if arm["probes"]:
+        last = arm["probes"][-1]
+        final.update({key: value for key, value in last.items() if fig.figure(key) is not None})
+    if arm["precision_stats"]:
+        stats = arm["precision_stats"]
+        final["overflow_fraction"] = _finite_mean([s.get("overflow_fraction") for s in stats])
+        final["underflow_fraction"] = _finite_mean([s.get("underflow_fraction") for s in stats])
+        final["loss_scale_drops"] = sum(s.get("scale_drops", 0) for s in stats)
+    return final
+
+
+def usable_value(arm: ArmRecord, name: str) -> float | None:
+    """An arm's figure as a float for comparisons, or None: missing, non-finite, or an evaluation or
+    peak figure of an arm that did not complete (a broken model, or the size of the explosion; see
+    ``stability.record.figures``)."""
+    value = (arm.get("final") or {}).get(name)
+    entry = fig.figure(name)
+    if entry is not None and entry.needs_completed_arm and arm.get("status") != Status.COMPLETED:
+        return None
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def arm_names(arms: list[ArmRecord]) -> list[str]:
+    """The arms of a record in order of first appearance, the reference arm first."""
+    names = list(dict.fromkeys(a["arm"] for a in arms))
+    return sorted(names, key=lambda n: n != REFERENCE_ARM)
+
+
+def paired_summary(arms: list[ArmRecord], reference: str = REFERENCE_ARM) -> dict[str, dict[str, PairedFigure]]:
+    """For each arm other than the baseline, per figure with a table entry: the paired difference
+    arm - baseline over the seeds where both have a usable value (95% t-interval, sign-flip p).
+    ``reference`` names another arm to compare with instead (e.g. the floored gate against the gate);
+    the ``baseline`` field of each summary then holds that arm's mean."""
+    by_seed: dict[int, dict[str, ArmRecord]] = {}
+    for arm in arms:
+        by_seed.setdefault(arm["seed"], {})[arm["arm"]] = arm
+    names = [n for n in arm_names(arms) if n != reference]
+    out: dict[str, dict[str, PairedFigure]] = {}
+    for name in names:
+        seeds = [s for s in sorted(by_seed) if reference in by_seed[s] and name in by_seed[s]]
+        present = {k for s in seeds for side in (reference, name) for k in by_seed[s][side].get("final", {})}
+        table = {}
+        for figure in sorted(present):
+            if fig.figure(figure) is None or fig.figure(figure).kind == "detail":
+                continue
+            pairs = [(s, usable_value(by_seed[s][reference], figure), usable_value(by_seed[s][name], figure))
+                     for s in seeds]
+            pairs = [(s, b, t) for s, b, t in pairs if b is not None and t is not None]
+            if not pairs and all(by_seed[s][side].get("final", {}).get(figure) is None
+                                 for s in seeds for side in (reference, name)):
+                continue
+            summary = paired_difference([b for _, b, _ in pairs], [t for _, _, t in pairs])
+            table[figure] = {"n": summary["n"], "baseline": summary["baseline"], "treatment": summary["treatment"],
+                             "difference": summary["difference"], "ci_low": summary["ci_low"],
+                             "ci_high": summary["ci_high"], "p_value": summary["p_value"],
+                             "better": fig.better(figure), "seeds": [s for s, _, _ in pairs]}
+        out[name] = table
+    return out

@@ -1,0 +1,180 @@
+"""Checking a record against its layout (``stability.record.schema``), when it is written and when it is read.
+
+    validate_record(record, "record 'reports/runs/.../smoke-standard-regression-1a2b3c4d.json'")
+
+Walks the record along the schema's types: every key must be one its entry declares (an unknown key
+at any level is an error), every value of its type, every key of a ``final`` or ``paired`` table a
+figure of ``stability.record.figures`` and every figure value a number, true/false or null. The first
+problem is a RecordError (exit 2) naming the record, the key's path (``arms[1].final.heldout_loss``)
+and what was expected. Keys starting with "_" at the top (``_path``) are notes in memory, never checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from enum import Enum
+from typing import Any, Literal, Union
+
+from stability.record.figures import figure
+from stability.record.schema import (
+    FIGURES_BESIDE,
+    PURPOSES,
+    SCHEMA_VERSION,
+    CaseRecord,
+    FigureName,
+    FigureValue,
+    RecordError,
+)
+
+_NAMES = {float: "a number", int: "a whole number", bool: "true/false", str: "a string", type(None): "null"}
+
+
+def validate_record(record, where: str) -> CaseRecord:
+    """``record`` itself when it is a case record of this schema; RecordError naming ``where`` otherwise."""
+    if not isinstance(record, dict):
+        raise RecordError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
+    version = record.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RecordError(f"{where}: schema_version={version!r} is unknown: this version of stability reads "
+                          f"record schema_version={SCHEMA_VERSION}")
+    for key in _fields(CaseRecord)[1]:
+        if key not in record:
+            raise RecordError(f"{where}: the record has no {key!r} field (truncated or not a record)")
+    if record.get("purpose", "regression") not in PURPOSES:
+        raise RecordError(f"{where}: purpose={record.get('purpose')!r} is unknown: expected one of {PURPOSES}")
+    arms = record["arms"]
+    if not isinstance(arms, list) or not all(isinstance(a, dict) for a in arms):
+        raise RecordError(f"{where}: 'arms' must be a list of arm objects, got "
+                          f"{type(arms).__name__ if not isinstance(arms, list) else 'a list holding non-objects'}")
+    _entry({k: v for k, v in record.items() if not k.startswith("_")}, CaseRecord, "", where)
+    return record
+
+
+@functools.cache
+def _fields(kind) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(key -> type, the required keys in declaration order) of a TypedDict."""
+    hints = typing.get_type_hints(kind)
+    return hints, tuple(k for k in hints if k in kind.__required_keys__)
+
+
+def _at(path: str, key) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _item(path: str, index: int, item) -> str:
+    """``arms[1]``, or for an arm ``arms[1] (arm gated, seed 0)``: a message names the arm and seed."""
+    if path == "arms" and isinstance(item, dict) and "arm" in item and "seed" in item:
+        return f"arms[{index}] (arm {item['arm']}, seed {item['seed']})"
+    return f"{path}[{index}]"
+
+
+def _entry(value, kind, path: str, where: str) -> None:
+    """``value`` is an object holding the keys of the TypedDict ``kind``, each of its type."""
+    if not isinstance(value, dict):
+        raise RecordError(f"{where}: {path} = {_show(value)}: expected an object ({kind.__name__})")
+    hints, required = _fields(kind)
+    for key in required:
+        if key not in value:
+            raise RecordError(f"{where}: {path or 'the record'} has no {key!r} field")
+    for key, item in value.items():
+        if key in hints:
+            _check(item, hints[key], _at(path, key), where)
+        elif kind in FIGURES_BESIDE and figure(key) is not None:
+            _check(item, FigureValue, _at(path, key), where)
+        else:
+            also = " or a figure of the table" if kind in FIGURES_BESIDE else ""
+            raise RecordError(f"{where}: {_at(path, key)} is not a key of {kind.__name__} "
+                              f"(stability.record.schema): expected one of {', '.join(hints)}{also}")
+
+
+def _check(value, kind, path: str, where: str) -> None:
+    """``value`` is of type ``kind`` (see the module docstring); RecordError naming ``path`` otherwise."""
+    origin = typing.get_origin(kind)
+    if kind is Any:
+        return
+    if typing.is_typeddict(kind):
+        _entry(value, kind, path, where)
+    elif origin in (Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(kind):
+            return
+        options = [option for option in typing.get_args(kind) if option is not type(None)]
+        if len(options) == 1 and (typing.is_typeddict(options[0]) or typing.get_origin(options[0]) in (list, dict)):
+            _check(value, options[0], path, where)      # an entry or null: the entry's own problem says most
+            return
+        for option in options:
+            try:
+                _check(value, option, path, where)
+                return
+            except RecordError:
+                continue
+        raise RecordError(f"{where}: {path} = {_show(value)}: expected {_describe(kind)}")
+    elif origin is list:
+        if not isinstance(value, list):
+            raise RecordError(f"{where}: {path} = {_show(value)}: expected a list")
+        (item_kind,) = typing.get_args(kind)
+        plain = _plain(item_kind)
+        if plain is not None and all(type(item) in plain for item in value):
+            return                 # a long list of plain values (a series): one pass, no per-item call
+        for index, item in enumerate(value):
+            _check(item, item_kind, _item(path, index, item), where)
+    elif origin is dict:
+        if not isinstance(value, dict):
+            raise RecordError(f"{where}: {path} = {_show(value)}: expected an object")
+        key_kind, item_kind = typing.get_args(kind)
+        for key, item in value.items():
+            if key_kind is FigureName and figure(key) is None:
+                raise RecordError(f"{where}: {_at(path, key)} is not a figure of the table "
+                                  f"(stability.record.figures): expected one of its figures, or an entry for it there")
+            _check(item, item_kind, _at(path, key), where)
+    elif not _is(value, kind):
+        raise RecordError(f"{where}: {path} = {_show(value)}: expected {_describe(kind)}")
+
+
+@functools.cache
+def _plain(kind) -> frozenset | None:
+    """The Python types a plain ``kind`` (numbers, flags, strings, null and their unions) accepts; None for
+    any other kind."""
+    types_of = {float: {int, float}, int: {int}, bool: {bool}, str: {str}, type(None): {type(None)}}
+    options = typing.get_args(kind) if typing.get_origin(kind) in (Union, types.UnionType) else (kind,)
+    if not all(option in types_of for option in options):
+        return None
+    return frozenset().union(*(types_of[option] for option in options))
+
+
+def _is(value, kind) -> bool:
+    """``value`` is a plain value of ``kind``: a number for float (an int too), one of a Literal's or an
+    Enum's values, a bool only for bool."""
+    if typing.get_origin(kind) is Literal:
+        return value in typing.get_args(kind)
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return value in {member.value for member in kind}
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is type(None):
+        return value is None
+    return isinstance(value, kind)
+
+
+def _describe(kind) -> str:
+    """What a type expects, in words ("a number, true/false or null")."""
+    if typing.get_origin(kind) in (Union, types.UnionType):
+        words = [_describe(option) for option in typing.get_args(kind)]
+        return ", ".join(words[:-1]) + " or " + words[-1]
+    if typing.get_origin(kind) is Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(kind)))
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return "one of " + ", ".join(repr(member.value) for member in kind)
+    if typing.get_origin(kind) is list:
+        return "a list"
+    if typing.get_origin(kind) is dict or typing.is_typeddict(kind):
+        return "an object"
+    return _NAMES.get(kind, getattr(kind, "__name__", str(kind)))
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
