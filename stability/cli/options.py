@@ -73,7 +73,7 @@ def resolve_session(args, label: str):
     from stability.cases.session import Resume, find_interrupted
     from stability.record import RecordError
     from stability.record.rundir import new_run_dir
-    from stability.train.checkpoint import check_writable
+    from stability.train.checkpoint import check_writable, untrusted_factory
 
     resume = None
     if args.resume:
@@ -82,6 +82,8 @@ def resolve_session(args, label: str):
             raise RecordError(f"resume target {args.resume!r} was written by `stability {resume.label}`: resume "
                               f"it with that command")
         config = resolve_from_args(args) if config_given(args) else resume.config
+        if not config_given(args) and config.run.model.factory and not args.trust_factory:
+            raise RecordError(untrusted_factory(f"resume target {args.resume!r}", config.run.model.factory))
         check_device(config.run.device)
         resume.check_config(config)
         if not resume.unfinished():
@@ -124,3 +126,6 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="start a new run even when an interrupted run of the same command and config exists")
     parser.add_argument("--checkpoint-dir", metavar="DIR",
                         help="where the arms' checkpoints go (default <run dir>/checkpoints)")
+    parser.add_argument("--trust-factory", action="store_true",
+                        help="with --resume: import the model.factory the interrupted run's record names (runs that "
+                             "module's code; off: refused unless --set model.factory names the same)")
