@@ -257,10 +257,8 @@ class _Sender:
         if self.client is None:
             self.busy.value = time.monotonic()
             tracking.check_reachable(self.uri)
-            from mlflow.tracking import MlflowClient
-
-            self.client = MlflowClient(tracking_uri=self.uri)
-            self.busy.value = 0.0
+            self.busy.value = 0.0     # a store another process is creating is waited for (open_client)
+            self.client = tracking.open_client(self.uri)
         return self.client
 
     def add_metrics(self, item, pending) -> None:

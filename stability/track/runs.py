@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 
 from stability.config import flatten
 from stability.record import case_key, write_json
+from stability.track.store import open_client, sqlite_path, store_lock
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 STEP_METRICS = ("loss", "lr", "grad_norm", "update_norm", "loss_scale", "batch_size")
@@ -70,43 +71,7 @@ def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
 
 
 # ----------------------------------------------------------------------------- store access
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///...`` URI (None for other stores or in-memory)."""
-    if not uri.startswith("sqlite:"):
-        return None
-    path = uri.split(":///", 1)[1] if ":///" in uri else ""
-    path = path.split("?", 1)[0]
-    return Path(path) if path and path != ":memory:" else None
-
-
-@contextlib.contextmanager
-def store_lock(uri: str, timeout: float = 300.0):
-    """Serialise writers of one SQLite store across processes (pytest-xdist workers): an fcntl lock on
-    ``<db>.lock`` next to the DB file, held while the schema is created/migrated and the run is written.
-    Other stores need no lock (the server serialises)."""
-    db = sqlite_path(uri)
-    if db is None:
-        yield
-        return
-    import fcntl
-
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(db) + ".lock", "a+") as handle:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"waited {timeout:.0f} s for the lock {db}.lock") from None
-                time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
+# (opening a store, a new one included, and the lock of a SQLite store: stability.track.store)
 
 def _is_locked_error(error: BaseException) -> bool:
     text = str(error).lower()
@@ -373,14 +338,13 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
     try:
         check_reachable(uri)
         from mlflow.entities import Metric, Param, RunTag
-        from mlflow.tracking import MlflowClient
 
         with tempfile.TemporaryDirectory(prefix="stability-artifacts-") as tmp:
             copy = write_json(Path(tmp) / "record" / f"{record['name']}-{record['schedule']}-{record.get('id')}.json",
                               {k: v for k, v in record.items() if not k.startswith("_")})
             files = [(copy, "record"), *((Path(p), d) for p, d in artifacts)]
+            client = open_client(uri)
             with store_lock(uri):
-                client = MlflowClient(tracking_uri=uri)
                 name = experiment_name(record, experiment)
                 experiment_id = live["experiment_id"] if live else ensure_experiment(client, uri, name)
                 start, end = case_times(record)
@@ -456,13 +420,12 @@ def fetch_records(branch: str, tracking_uri: str | None = None, preset: str | No
                   max_results: int = 500) -> list[dict]:
     """The JSON records of the latest parent run per case (name + schedule) tagged git.branch=BRANCH."""
     from mlflow.entities import ViewType
-    from mlflow.tracking import MlflowClient
 
     from stability.record import read_record
 
     uri = resolve_tracking_uri(tracking_uri)
     check_reachable(uri)
-    client = MlflowClient(tracking_uri=uri)
+    client = open_client(uri)
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     if not experiments:
         return []
