@@ -159,3 +159,36 @@ def test_a_silent_store_never_holds_training_up_and_degrades_with_one_message(tm
     assert record["tracking"]["status"] == "not tracked"
     err = capsys.readouterr().err
     assert err.count("NOT TRACKED") == 1 and ("did not answer" in err or "took more than" in err), err
+
+
+def test_a_run_continued_in_another_process_sends_only_the_steps_the_store_lacks(store):
+    """After kill -9 a run resumes from its last checkpoint, before the last step sent live: the steps trained
+    again are not sent again, so the child run holds every step once."""
+    from mlflow.tracking import MlflowClient
+
+    record = {"id": "r1", "preset": "smoke", "name": "smoke", "schedule": "standard", "stress": "pair",
+              "config": {"run": {"steps": 15}}, "status": "running"}
+    arm = {"arm": "gated", "seed": 0, "variant": "G1", "status": "running", "run_name": "gated-seed0"}
+
+    def row(step):
+        return {"step": step, "loss": 5.0 - 0.1 * step, "lr": 1e-3, "grad_norm": 1.0, "update_norm": 0.1}
+
+    first = LiveTracker(store, flush_seconds=0.1)
+    first.case_started(record)
+    first.arm_started(record, arm, 0)
+    for step in range(10):                      # steps 0..9 reach the store, then the process dies
+        first.step(record, arm, row(step))
+    assert first.flush()
+    ids = first.runs_of(record)
+    first.close()
+
+    second = LiveTracker(store, flush_seconds=0.1)
+    second.case_started(record, ids)
+    second.arm_started(record, arm, 5)          # its checkpoint was taken after step 4
+    for step in range(5, 15):
+        second.step(record, arm, row(step))
+    assert second.flush() and second.runs_of(record)["child_run_ids"] == ids["child_run_ids"]
+    second.close()
+    history = MlflowClient(tracking_uri=store).get_metric_history(ids["child_run_ids"]["gated-seed0"], "loss")
+    assert sorted(point.step for point in history) == list(range(15))
+

@@ -7,7 +7,8 @@ versions, and whatever artifact files the caller made (the record itself, plots,
 module renders nothing). A store that cannot be reached never loses anything: the JSON stays, the
 failure is returned (and reported once by the caller), and ``stability upload`` can send the file
 later. When the runs were created live during training (``stability.track.live``), it completes
-those runs instead of creating new ones.
+those runs instead of creating new ones; of a run made in an earlier process (a resumed case) it
+sends only the points of the per-step and probe series the store does not hold yet (``held_points``).
 
 How it looks in the MLflow UI: one experiment per preset (``stability-<preset>``), typed as a
 model-training experiment (tag ``mlflow.experimentKind`` = ``custom_model_development``); a parent
@@ -280,20 +281,32 @@ def arm_definition(record: dict, name: str) -> dict[str, str]:
     return {}
 
 
-def _arm_metrics(arm: dict, now: int, with_steps: bool = True):
+def held_points(client, run_id: str) -> set[tuple[str, int]]:
+    """The (metric, step) points of the per-step and probe series a run already holds in the store: what
+    a run continued in another process (a resumed arm) must not send again."""
+    keys = [key for key in _retry(client.get_run, run_id).data.metrics
+            if key in STEP_METRICS or key.startswith("probe.")]
+    return {(key, point.step) for key in keys for point in _retry(client.get_metric_history, run_id, key)}
+
+
+def _arm_metrics(arm: dict, now: int, with_steps: bool = True, held: set | frozenset = frozenset()):
+    """The metrics of one arm's child run; ``held``: (metric, step) points of the series already in the
+    store, left out (summary figures are sent again: their latest value is the one shown)."""
     from mlflow.entities import Metric
 
     series = arm.get("series") or {}
     steps = series.get("step") or [] if with_steps else []
     metrics = [Metric(key, float(value), now, int(step))
                for key in STEP_METRICS for step, value in zip(steps, series.get(key) or [])
-               if isinstance(value, (int, float)) and value is not None and math.isfinite(value)]
+               if isinstance(value, (int, float)) and value is not None and math.isfinite(value)
+               and (key, int(step)) not in held]
     for snapshot in arm.get("probes") or []:
         step = int(snapshot.get("step", 0))
         for index, layer in enumerate(snapshot.get("layers") or []):
             for key in ("f_attn", "m_act", "m_act_ratio", "sink_rate", "max_attn_logit", "gate_score"):
                 value = layer.get(key)
-                if isinstance(value, (int, float)) and math.isfinite(value):
+                if isinstance(value, (int, float)) and math.isfinite(value) \
+                        and (f"probe.{key}.layer{index}", step) not in held:
                     metrics.append(Metric(f"probe.{key}.layer{index}", float(value), now, step))
     metrics += [Metric(k, v, now, 0) for k, v in _finite_metrics(arm.get("final") or {}, "final.").items()]
     for point in (arm.get("extrapolation") or {}).get("points") or []:  # curves: step = sequence length
@@ -381,7 +394,9 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                                                              child_tags(record, arm, parent_id).items()])
                         arm_params = []
                     with_steps = key not in ((live or {}).get("complete_children") or ())
-                    _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps), params=arm_params)
+                    # a child run made in an earlier process (a resumed case) already holds part of its series
+                    held = held_points(client, child_id) if key in live_children and with_steps else frozenset()
+                    _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps, held), params=arm_params)
                     _retry(client.set_terminated, child_id, status=arm_status(arm), end_time=arm_end)
                     children[key] = child_id
                 for path, artifact_dir in files:
