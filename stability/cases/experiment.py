@@ -90,6 +90,8 @@ def train_units(case_record: dict, config: cfg.ExperimentConfig, units: list[Uni
     ``runner.train(case_record, config, units)`` trains them (in parallel, elsewhere: no per-step
     callback) and the ``session`` notes each record as it comes back."""
     check_unique(units)
+    if session is not None:
+        session.case_units(case_record, units)
     if runner is None:
         for unit in units:
             step_cb = (lambda step, figures, arm=unit.arm, seed=unit.seed: on_step(arm, seed, step, figures)) \
