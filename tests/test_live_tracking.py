@@ -192,3 +192,34 @@ def test_a_run_continued_in_another_process_sends_only_the_steps_the_store_lacks
     history = MlflowClient(tracking_uri=store).get_metric_history(ids["child_run_ids"]["gated-seed0"], "loss")
     assert sorted(point.step for point in history) == list(range(15))
 
+
+def test_where_to_watch_is_printed_while_the_first_run_trains(store, tmp_path):
+    """The runs-table link and the command that starts the UI on the store are printed as soon as the live
+    runs exist, before training ends (here: waited for at step 15 of the gated arm), and the record on disk
+    names the live run of the arm in flight."""
+    import io
+
+    torch.set_num_threads(1)
+    out = io.StringIO()
+    tracker = LiveTracker(store, flush_seconds=0.2)
+    session = Session(tmp_path / "run", tracker=tracker, progress=True, stream=out)
+    seen = {}
+
+    def look(arm, seed, step, figures):
+        if arm == "gated" and step == 15:
+            assert tracker.flush()                 # the sending process has made the runs
+        if arm == "gated" and step == 17:
+            seen["text"] = out.getvalue()
+            (path,) = (tmp_path / "run").glob("smoke-standard-*.json")
+            seen["on disk"] = json.loads(path.read_text())["tracking"]
+
+    run_pair(resolve("smoke", TINY), session=session, on_step=look)
+    session.close()
+    lines = [line for line in seen["text"].splitlines() if line.startswith("mlflow: live in experiment")]
+    assert len(lines) == 1 and "'stability-smoke'" in lines[0]
+    db = store.removeprefix("sqlite:///")
+    assert f"mlflow ui --backend-store-uri sqlite:///{db}" in lines[0]
+    assert "#/experiments/" in lines[0] and "/runs?workflowType=machine_learning" in lines[0]
+    assert out.getvalue().count("mlflow: live in experiment") == 1        # once per experiment
+    # the record on disk names the live run of the arm in flight: a resume after kill -9 continues it
+    assert "gated-seed0" in seen["on disk"]["child_run_ids"]

@@ -14,8 +14,9 @@ For every run of a case (an arm at a seed; in sweeps and ladders also an LR or a
                                                     at a stop; deleted once the run has finished
     <run dir>/replay/<case id>/<run key>-step<N>.pt replay bundles of flagged steps, within the budget
 
-shows progress (``stability.cases.progress``: bars on a terminal, a line every tenth of a run in a log)
-and sends the steps to the live MLflow runs. The checkpoint directory defaults to ``<run dir>/checkpoints``.
+shows progress (``stability.cases.progress``: bars on a terminal, a line every tenth of a run in a log),
+sends the steps to the live MLflow runs and says where to watch them (the runs-table link) as soon as
+they exist. The checkpoint directory defaults to ``<run dir>/checkpoints``.
 
 Resuming: ``Resume.load(path)`` reads an interrupted run directory (or one of its records) and checks
 it; a ``Session(..., resume=...)`` then gives every case the id of its interrupted record, takes the runs
@@ -207,6 +208,9 @@ class Session:
         self._cases: dict[int, dict] = {}     # id(case record) -> its bookkeeping
         self._lock_handle = None
         self.display = Progress(self.stream) if progress else None
+        self._watched: set[str] = set()       # cases whose live runs were looked for, and found
+        self._shown_experiments: set[str] = set()   # experiments whose runs-table link was printed
+        self._written_children: set[tuple] = set()  # (case id, child run) whose live id the record holds
 
     # ---------------------------------------------------------------- what train_arm calls
 
@@ -253,6 +257,7 @@ class Session:
             steplog.append(row)
             if tracker is not None:
                 tracker.step(case_record, {"arm": arm, "seed": run.seed, "run_name": name}, row)
+                self._watch(case_record, name)
             if self.display is not None:
                 self.display.step(step, row)
 
@@ -270,6 +275,7 @@ class Session:
                           + (f" - {record['stop_reason']}" if record.get("stop_reason") else ""))
             if tracker is not None:
                 tracker.arm_ended(case_record, record)
+                self._watch(case_record)
 
         return ArmHooks(on_start=on_start, on_step=on_step, on_end=on_end, checkpoints=checkpoints,
                         bundles=case["bundles"], identity=identity, replay_optimizer=run.checkpoint.replay_optimizer)
@@ -308,6 +314,7 @@ class Session:
         """The live MLflow runs of a case (after sending everything queued), for ``log_to_mlflow(live=...)``."""
         if self.tracker is None or not self.tracker.flush():
             return None
+        self._watch(case_record)
         return self.tracker.runs_of(case_record)
 
     def case_units(self, case_record: dict, units: list) -> None:
@@ -377,6 +384,33 @@ class Session:
         case["shown"].add(arm_record.get("run_key"))
         if self.display is not None:
             self.display.skip(len(arm_record["series"]["step"]))
+
+    def _watch(self, case_record: dict, child: str | None = None) -> None:
+        """Once the tracker has made a case's live runs: print where to watch them (once per experiment, also
+        with ``progress`` off); once it has made the child run ``child`` (the run training now), write the
+        case record with its id, so that a resume after kill -9 continues that run."""
+        if child is not None and (case_record["id"], child) not in self._written_children:
+            where = self.tracker.experiment_of(case_record)
+            if where is not None and child in where["child_run_ids"]:
+                self._written_children.add((case_record["id"], child))
+                self.write(case_record)
+        if case_record["id"] in self._watched:
+            return
+        where = self.tracker.experiment_of(case_record)
+        if where is None:
+            return
+        self._watched.add(case_record["id"])
+        if where["experiment_id"] in self._shown_experiments:
+            return
+        self._shown_experiments.add(where["experiment_id"])
+        from stability.track.runs import where_to_look
+
+        line = (f"mlflow: live in experiment {where['experiment']!r} at {where['uri']}; "
+                f"{where_to_look(where['uri'], where['experiment_id'])}")
+        if self.display is not None:
+            self.display.say(line)
+        else:
+            print(line, file=self.stream, flush=True)
 
     def _say(self, line: str) -> None:
         if self.display is not None:

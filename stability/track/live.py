@@ -120,6 +120,15 @@ class LiveTracker:
             return None
         return {"uri": self.uri, **runs}
 
+    def experiment_of(self, record: dict) -> dict | None:
+        """{"uri", "experiment", "experiment_id", "child_run_ids"} of ``record``'s live runs once the sending
+        process has made them (what it reported so far: no waiting, no polling), else None."""
+        runs = self._runs.get(record.get("id"))
+        if self.failed or not runs or not runs.get("experiment_id"):
+            return None
+        return {"uri": self.uri, "experiment": runs.get("experiment"), "experiment_id": runs["experiment_id"],
+                "child_run_ids": runs.get("child_run_ids") or {}}
+
     def status(self) -> dict:
         """{"status": "live", "uri"} or {"status": "not tracked", "uri", "error"}."""
         if self.failed:

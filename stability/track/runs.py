@@ -219,6 +219,25 @@ def runs_url(ui: str, experiment_id: str, run_id: str | None = None) -> str:
         f"{base}/runs?workflowType=machine_learning"
 
 
+LOCAL_UI = "http://127.0.0.1:5000"   # where `mlflow ui` serves by default
+
+
+def ui_address(uri: str) -> str:
+    """Where the MLflow UI of a store is: the server itself for an http(s) store, else `mlflow ui`'s default."""
+    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+
+
+def where_to_look(uri: str, experiment_id: str) -> str:
+    """Where an experiment's runs are watched while they train: its runs-table link and, for a store without a
+    server (a SQLite file), the command that starts the UI on it."""
+    link = f"runs table: {runs_url(ui_address(uri), experiment_id)}"
+    if uri.startswith(("http://", "https://")):
+        return link
+    db = sqlite_path(uri)
+    store = f"sqlite:///{db.resolve()}" if db is not None else uri
+    return f"{link} (start the UI with `mlflow ui --backend-store-uri {store}`)"
+
+
 def ensure_experiment(client, uri: str, name: str) -> str:
     """The id of experiment ``name`` (created when missing), typed as a model-training experiment."""
     found = _retry(client.get_experiment_by_name, name)
