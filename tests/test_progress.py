@@ -18,8 +18,8 @@ import pytest
 
 from stability.cases.progress import Progress, clock
 
-STEPS = 40
-SETS = [arg for key, value in {"seeds": "0", "steps": STEPS, "probes.every": 20, "probes.eval_batches": 1,
+STEPS = 100   # long enough for the bars to redraw several times on a fast machine
+SETS = [arg for key, value in {"seeds": "0", "steps": STEPS, "probes.every": 50, "probes.eval_batches": 1,
                                "model.d_model": 32, "model.n_heads": 2, "model.n_kv_heads": 1,
                                "model.context": 32, "data.batch_size": 4, "data.builtin_bytes": 100_000}.items()
         for arg in ("--set", f"{key}={value}")]
@@ -63,14 +63,14 @@ def test_on_a_terminal_bars_per_case_and_per_run_show_rate_eta_and_loss(tmp_path
     code, shown = on_a_terminal(command(), tmp_path)
     assert code == 0, shown[-3000:]
     frames = re.split(r"[\r\n]", shown)
-    run_bars = [f for f in frames if re.search(r"\[standard\] gated-seed0: +\d+%\|.*\| *\d+/40 \[\d+:\d+<\d+:\d+, +"
+    run_bars = [f for f in frames if re.search(rf"\[standard\] gated-seed0: +\d+%\|.*\| *\d+/{STEPS} \[\d+:\d+<\d+:\d+, +"
                                                r"[\d.?]+ ?step/s, loss \d+\.\d{4}\]", f)]
-    case_bars = [f for f in frames if re.search(r"\[standard\]: +\d+%\|.*\| *\d+/80 \[\d+:\d+<\d+:\d+, +[\d.?]+ ?step/s",
+    case_bars = [f for f in frames if re.search(rf"\[standard\]: +\d+%\|.*\| *\d+/{2 * STEPS} \[\d+:\d+<\d+:\d+, +[\d.?]+ ?step/s",
                                                 f)]
     assert run_bars and case_bars, shown[-3000:]
-    assert any("80/80" in f for f in case_bars)                     # the case bar ends full
-    assert not re.search(r"step \d+/40 +loss", shown)              # no plain progress lines on a terminal
-    assert "gated-seed0: completed after 40 steps" in shown
+    assert any(f"{2 * STEPS}/{2 * STEPS}" in f for f in case_bars)   # the case bar ends full
+    assert not re.search(rf"step \d+/{STEPS} +loss", shown)         # no plain progress lines on a terminal
+    assert f"gated-seed0: completed after {STEPS} steps" in shown
 
 
 def test_in_a_log_plain_lines_carry_step_loss_rate_and_eta(tmp_path):
@@ -79,11 +79,11 @@ def test_in_a_log_plain_lines_carry_step_loss_rate_and_eta(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if "gated-seed0: step" in line]
     assert "\r" not in run.stdout and "%|" not in run.stdout + run.stderr
-    pattern = (r"^  \[standard\] gated-seed0: step (\d+)/40  loss \d+\.\d{4}  lr \S+  grad-norm \S+  update-norm \S+"
+    pattern = (rf"^  \[standard\] gated-seed0: step (\d+)/{STEPS}  loss \d+\.\d{{4}}  lr \S+  grad-norm \S+  update-norm \S+"
                r"  [\d.]+ steps/s  ETA \d+:\d\d \(case \d+:\d\d\)$")
     assert all(re.match(pattern, line) for line in lines), lines
     steps = [int(re.match(pattern, line).group(1)) for line in lines]
-    assert {1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 40} <= set(steps)    # every tenth and the last (and every 30 s)
+    assert {1, 11, 21, 31, 41, 51, 61, 71, 81, 91, 100} <= set(steps)   # every tenth, the last (and every 30 s)
 
 
 def test_quiet_shows_neither_bars_nor_lines(tmp_path):
