@@ -161,3 +161,67 @@ def test_a_silent_store_never_holds_training_up_and_degrades_with_one_message(tm
     assert record["tracking"]["status"] == "not tracked"
     err = capsys.readouterr().err
     assert err.count("NOT TRACKED") == 1 and ("did not answer" in err or "took more than" in err), err
+
+
+def test_a_run_continued_in_another_process_sends_only_the_steps_the_store_lacks(store):
+    """After kill -9 a run resumes from its last checkpoint, before the last step sent live: the steps trained
+    again are not sent again, so the child run holds every step once."""
+    from mlflow.tracking import MlflowClient
+
+    record = {"id": "r1", "preset": "smoke", "name": "smoke", "schedule": "standard", "stress": "pair",
+              "config": {"run": {"steps": 15}}, "status": "running"}
+    arm = {"arm": "gated", "seed": 0, "variant": "G1", "status": "running", "run_name": "gated-seed0"}
+
+    def row(step):
+        return {"step": step, "loss": 5.0 - 0.1 * step, "lr": 1e-3, "grad_norm": 1.0, "update_norm": 0.1}
+
+    first = LiveTracker(store, flush_seconds=0.1)
+    first.case_started(record)
+    first.arm_started(record, arm, 0)
+    for step in range(10):                      # steps 0..9 reach the store, then the process dies
+        first.step(record, arm, row(step))
+    assert first.flush()
+    ids = first.runs_of(record)
+    first.close()
+
+    second = LiveTracker(store, flush_seconds=0.1)
+    second.case_started(record, ids)
+    second.arm_started(record, arm, 5)          # its checkpoint was taken after step 4
+    for step in range(5, 15):
+        second.step(record, arm, row(step))
+    assert second.flush() and second.runs_of(record)["child_run_ids"] == ids["child_run_ids"]
+    second.close()
+    history = MlflowClient(tracking_uri=store).get_metric_history(ids["child_run_ids"]["gated-seed0"], "loss")
+    assert sorted(point.step for point in history) == list(range(15))
+
+
+def test_where_to_watch_is_printed_while_the_first_run_trains(store, tmp_path):
+    """The runs-table link and the command that starts the UI on the store are printed as soon as the live
+    runs exist, before training ends (here: waited for at step 15 of the gated arm), and the record on disk
+    names the live run of the arm in flight."""
+    import io
+
+    torch.set_num_threads(1)
+    out = io.StringIO()
+    tracker = LiveTracker(store, flush_seconds=0.2)
+    session = Session(tmp_path / "run", tracker=tracker, progress=True, stream=out)
+    seen = {}
+
+    def look(arm, seed, step, figures):
+        if arm == "gated" and step == 15:
+            assert tracker.flush()                 # the sending process has made the runs
+        if arm == "gated" and step == 17:
+            seen["text"] = out.getvalue()
+            (path,) = (tmp_path / "run").glob("smoke-standard-*.json")
+            seen["on disk"] = json.loads(path.read_text())["tracking"]
+
+    run_pair(resolve("smoke", TINY), session=watching(session, look))
+    session.close()
+    lines = [line for line in seen["text"].splitlines() if line.startswith("mlflow: live in experiment")]
+    assert len(lines) == 1 and "'stability-smoke'" in lines[0]
+    db = store.removeprefix("sqlite:///")
+    assert f"mlflow ui --backend-store-uri sqlite:///{db}" in lines[0]
+    assert "#/experiments/" in lines[0] and "/runs?workflowType=machine_learning" in lines[0]
+    assert out.getvalue().count("mlflow: live in experiment") == 1        # once per experiment
+    # the record on disk names the live run of the arm in flight: a resume after kill -9 continues it
+    assert "gated-seed0" in seen["on disk"]["child_run_ids"]

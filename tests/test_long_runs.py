@@ -10,6 +10,7 @@ import json
 import math
 import shutil
 import signal
+import sys
 
 import pytest
 import torch
@@ -262,3 +263,72 @@ def test_the_update_norm_is_the_norm_of_what_the_step_changed():
     total, w, b = norms.after().tolist()
     assert w == pytest.approx(expected[0], rel=1e-5) and b == pytest.approx(expected[1], rel=1e-5)
     assert total == pytest.approx(math.hypot(*expected), rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- files are data, never code
+
+@pytest.fixture()
+def marked_factory(tmp_path, monkeypatch):
+    """A factory module whose import writes a file (the mark): (its model.factory path, the mark)."""
+    mark = tmp_path / "imported.txt"
+    (tmp_path / "marked_factory.py").write_text(
+        f"from pathlib import Path\nPath({str(mark)!r}).write_text('imported')\nfrom _factories import tiny_lm as build\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def forget():
+        """As in a new process: the module not imported yet, no mark."""
+        sys.modules.pop("marked_factory", None)
+        mark.unlink(missing_ok=True)
+    yield "marked_factory:build", mark, forget
+    sys.modules.pop("marked_factory", None)
+
+
+def test_a_bundle_naming_a_factory_imports_nothing_without_trust_factory(marked_factory, tmp_path, capsys):
+    factory, mark, forget = marked_factory
+    torch.set_num_threads(1)
+    config = tiny(**{"model.factory": factory, "fault.kind": "lr_spike", "fault.step": 14,
+                     "fault.lr_factor": 1000.0, "steps": 18})
+    record = run_pair(config, session=Session(tmp_path / "run"))
+    bundle = next(b["path"] for b in record["replay_bundles"] if b["run_key"].startswith("gated"))
+    forget()
+    assert main(["replay", bundle]) == 2
+    err = capsys.readouterr().err
+    assert not mark.exists()                                    # the module's code never ran
+    assert err.count("\n") == 1 and f"model.factory={factory!r}" in err and "--trust-factory" in err
+    assert main(["replay", "--trust-factory", bundle]) == 0
+    assert mark.exists() and "reproduced exactly" in capsys.readouterr().out
+
+
+def test_resuming_a_run_whose_record_names_a_factory_needs_trust_factory(marked_factory, workdir, capsys):
+    factory, mark, forget = marked_factory
+    torch.set_num_threads(1)
+    run_dir = workdir / "run"
+
+    def ctrl_c(arm, seed, step, figures):
+        if arm == "gated" and step == 9:
+            signal.raise_signal(signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        run_pair(tiny(**{"model.factory": factory}), session=watching(Session(run_dir, label="run"), ctrl_c))
+    forget()
+    assert main(["run", "--resume", str(run_dir), "--no-track", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert not mark.exists() and err.count("\n") == 1 and "--trust-factory" in err
+    own = ["--set", f"model.factory={factory}", *TINY_SETS]          # the command's own config names it: trusted
+    assert main(["run", "--resume", str(run_dir), "--no-track", "--quiet", *own, "--set", "optim.lr=0.01"]) == 2
+    assert "belongs to another config" in capsys.readouterr().err and not mark.exists()
+    assert main(["run", "--resume", str(run_dir), "--no-track", "--quiet", "--trust-factory"]) == 0
+    assert mark.exists()
+
+
+def test_a_crafted_pickle_is_refused_with_its_cause_in_one_line(tmp_path, capsys):
+    class Crafted:
+        def __reduce__(self):
+            return (print, ("this ran",))
+
+    path = tmp_path / "crafted.pt"
+    torch.save({"kind": "bundle", "payload": Crafted()}, path)
+    assert main(["replay", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "this ran" not in captured.out and captured.err.count("\n") == 1
+    assert "refused" in captured.err and "GLOBAL print" in captured.err and "weights_only" not in captured.err

@@ -52,28 +52,52 @@ def written(request, tmp_path_factory, tmp_path, monkeypatch, capsys):
 
 
 @pytest.fixture()
-def mlflow_ui(written, tmp_path):
-    uri = written[0]
-    port = _free_port()
-    log = open(tmp_path / "ui.log", "w")  # noqa: SIM115  (open for the server's life)
-    process = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                                "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
+def named(request, tmp_path_factory, tmp_path, monkeypatch, capsys):
+    """(store URI, the links the command printed, the record) of a `stability run --experiment team-runs` into
+    an experiment that existed before, made elsewhere without the harness's experiment-kind tag."""
+    from _mlflow_store import migrated_template
+    from mlflow.tracking import MlflowClient
+
+    shutil.copy(migrated_template(request.config, tmp_path_factory), tmp_path / "m.db")
+    uri = f"sqlite:///{tmp_path}/m.db"
+    MlflowClient(tracking_uri=uri).create_experiment("team-runs")
+    monkeypatch.chdir(tmp_path)
+    sets = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}")]
+    assert main(["run", *sets, "--tracking-uri", uri, "--experiment", "team-runs"]) == 0
+    out = capsys.readouterr().out
+    links = [re.search(r"runs table: (\S+)", out).group(1), re.search(r"in `mlflow ui`: (\S+)", out).group(1)]
+    (path,) = tmp_path.glob("reports/runs/*/smoke-standard-*.json")
+    return uri, links, json.loads(path.read_text())
+
+
+@pytest.fixture()
+def mlflow_ui(tmp_path):
+    """``start(uri)``: `mlflow ui` on the store ``uri``, on loopback and a free port; its address. Stopped after
+    the test."""
+    started = []
+
+    def start(uri: str) -> str:
+        port = _free_port()
+        log = open(tmp_path / "ui.log", "w")  # noqa: SIM115  (open for the server's life)
+        process = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host",
+                                    "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        started.append((process, log))
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if process.poll() is not None:
                 pytest.fail(f"mlflow ui exited: {(tmp_path / 'ui.log').read_text()[-2000:]}")
             try:
                 with urllib.request.urlopen(base + "/health", timeout=2) as response:
                     if response.status == 200:
-                        break
+                        return base
             except OSError:
                 if time.monotonic() > deadline:
                     pytest.fail(f"mlflow ui not up in {START_TIMEOUT_S} s: {(tmp_path / 'ui.log').read_text()[-2000:]}")
                 time.sleep(1)
-        yield base
-    finally:
+    yield start
+    for process, log in started:
         stop_server(process)
         log.close()
 
@@ -84,8 +108,8 @@ ROWS = "[...document.querySelectorAll('.ag-row')].map(r => r.getAttribute('row-i
 def test_the_runs_table_shows_both_arms_with_their_metrics(written, mlflow_ui, tmp_path):
     if executable() is None:
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); the UI check needs it")
-    _, link, record = written
-    url = link.replace("http://127.0.0.1:5000", mlflow_ui)
+    uri, link, record = written
+    url = link.replace("http://127.0.0.1:5000", mlflow_ui(uri))
     shot = tmp_path / "mlflow-runs-table.png"
     with Chromium(tmp_path / "profile", width=2600, height=900) as page:
         page.goto(url)
@@ -117,3 +141,23 @@ def test_the_runs_table_shows_both_arms_with_their_metrics(written, mlflow_ui, t
         assert arm["final"]["heldout_loss"] == pytest.approx(numbers[0], rel=1e-6)
         assert arm["series"]["loss"][-1] == pytest.approx(numbers[1], rel=1e-6)
     assert shot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_named_experiment_that_existed_untagged_opens_on_the_runs_table(named, mlflow_ui, tmp_path):
+    """Both links the command printed (while training and at the end) open the runs table of the experiment
+    named with --experiment, which the harness tagged as a model-training experiment."""
+    if executable() is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); the UI check needs it")
+    from mlflow.tracking import MlflowClient
+
+    uri, links, record = named
+    experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name("team-runs")
+    assert record["tracking"]["experiment_id"] == experiment.experiment_id
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert links[0] == links[1] and f"/experiments/{experiment.experiment_id}/runs" in links[0]
+    base = mlflow_ui(uri)
+    with Chromium(tmp_path / "profile", width=1800, height=900) as page:
+        page.goto(links[0].replace("http://127.0.0.1:5000", base))
+        page.wait("[...document.querySelectorAll('.ag-row')].some(r => r.innerText.includes('standard'))")
+        text = page.evaluate("document.body.innerText")
+    assert "team-runs" in text and "Token Usage" not in text and "Tool calls" not in text   # not the GenAI overview

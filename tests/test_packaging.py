@@ -1,8 +1,10 @@
-"""kernels/ ships as stability.kernels and never as a top-level module named `kernels`."""
+"""kernels/ ships as stability.kernels and never as a usable top-level package `kernels` (the name of the
+Hugging Face hub-kernels package): every usual way of starting Python in the repository root works."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 import zipfile
@@ -24,9 +26,39 @@ def test_the_wheel_maps_kernels_into_the_stability_namespace(tmp_path):
     assert {name.split("/")[0] for name in names} == {"stability", "stability-0.1.0.dist-info"}
 
 
-def test_the_kernels_folder_refuses_the_top_level_name(monkeypatch):
+def test_the_kernels_folder_is_empty_as_a_top_level_package(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
     monkeypatch.delitem(sys.modules, "kernels", raising=False)
-    with pytest.raises(ImportError, match="hub-kernels"):
-        importlib.import_module("kernels")
+    top = importlib.import_module("kernels")          # the repository root on sys.path: found, but empty
+    assert not hasattr(top, "gated_attention") and not hasattr(top, "__version__")
     assert importlib.import_module("stability.kernels").gated_attention is not None
+
+
+def from_root(*command: str) -> subprocess.CompletedProcess:
+    """``command`` run in the repository root, as a user starts it there (no pytest worker settings)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_transformers_imports_with_the_repository_root_on_sys_path():
+    """``python -c`` in the repository root puts it on sys.path; transformers probes for the hub-kernels
+    package ``kernels`` and finds the folder: it must not fail, nor take the folder for that package."""
+    probe = ("import stability.model.hf, transformers, sys\n"
+             "from transformers import LlamaConfig, LlamaForCausalLM\n"
+             "from transformers.utils import is_kernels_available\n"
+             "LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,\n"
+             "                             num_attention_heads=2, num_key_value_heads=1, vocab_size=64))\n"
+             "import stability.kernels\n"
+             "assert not is_kernels_available() and stability.kernels.gated_attention\n"
+             "print('ok', sys.path[0] == '')\n")
+    run = from_root(sys.executable, "-c", probe)
+    assert run.returncode == 0 and run.stdout.split() == ["ok", "True"], run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("start", [["-m", "pytest"], ["-P", "-c", "import sys, pytest; sys.exit(pytest.console_main())"]],
+                         ids=["python -m pytest", "pytest"])
+def test_the_hf_tests_pass_however_pytest_is_started_in_the_repository_root(start):
+    """``python -m pytest`` puts the repository root on sys.path, the ``pytest`` script does not (``-P``)."""
+    run = from_root(sys.executable, *start, "tests/test_hf.py", "-k", "probes_on_an_hf_model or bad_hf_config",
+                    "-n", "0", "-q", "-p", "no:cacheprovider")
+    assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]

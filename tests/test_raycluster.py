@@ -124,6 +124,36 @@ def test_a_killed_worker_is_retried_and_its_unit_counted_once(ray_local):
     assert figures(record) == figures(run_case("standard", config))   # the retried run measured the same
 
 
+def test_a_worker_killed_before_its_task_begins_is_counted_as_an_attempt(ray_local, tmp_path):
+    """The worker dies while the task's arguments load, before its first instruction (the first seconds of a
+    task: imports, unpickling): Ray retries it, and the record counts the two attempts Ray made."""
+    from stability.cases.ray_runner import RayRunner
+
+    class DiesOnArrival:
+        """A ``before_unit`` whose loading in the worker kills it, once (the mark says it happened)."""
+
+        def __init__(self, mark):
+            self.mark = mark
+
+        def __setstate__(self, state):
+            self.__dict__.update(state)
+            if not os.path.exists(self.mark):
+                open(self.mark, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def __call__(self, unit_id, attempt):
+            pass
+
+    config = tiny()
+    runner = RayRunner(ray_local.address, max_retries=2, before_unit=DiesOnArrival(str(tmp_path / "died")))
+    record = run_case("standard", config, runner=runner)
+    assert (tmp_path / "died").exists()
+    assert sorted(u["attempts"] for u in record["ray"]["units"]) == [1, 2] and record["ray"]["retries"] == 1
+    retried = next(u["id"] for u in record["ray"]["units"] if u["attempts"] == 2)
+    assert next(a for a in record["arms"] if a["unit"]["id"] == retried)["unit"]["attempt"] == 2
+    assert len(record["arms"]) == 2 and record["status"] == "completed"
+
+
 def test_stress_cli_with_ray(ray_local, tmp_path, capsys):
     """``stability stress --ray`` joins the Ray instance of this process and writes the usual records."""
     assert main(["stress", "shock", "--ray", "local:2", "--out", str(tmp_path), "--no-track", "--quiet",

@@ -148,3 +148,19 @@ def test_ladder_and_quant_tables_name_the_library_and_recipe_of_each_row(tmp_pat
     assert [row[0] for row in ladder[1:]] == ["fp8", "mxfp4", "mxfp8"]  # the trained rungs, then the skipped
     plain = report.write_report([pair_record(seeds=(0,))], tmp_path / "plain.html")["html"].read_text()
     assert "Precision ladder" not in plain and "Post-training quantization" not in plain
+
+
+def test_a_figure_only_the_treatment_arm_has_shows_its_mean_in_the_tables(records):
+    """The gate score: the baseline has no gate, so no seed pairs and the paired summary holds no means; the
+    summary tables of `stability run` and of the report show the arm's own mean (and "-" for the baseline)."""
+    record = records[0]
+    summary = record["paired"]["gated"]["gate_score_mean"]
+    assert summary["n"] == 0 and summary["treatment"] is None     # what the record holds: nothing paired
+    expected = sum(a["final"]["gate_score_mean"] for a in record["arms"] if a["arm"] == "gated") / 3
+    assert expected > 0
+    (row,) = [line.split() for line in table.paired_table(record).splitlines() if " gate_score_mean " in line]
+    assert row[:4] == ["gated", "gate_score_mean", "-", table.fmt(expected)] and row[-1] == "0"
+    (html_row,) = [r for r in report.summary_rows(record) if r[1] == "gate_score_mean"]
+    assert html_row[4:6] == ["-", table.fmt(expected)]
+    heldout = next(line.split() for line in table.paired_table(record).splitlines() if " heldout_loss " in line)
+    assert heldout[2] == table.fmt(record["paired"]["gated"]["heldout_loss"]["baseline"])   # paired: unchanged

@@ -148,6 +148,38 @@ def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_ru
     assert len(client.get_metric_history(killed.info.run_id, "loss")) >= 28   # sent live while it trained
 
 
+def test_stopped_and_resumed_twice_every_step_is_in_mlflow_and_in_the_per_step_file_once(tmp_path, template_store):
+    """Ctrl-C in the baseline arm, --resume, Ctrl-C in the gated arm, --resume: each child run holds every
+    step's loss once (the parts sent live by three processes and the record sent at each stop)."""
+    uri = template_store(tmp_path / "m.db")
+    process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
+    wait_for(process, f"baseline-seed0: step 65/{STEPS}")
+    process.send_signal(signal.SIGINT)
+    assert finish(process)[0] == 130
+    run_dir, _ = the_record(tmp_path)
+    process = start(["run", "--tracking-uri", uri, "--resume", str(run_dir)], tmp_path)
+    wait_for(process, f"gated-seed0: step 49/{STEPS}")
+    process.send_signal(signal.SIGINT)
+    assert finish(process)[0] == 130
+    code, _, err = finish(start(["run", "--tracking-uri", uri, "--resume", str(run_dir)], tmp_path))
+    assert code == 0, err[-2000:]
+    _, record = the_record(tmp_path)
+    assert record["status"] == "completed" and record["tracking"]["status"] == "tracked"
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    children = record["tracking"]["child_run_ids"]
+    assert sorted(children) == ["baseline-seed0", "gated-seed0"]
+    for name, run_id in children.items():
+        for metric in ("loss", "lr", "update_norm"):
+            steps = sorted(point.step for point in client.get_metric_history(run_id, metric))
+            assert steps == list(range(STEPS)), (name, metric, len(steps))
+        (steps_file,) = (run_dir / "steps" / record["id"]).glob(f"{name.split('-')[0]}-*.jsonl")
+        assert [row["step"] for row in read_steplog(steps_file)["steps"]] == list(range(STEPS))
+    assert client.get_run(record["tracking"]["parent_run_id"]).info.status == "FINISHED"
+
+
 @pytest.fixture(scope="module")
 def template_store(request, tmp_path_factory):
     """Copies of an empty, migrated MLflow SQLite store (migrating one takes seconds)."""

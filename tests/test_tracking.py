@@ -27,6 +27,9 @@ from stability.record import Status, write_record
 from stability.track import runs as tracking
 
 SERVER_START_TIMEOUT_S = 150
+TINY_RUN = {"seeds": "0", "steps": 12, "probes.every": 6, "probes.eval_batches": 1, "model.d_model": 32,
+            "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,
+            "data.builtin_bytes": 100_000}
 
 
 @pytest.fixture(autouse=True)
@@ -234,6 +237,69 @@ def test_parallel_writers_share_one_fresh_sqlite_store(tmp_path):
     runs = _runs(uri, "parallel")
     parents = [r for r in runs if r.data.tags.get("stability.level") == "pair"]
     assert len(parents) == 3 and len(runs) == 3 * 3
+
+
+CREATOR = """
+import sys, time
+from pathlib import Path
+from mlflow.tracking import MlflowClient
+from stability.track.store import open_client
+uri, go, how = sys.argv[1:]
+print("ready", flush=True)
+while not Path(go).exists():
+    time.sleep(0.005)
+try:
+    client = MlflowClient(tracking_uri=uri) if how == "mlflow" else open_client(uri)
+    client.search_experiments(max_results=1)
+    print("opened", flush=True)
+except Exception as error:
+    print(f"failed: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
+"""
+
+
+def test_a_new_store_another_process_creates_at_the_same_moment_is_waited_for(tmp_path):
+    """MLflow's own schema creation (what `mlflow ui` does on a new file, without this package's lock) and
+    ``open_client`` start on the same new file at the same instant: MLflow's creation is not safe against a
+    second creator (one of two plain MLflow clients fails), the harness's side waits the race out."""
+    uri = f"sqlite:///{tmp_path}/new.db"
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    processes = [subprocess.Popen([sys.executable, "-c", CREATOR, uri, str(go), how], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True, env=env) for how in ("mlflow", "stability")]
+    for process in processes:     # both have imported MLflow: they start creating at the same instant
+        assert process.stdout.readline().strip() == "ready"
+    go.touch()
+    outputs = [process.communicate(timeout=600)[0].strip() for process in processes]
+    assert outputs[1] == "opened", outputs
+    client = _client(uri)
+    experiment = client.create_experiment("after-the-race")
+    assert client.create_run(experiment).info.status == "RUNNING"
+
+
+def test_a_run_and_mlflow_server_started_at_once_on_a_new_store(tmp_path):
+    """The first thing a new user does: `mlflow server` (or `mlflow ui`) and a command on a store that does
+    not exist yet, at the same moment. The command is tracked."""
+    uri = f"sqlite:///{tmp_path}/new.db"
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115  (open for the server's life)
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host",
+                               "127.0.0.1", "--port", str(_free_port()), "--workers", "1"], stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        sets = [arg for key, value in TINY_RUN.items() for arg in ("--set", f"{key}={value}")]
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        run = subprocess.run([sys.executable, "-m", "stability.cli", "run", "--tracking-uri", uri, "--quiet", *sets],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
+    finally:
+        from _mlflow_store import stop_server
+
+        stop_server(server)
+        log.close()
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "NOT TRACKED" not in run.stderr, run.stderr[-2000:]
+    (path,) = tmp_path.glob("reports/runs/*/smoke-standard-*.json")
+    record = json.loads(path.read_text())
+    assert record["tracking"]["status"] == "tracked"
+    assert len(_client(uri).get_metric_history(record["tracking"]["child_run_ids"]["gated-seed0"], "loss")) == 12
 
 
 # ----------------------------------------------------------------------------- baseline from the store

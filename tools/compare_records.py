@@ -4,11 +4,13 @@
 
 BEFORE and AFTER are folders holding run directories (or records) written by the same commands
 before and after a change. Records are matched by what they are (name, schedule, purpose, stress
-case and the command's folder below BEFORE / AFTER), never by their random ids; per-step files
-(``steps/<case id>/<run key>.jsonl``) by their run key. Every value below them is compared exactly
-(floats bit for bit, NaN equal to NaN) except the keys that say when, where and how fast something
-ran (``VOLATILE``: times, durations, ids, paths, git, host details). Exit 0 when nothing differs,
-1 otherwise; the summary line says how many numbers were compared.
+case, config and the command's folder below BEFORE / AFTER), never by their random ids; per-step files
+(``steps/<case id>/<run name>-<fingerprint>.jsonl``) by their run name. Every value below them is
+compared exactly (floats bit for bit, NaN equal to NaN) except the keys that say when, where and how
+fast something ran (``VOLATILE``: times, durations, ids, paths, git, host details) and the keys named
+with ``--ignore`` (left out everywhere, in the configs that match records too: a config field added by
+the change, say). Exit 0 when nothing differs, 1 otherwise; the summary line says how many numbers were
+compared.
 """
 
 from __future__ import annotations
@@ -71,14 +73,23 @@ class Comparison:
             self.differences.append(f"{where}: {a!r} before, {b!r} after")
 
 
-def record_key(root: Path, path: Path, record: dict) -> str:
+def without(value, ignore: set[str]):
+    """``value`` with the keys in ``ignore`` left out, at every level."""
+    if isinstance(value, dict):
+        return {k: without(v, ignore) for k, v in value.items() if k not in ignore}
+    if isinstance(value, list):
+        return [without(v, ignore) for v in value]
+    return value
+
+
+def record_key(root: Path, path: Path, record: dict, ignore: set[str] = frozenset()) -> str:
     command = path.relative_to(root).parts[0]
-    config = hashlib.sha256(json.dumps(record.get("config"), sort_keys=True).encode()).hexdigest()[:8]
+    config = hashlib.sha256(json.dumps(without(record.get("config"), ignore), sort_keys=True).encode()).hexdigest()[:8]
     return "/".join(str(x) for x in (command, record.get("name"), record.get("schedule"), record.get("purpose"),
                                      record.get("stress"), config))
 
 
-def records(root: Path) -> dict[str, dict]:
+def records(root: Path, ignore: set[str] = frozenset()) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for path in sorted(root.rglob("*.json")):
         if path.name == "manifest.json" or "mlartifacts" in path.parts:
@@ -89,19 +100,19 @@ def records(root: Path) -> dict[str, dict]:
             continue
         if not isinstance(document, dict) or "arms" not in document:
             continue
-        key = record_key(root, path, document)
+        key = record_key(root, path, document, ignore)
         if key in found:
             raise SystemExit(f"two records of {key} under {root}: compare one command's output per folder")
         found[key] = document
         for steps in sorted(path.parent.glob(f"steps/{document.get('id')}/*.jsonl")):
             lines = [json.loads(line) for line in steps.read_text().splitlines() if line.strip()]
-            found[f"{key}/steps/{steps.stem}"] = {"lines": lines}
+            found[f"{key}/steps/{steps.stem.rsplit('-', 1)[0]}"] = {"lines": lines}   # without the fingerprint
     return found
 
 
 def compare(before: Path, after: Path, ignore: set[str] = frozenset()) -> Comparison:
     result = Comparison(set(ignore))
-    old, new = records(before), records(after)
+    old, new = records(before, result.ignore), records(after, result.ignore)
     for key in sorted(set(old) | set(new)):
         if key not in old or key not in new:
             result.differences.append(f"{key}: only {'after' if key not in old else 'before'}")

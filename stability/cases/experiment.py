@@ -101,6 +101,8 @@ def train_units(case_record: dict, config: cfg.ExperimentConfig, units: list[Uni
     trains them (in parallel, elsewhere: no per-step callbacks) and the ``session`` notes each record as
     it comes back."""
     check_unique(units)
+    if session is not None:
+        session.case_units(case_record, units)
     if runner is None:
         for unit in units:
             yield train_arm(case_record, config, unit.run, unit.schedule, corpus, unit.arm, session)

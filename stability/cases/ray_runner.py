@@ -22,8 +22,11 @@ Where Ray runs (``address``):
 
 Fault tolerance. A task whose worker process dies (killed, out of memory, a lost node) is run
 again by Ray, up to ``max_retries`` times. A unit's result is kept under its id, so a task that
-ran twice still gives one arm record. A small actor counts the attempts of every unit; the case
-record's ``ray`` entry lists the units (id, name, attempts) and how many tasks were retried.
+ran twice still gives one arm record. Its attempts are Ray's own count (the attempt number Ray gives
+the run that returned), so a worker lost at any moment is counted, also one lost before the task's
+first instruction (while its arguments load); a small actor also counts the attempts that reached the
+task's body (where Ray's number is not available). The case record's ``ray`` entry lists the units
+(id, name, attempts) and how many tasks were retried.
 
 Tracking. The tasks do not talk to MLflow: the driver writes the case record locally, then logs it
 (``stability.cases.pipeline.keep``) - a retried task can therefore never leave a second MLflow run.
@@ -83,13 +86,26 @@ def train_alone(config: cfg.ExperimentConfig, unit: Unit) -> dict:
                      hooks=ArmHooks(on_trained=after_training(run, config)))
 
 
-def _task(config, unit: Unit, attempts, before_unit) -> tuple[str, dict]:
-    """One Ray task: note the attempt, (tests: ``before_unit(unit_id, attempt)``), train, return (id, record)."""
+def ray_attempt() -> int | None:
+    """The running task's attempt as Ray counts it (1, then 2 for its first retry, ...); None when this Ray
+    does not say (the number is kept by Ray's core worker; no public API gives it)."""
     import ray
 
-    attempt = ray.get(attempts.start.remote(unit.id))
+    number = getattr(getattr(ray._private.worker.global_worker, "core_worker", None),
+                     "get_current_task_attempt_number", None)
+    return number() + 1 if number is not None else None
+
+
+def _task(config, unit: Unit, attempts, before_unit) -> tuple[str, dict]:
+    """One Ray task: its attempt (Ray's count first; tests: ``before_unit(unit_id, attempt)``), train, return
+    (id, record)."""
+    import ray
+
+    attempt = ray_attempt()
     if before_unit is not None:
         before_unit(unit.id, attempt)
+    counted = ray.get(attempts.start.remote(unit.id))
+    attempt = max(attempt or 0, counted)
     arm_record = train_alone(config, unit)
     set_unit(arm_record, unit.id, unit.name, attempt, os.getpid())
     return unit.id, arm_record
@@ -113,7 +129,7 @@ class RayRunner:
     """Trains the units of a case as Ray tasks (see the module docstring).
 
     address: ``local:N``, ``auto`` or a cluster address. max_retries: reruns of a task whose worker
-    died. before_unit: called as ``before_unit(unit_id, attempt)`` at the start of every task (a
+    died. before_unit: called as ``before_unit(unit_id, attempt)`` first thing in every task (a
     picklable callable; tests inject faults with it)."""
 
     def __init__(self, address: str, max_retries: int = 3, before_unit=None):
@@ -154,6 +170,7 @@ class RayRunner:
         pending = {unit.id: task.remote(config_ref, unit, attempts, self.before_unit) for unit in units}
         set_ray(case_record, self.address, resources, self.max_retries, [(unit.id, unit.name) for unit in units])
         results: dict[str, dict] = {}
+        attempts_of: dict[str, int] = {}   # unit id -> attempts, Ray's own count (the actor's as a fallback)
         for index, unit in enumerate(units):
             try:
                 unit_id, arm_record = ray.get(pending[unit.id])
@@ -164,7 +181,8 @@ class RayRunner:
             name_run(arm_record, name, key)   # as a session names a run trained here
             results[unit_id] = arm_record       # keyed by id: a unit that ran twice is kept once
             counts = ray.get(attempts.all.remote())
-            note_attempts(case_record, index, counts.get(unit.id, 1), sum(max(0, n - 1) for n in counts.values()))
+            attempts_of[unit.id] = max(arm_record["unit"]["attempt"], counts.get(unit.id, 1))
+            note_attempts(case_record, index, attempts_of[unit.id], sum(n - 1 for n in attempts_of.values()))
             yield results[unit.id]
 
     def close(self) -> None:

@@ -14,8 +14,9 @@ For every run of a case (an arm at a seed; in sweeps and ladders also an LR or a
                                                     at a stop; deleted once the run has finished
     <run dir>/replay/<case id>/<run key>-step<N>.pt replay bundles of flagged steps, within the budget
 
-prints a progress line every tenth of a run (case, arm, seed, step, loss), and sends the steps to the
-live MLflow runs. The checkpoint directory defaults to ``<run dir>/checkpoints``.
+shows progress (``stability.cases.progress``: bars on a terminal, a line every tenth of a run in a log),
+sends the steps to the live MLflow runs and says where to watch them (the runs-table link) as soon as
+they exist. The checkpoint directory defaults to ``<run dir>/checkpoints``.
 
 Resuming: ``Resume.load(path)`` reads an interrupted run directory (or one of its records) and checks
 it; a ``Session(..., resume=...)`` then gives every case the id of its interrupted record, takes the runs
@@ -33,6 +34,7 @@ import sys
 from pathlib import Path
 
 from stability import config as cfg
+from stability.cases.progress import Progress
 from stability.cases.steplog import StepLog, read_steplog
 from stability.record import (
     UNFINISHED,
@@ -52,7 +54,6 @@ from stability.train.checkpoint import Bundles, Checkpoints, load_state, run_fin
 from stability.train.trainer import ArmHooks
 
 LOCK = ".lock"
-PROGRESS_LINES = 10   # progress lines per run
 
 
 def run_label(case_record: dict, run: cfg.RunConfig) -> str:
@@ -200,8 +201,9 @@ class Session:
 
     run_dir: the run directory. label: the command ("run", "stress"; the run directory's manifest).
     tracker: a ``stability.track.live.LiveTracker``, or None. checkpoint_dir: default ``<run dir>/checkpoints``.
-    progress: print progress lines. resume: a checked ``Resume``. lock: hold the run directory's lock (so
-    a resume can tell a live run from an interrupted one; off when several processes share a directory)."""
+    progress: show progress (bars or lines) and what each run did. resume: a checked ``Resume``. lock: hold
+    the run directory's lock (so a resume can tell a live run from an interrupted one; off when several
+    processes share a directory)."""
 
     def __init__(self, run_dir: str | Path, label: str = "run", tracker=None, checkpoint_dir: str | Path | None = None,
                  progress: bool = False, resume: Resume | None = None, lock: bool = False, stream=None):
@@ -217,6 +219,10 @@ class Session:
         self.current: dict | None = None     # the case record in flight
         self._cases: dict[int, dict] = {}     # id(case record) -> its bookkeeping
         self._lock_handle = None
+        self.display = Progress(self.stream) if progress else None
+        self._watched: set[str] = set()       # cases whose live runs were looked for, and found
+        self._shown_experiments: set[str] = set()   # experiments whose runs-table link was printed
+        self._written_children: set[tuple] = set()  # (case id, child run) whose live id the record holds
 
     # ---------------------------------------------------------------- what train_arm calls
 
@@ -234,6 +240,7 @@ class Session:
                     self._say(f"  [{case_label(case_record)}] {name}: finished before the interruption "
                               f"({finished.get('status')}, {len(finished['series']['step'])} steps), taken from "
                               f"{steps_file.name}")
+                    self._done_elsewhere(case, finished)
                     return finished
             if checkpoint_file.is_file():
                 resume_state = load_state(checkpoint_file, map_location=run.device)
@@ -244,15 +251,17 @@ class Session:
         steplog = StepLog(steps_file, {k: v for k, v in identity.items() if k != "config"}, resume_after)
         checkpoints = Checkpoints(checkpoint_file, run.checkpoint.every, resume_state,
                                   on_saved=lambda _step: steplog.sync())
-        every = max(1, run.steps // PROGRESS_LINES)
         tracker = self.tracker
         label = f"  [{case_label(case_record)}] {name}"
+        case["shown"].add(key)
 
         def on_start(record):
             name_run(record, name, key)
             first = len(record["series"]["step"])
             self._say(f"{label}: {'resuming after step ' + str(first - 1) + ', ' if first else ''}"
                       f"{run.steps} steps")
+            if self.display is not None:
+                self.display.run_started(label, run.steps, first)
             if tracker is not None:
                 tracker.arm_started(case_record, record, first)
 
@@ -260,11 +269,13 @@ class Session:
             steplog.append(row)
             if tracker is not None:
                 tracker.step(case_record, {"arm": arm, "seed": run.seed, "run_name": name}, row)
-            if self.progress and (step % every == 0 or step == run.steps - 1):
-                self._say(f"{label}: step {step + 1}/{run.steps}  loss {row['loss']:.4f}  lr {row['lr']:.2e}  "
-                          f"grad-norm {row['grad_norm']:.3g}  update-norm {row['update_norm']:.3g}")
+                self._watch(case_record, name)
+            if self.display is not None:
+                self.display.step(step, row)
 
         def on_end(record):
+            if self.display is not None:
+                self.display.run_ended(len(record["series"]["step"]))
             if record["status"] == Status.KILLED:
                 steplog.close()          # no end line: the run is continued from its checkpoint
                 self._say(f"{label}: stopped after step {len(record['series']['step']) - 1} "
@@ -276,6 +287,7 @@ class Session:
                           + (f" - {record['stop_reason']}" if record.get("stop_reason") else ""))
             if tracker is not None:
                 tracker.arm_ended(case_record, record)
+                self._watch(case_record)
 
         return ArmHooks(on_start=on_start, on_step=on_step, on_end=on_end, checkpoints=checkpoints,
                         bundles=case["bundles"], identity=identity, replay_optimizer=run.checkpoint.replay_optimizer)
@@ -283,6 +295,8 @@ class Session:
     def arm_done(self, case_record: dict, arm_record: dict | None) -> None:
         """Note a finished (or stopped) run in the case record and write the record."""
         case = self._case(case_record)
+        if arm_record is not None and arm_record.get("run_key") not in case["shown"]:
+            self._done_elsewhere(case, arm_record)       # trained by a runner (Ray): no steps seen here
         if arm_record is not None:
             note_run(case_record, arm_record,
                      str(Path("steps") / case_record["id"] / f"{arm_record.get('run_key')}.jsonl"))
@@ -307,9 +321,19 @@ class Session:
         """The live MLflow runs of a case (after sending everything queued), for ``log_to_mlflow(live=...)``."""
         if self.tracker is None or not self.tracker.flush():
             return None
+        self._watch(case_record)
         return self.tracker.runs_of(case_record)
 
+    def case_units(self, case_record: dict, units: list) -> None:
+        """The runs (``stability.cases.runs.Unit``) a case is about to train: the size of its progress bar."""
+        case = self._case(case_record)
+        if self.display is not None and not case["units"]:
+            self.display.case_started(f"[{case_label(case_record)}]", sum(unit.run.steps for unit in units))
+        case["units"] = len(units)
+
     def close(self) -> None:
+        if self.display is not None:
+            self.display.close()
         if self.tracker is not None:
             self.tracker.close()
         if self._lock_handle is not None:
@@ -337,7 +361,7 @@ class Session:
                               budget.get("replay_worst", 0))
             if resumed:
                 bundles.adopt(old.get("replay_bundles") or [])
-        case = {"record": case_record, "resumed": resumed, "bundles": bundles}
+        case = {"record": case_record, "resumed": resumed, "bundles": bundles, "units": 0, "shown": set()}
         self._cases[id(case_record)] = case
         self.current = case_record
         if self.tracker is not None:
@@ -361,6 +385,39 @@ class Session:
         handle.flush()
         self._lock_handle = handle
 
-    def _say(self, line: str) -> None:
-        if self.progress:
+    def _done_elsewhere(self, case: dict, arm_record: dict) -> None:
+        """A run of the case not trained through this session's hooks: its steps count as done."""
+        case["shown"].add(arm_record.get("run_key"))
+        if self.display is not None:
+            self.display.skip(len(arm_record["series"]["step"]))
+
+    def _watch(self, case_record: dict, child: str | None = None) -> None:
+        """Once the tracker has made a case's live runs: print where to watch them (once per experiment, also
+        with ``progress`` off); once it has made the child run ``child`` (the run training now), write the
+        case record with its id, so that a resume after kill -9 continues that run."""
+        if child is not None and (case_record["id"], child) not in self._written_children:
+            where = self.tracker.experiment_of(case_record)
+            if where is not None and child in where["child_run_ids"]:
+                self._written_children.add((case_record["id"], child))
+                self.write(case_record)
+        if case_record["id"] in self._watched:
+            return
+        where = self.tracker.experiment_of(case_record)
+        if where is None:
+            return
+        self._watched.add(case_record["id"])
+        if where["experiment_id"] in self._shown_experiments:
+            return
+        self._shown_experiments.add(where["experiment_id"])
+        from stability.track.runs import where_to_look
+
+        line = (f"mlflow: live in experiment {where['experiment']!r} at {where['uri']}; "
+                f"{where_to_look(where['uri'], where['experiment_id'])}")
+        if self.display is not None:
+            self.display.say(line)
+        else:
             print(line, file=self.stream, flush=True)
+
+    def _say(self, line: str) -> None:
+        if self.display is not None:
+            self.display.say(line)

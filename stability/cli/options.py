@@ -85,7 +85,7 @@ def resolve_session(args, label: str):
     from stability.cases.session import Resume, find_interrupted
     from stability.record import RecordError
     from stability.record.rundir import new_run_dir
-    from stability.train.checkpoint import check_writable
+    from stability.train.checkpoint import check_writable, untrusted_factory
 
     resume = None
     if args.resume:
@@ -97,6 +97,8 @@ def resolve_session(args, label: str):
             config = resolve_from_args(args)
         else:
             config = resume.config
+            if config.run.model.factory and not args.trust_factory:
+                raise RecordError(untrusted_factory(f"resume target {args.resume!r}", config.run.model.factory))
             check_here(config)
         resume.check_config(config)
         if not resume.unfinished():
@@ -139,3 +141,6 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="start a new run even when an interrupted run of the same command and config exists")
     parser.add_argument("--checkpoint-dir", metavar="DIR",
                         help="where the arms' checkpoints go (default <run dir>/checkpoints)")
+    parser.add_argument("--trust-factory", action="store_true",
+                        help="with --resume: import the model.factory the interrupted run's record names (runs that "
+                             "module's code; off: refused unless --set model.factory names the same)")

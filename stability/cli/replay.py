@@ -18,7 +18,7 @@ def cmd_replay(args) -> int:
                               f"<run>-step<N>.pt")
     reports = []
     for index, bundle in enumerate(args.bundles):
-        report = replay(bundle)
+        report = replay(bundle, trust_factory=args.trust_factory)
         reports.append(report)
         print(("\n" if index else "") + format_report(report))
     if args.json:
@@ -33,4 +33,6 @@ def add_parsers(sub) -> None:
     parser.add_argument("bundles", nargs="+", metavar="BUNDLE",
                         help="replay bundles: <run dir>/replay/<case id>/<run>-step<N>.pt")
     parser.add_argument("--json", metavar="PATH", help="also write the reports as a JSON list here")
+    parser.add_argument("--trust-factory", action="store_true",
+                        help="import the model.factory a bundle names (runs that module's code; off: refused, exit 2)")
     parser.set_defaults(func=cmd_replay)

@@ -27,13 +27,13 @@ def make_session(args, label: str, run_dir, checkpoint_dir, resume):
 
 def print_tracking(record: dict) -> None:
     """Where the record went in MLflow, or (once per store) why it did not."""
-    from stability.track.runs import report_failure, runs_url
+    from stability.track.runs import report_failure, runs_url, ui_address
 
     tracking = record.get("tracking")
     if tracking and tracking["status"] == "tracked":
         print(f"mlflow: {tracking['uri']} experiment {tracking['experiment']!r} parent run "
               f"{tracking['parent_run_id']}; in `mlflow ui`: "
-              f"{runs_url('http://127.0.0.1:5000', tracking['experiment_id'])}")
+              f"{runs_url(ui_address(tracking['uri']), tracking['experiment_id'])}")
     elif tracking:
         report_failure(tracking, record.get("record_path"))
 

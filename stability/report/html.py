@@ -23,7 +23,7 @@ from pathlib import Path
 
 from stability.record import Status, usable_value
 from stability.record import figures as fig
-from stability.report.tables import fmt, ladder_rows, quant_rows
+from stability.report.tables import fmt, ladder_rows, quant_rows, side_means
 
 ARM_COLORS = {"baseline": "#1f77b4", "gated": "#d62728"}
 OTHER_COLORS = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -305,8 +305,9 @@ def summary_rows(record: dict) -> list[list[str]]:
         for figure, s in table.items():
             entry = fig.figure(figure)
             ci = f"[{fmt(s.get('ci_low'))}, {fmt(s.get('ci_high'))}]" if s.get("ci_low") is not None else "-"
-            rows.append([arm, figure, str(s.get("better") or "-"), entry.unit if entry else "", fmt(s.get("baseline")),
-                         fmt(s.get("treatment")), fmt(s.get("difference")), ci, fmt(s.get("p_value")),
+            baseline, treatment = side_means(record, arm, figure, s)
+            rows.append([arm, figure, str(s.get("better") or "-"), entry.unit if entry else "", fmt(baseline),
+                         fmt(treatment), fmt(s.get("difference")), ci, fmt(s.get("p_value")),
                          fmt(s.get("n"))])
     for scheme, reason in quant_skipped(record).items():
         rows.append(["all", f"quant {scheme}", "-", "", "skipped", "skipped", "-", reason, "-", "-"])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from stability.record import REFERENCE_ARM, usable_value
+
 
 def fmt(value) -> str:
     """A figure as table text: 4 significant digits, "-" for missing, yes/no for flags."""
@@ -25,13 +27,29 @@ def text_table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def side_means(record: dict, arm: str, figure: str, summary: dict) -> tuple:
+    """(baseline, arm) means of a paired figure. A figure no seed has on both sides (the gate score: the
+    baseline has no gate) pairs nothing, so its summary holds no means; each side then shows its own mean
+    over its seeds ("-" for a side without the figure)."""
+    if summary.get("n"):
+        return summary["baseline"], summary["treatment"]
+
+    def mean(name):
+        values = [v for a in record.get("arms") or [] if a["arm"] == name
+                  for v in [usable_value(a, figure)] if v is not None]
+        return sum(values) / len(values) if values else None
+    return mean(REFERENCE_ARM), mean(arm)
+
+
 def paired_table(record: dict) -> str:
-    """Per treatment arm and figure: baseline mean, arm mean, difference, 95% interval, sign-flip p, n."""
+    """Per treatment arm and figure: baseline mean, arm mean, difference, 95% interval, sign-flip p, n (the
+    seeds paired; 0 for a figure only one side has, shown with each side's own mean)."""
     rows = [("arm", "figure", "baseline", "arm", "arm-baseline", "95% CI", "p", "n")]
     for arm, table in (record.get("paired") or {}).items():
         for figure, s in table.items():
             ci = f"[{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s["ci_low"] is not None else "-"
-            rows.append((arm, figure, fmt(s["baseline"]), fmt(s["treatment"]), fmt(s["difference"]), ci,
+            baseline, treatment = side_means(record, arm, figure, s)
+            rows.append((arm, figure, fmt(baseline), fmt(treatment), fmt(s["difference"]), ci,
                          fmt(s["p_value"]), str(s["n"])))
     status = [f"{a['arm']}/seed{a['seed']}: {a['status']}" + (
         f" at step {a['diverged_at_step']}" if a.get("diverged_at_step") is not None else "") for a in record["arms"]]

@@ -17,6 +17,10 @@ per run and sends them with ``log_batch`` (SQLite stores under the same file loc
 ``patience_seconds``, or the queue fills up, the tracker gives up for the rest of the process with
 ONE message and stops the sending process: the run goes on "not tracked", the JSON record and the
 per-step files hold everything, and ``stability upload`` sends the record later.
+
+A resumed case continues its MLflow runs (the ids its record kept): a resumed arm's child run is
+asked which step of each series it holds, and the steps trained again after an older checkpoint
+are not sent a second time, so every step is in the series once however often a run was stopped.
 """
 
 from __future__ import annotations
@@ -116,6 +120,15 @@ class LiveTracker:
         if self.failed or not runs or not runs.get("parent_run_id"):
             return None
         return {"uri": self.uri, **runs}
+
+    def experiment_of(self, record: dict) -> dict | None:
+        """{"uri", "experiment", "experiment_id", "child_run_ids"} of ``record``'s live runs once the sending
+        process has made them (what it reported so far: no waiting, no polling), else None."""
+        runs = self._runs.get(record.get("id"))
+        if self.failed or not runs or not runs.get("experiment_id"):
+            return None
+        return {"uri": self.uri, "experiment": runs.get("experiment"), "experiment_id": runs["experiment_id"],
+                "child_run_ids": runs.get("child_run_ids") or {}}
 
     def status(self) -> dict:
         """{"status": "live", "uri"} or {"status": "not tracked", "uri", "error"}."""
@@ -258,19 +271,20 @@ class _Sender:
         if self.client is None:
             self.busy.value = time.monotonic()
             tracking.check_reachable(self.uri)
-            from mlflow.tracking import MlflowClient
-
-            self.client = MlflowClient(tracking_uri=self.uri)
-            self.busy.value = 0.0
+            self.busy.value = 0.0     # a store another process is creating is waited for (open_client)
+            self.client = tracking.open_client(self.uri)
         return self.client
 
     def add_metrics(self, item, pending) -> None:
         from mlflow.entities import Metric
 
         for record_id, child, step, metrics, stamp in item[1]:
-            run_id = (self.runs.get(record_id) or {}).get("child_run_ids", {}).get(child)
+            runs = self.runs.get(record_id) or {}
+            run_id = runs.get("child_run_ids", {}).get(child)
             if run_id is not None:
-                pending.setdefault(run_id, []).extend(Metric(k, v, stamp, step) for k, v in metrics.items())
+                held = runs.get("held_through", {}).get(child, {})    # a resumed run: steps the store has
+                pending.setdefault(run_id, []).extend(Metric(k, v, stamp, step) for k, v in metrics.items()
+                                                      if step > held.get(k, -1))
 
     def send(self, pending) -> None:
         client = self.connect() if pending else None
@@ -283,7 +297,7 @@ class _Sender:
         runs = self.runs[record_id]
         self.events.put(("runs", record_id, {k: (sorted(v) if isinstance(v, set) else
                                                  dict(v) if isinstance(v, dict) else v)
-                                             for k, v in runs.items() if k != "record"}))
+                                             for k, v in runs.items() if k not in ("record", "held_through")}))
 
     def handle(self, item) -> None:
         kind = item[0]
@@ -331,7 +345,12 @@ class _Sender:
         client = self.connect()
         key = tracking.child_name(arm)
         if key in runs["child_run_ids"]:          # an arm resumed after an interruption: the same child run
-            self.store(client.update_run, runs["child_run_ids"][key], status="RUNNING")
+            run_id = runs["child_run_ids"][key]
+            self.store(client.update_run, run_id, status="RUNNING")
+            last: dict[str, int] = {}                # per metric, the last step the store holds: not sent again
+            for metric, step in self.store(tracking.held_points, client, run_id):
+                last[metric] = max(step, last.get(metric, -1))
+            runs.setdefault("held_through", {})[key] = last
         else:
             child = self.store(client.create_run, runs["experiment_id"], start_time=stamp, run_name=key,
                                tags=tracking.child_tags(runs["record"], {**arm, "status": Status.RUNNING},

@@ -7,7 +7,8 @@ versions, and whatever artifact files the caller made (the record itself, plots,
 module renders nothing). A store that cannot be reached never loses anything: the JSON stays, the
 failure is returned (and reported once by the caller), and ``stability upload`` can send the file
 later. When the runs were created live during training (``stability.track.live``), it completes
-those runs instead of creating new ones.
+those runs instead of creating new ones; of a run made in an earlier process (a resumed case) it
+sends only the points of the per-step and probe series the store does not hold yet (``held_points``).
 
 How it looks in the MLflow UI: one experiment per preset (``stability-<preset>``), typed as a
 model-training experiment (tag ``mlflow.experimentKind`` = ``custom_model_development``); a parent
@@ -31,6 +32,7 @@ from urllib.parse import urlparse
 
 from stability.config import flatten
 from stability.record import Status, case_key, write_json
+from stability.track.store import open_client, sqlite_path, store_lock
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 STEP_METRICS = ("loss", "lr", "grad_norm", "update_norm", "loss_scale", "batch_size")
@@ -70,43 +72,7 @@ def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
 
 
 # ----------------------------------------------------------------------------- store access
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///...`` URI (None for other stores or in-memory)."""
-    if not uri.startswith("sqlite:"):
-        return None
-    path = uri.split(":///", 1)[1] if ":///" in uri else ""
-    path = path.split("?", 1)[0]
-    return Path(path) if path and path != ":memory:" else None
-
-
-@contextlib.contextmanager
-def store_lock(uri: str, timeout: float = 300.0):
-    """Serialise writers of one SQLite store across processes (pytest-xdist workers): an fcntl lock on
-    ``<db>.lock`` next to the DB file, held while the schema is created/migrated and the run is written.
-    Other stores need no lock (the server serialises)."""
-    db = sqlite_path(uri)
-    if db is None:
-        yield
-        return
-    import fcntl
-
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(db) + ".lock", "a+") as handle:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"waited {timeout:.0f} s for the lock {db}.lock") from None
-                time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
+# (opening a store, a new one included, and the lock of a SQLite store: stability.track.store)
 
 def _is_locked_error(error: BaseException) -> bool:
     text = str(error).lower()
@@ -253,6 +219,25 @@ def runs_url(ui: str, experiment_id: str, run_id: str | None = None) -> str:
         f"{base}/runs?workflowType=machine_learning"
 
 
+LOCAL_UI = "http://127.0.0.1:5000"   # where `mlflow ui` serves by default
+
+
+def ui_address(uri: str) -> str:
+    """Where the MLflow UI of a store is: the server itself for an http(s) store, else `mlflow ui`'s default."""
+    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+
+
+def where_to_look(uri: str, experiment_id: str) -> str:
+    """Where an experiment's runs are watched while they train: its runs-table link and, for a store without a
+    server (a SQLite file), the command that starts the UI on it."""
+    link = f"runs table: {runs_url(ui_address(uri), experiment_id)}"
+    if uri.startswith(("http://", "https://")):
+        return link
+    db = sqlite_path(uri)
+    store = f"sqlite:///{db.resolve()}" if db is not None else uri
+    return f"{link} (start the UI with `mlflow ui --backend-store-uri {store}`)"
+
+
 def ensure_experiment(client, uri: str, name: str) -> str:
     """The id of experiment ``name`` (created when missing), typed as a model-training experiment."""
     found = _retry(client.get_experiment_by_name, name)
@@ -315,19 +300,31 @@ def arm_definition(record: dict, name: str) -> dict[str, str]:
     return {}
 
 
-def _arm_metrics(arm: dict, now: int, with_steps: bool = True):
+def held_points(client, run_id: str) -> set[tuple[str, int]]:
+    """The (metric, step) points of the per-step and probe series a run already holds in the store: what
+    a run continued in another process (a resumed arm) must not send again."""
+    keys = [key for key in _retry(client.get_run, run_id).data.metrics
+            if key in STEP_METRICS or key.startswith("probe.")]
+    return {(key, point.step) for key in keys for point in _retry(client.get_metric_history, run_id, key)}
+
+
+def _arm_metrics(arm: dict, now: int, with_steps: bool = True, held: set | frozenset = frozenset()):
+    """The metrics of one arm's child run; ``held``: (metric, step) points of the series already in the
+    store, left out (summary figures are sent again: their latest value is the one shown)."""
     from mlflow.entities import Metric
 
     series = arm.get("series") or {}
     steps = series.get("step") or [] if with_steps else []
     metrics = [Metric(key, float(value), now, int(step))
                for key in STEP_METRICS for step, value in zip(steps, series.get(key) or [])
-               if isinstance(value, (int, float)) and value is not None and math.isfinite(value)]
+               if isinstance(value, (int, float)) and value is not None and math.isfinite(value)
+               and (key, int(step)) not in held]
     for snapshot in arm.get("probes") or []:
         step = int(snapshot.get("step", 0))
         for index, layer in enumerate(snapshot.get("layers") or []):
             for key, value in layer.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
+                if isinstance(value, (int, float)) and math.isfinite(value) \
+                        and (f"probe.{key}.layer{index}", step) not in held:
                     metrics.append(Metric(f"probe.{key}.layer{index}", float(value), now, step))
     metrics += [Metric(k, v, now, 0) for k, v in _finite_metrics(arm.get("final") or {}, "final.").items()]
     for point in (arm.get("extrapolation") or {}).get("points") or []:  # curves: step = sequence length
@@ -375,14 +372,13 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
     try:
         check_reachable(uri)
         from mlflow.entities import Metric, Param, RunTag
-        from mlflow.tracking import MlflowClient
 
         with tempfile.TemporaryDirectory(prefix="stability-artifacts-") as tmp:
             copy = write_json(Path(tmp) / "record" / f"{record['name']}-{record['schedule']}-{record.get('id')}.json",
                               {k: v for k, v in record.items() if not k.startswith("_")})
             files = [(copy, "record"), *((Path(p), d) for p, d in artifacts)]
+            client = open_client(uri)
             with store_lock(uri):
-                client = MlflowClient(tracking_uri=uri)
                 name = experiment_name(record, experiment)
                 experiment_id = live["experiment_id"] if live else ensure_experiment(client, uri, name)
                 start, end = case_times(record)
@@ -419,7 +415,9 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                                                              child_tags(record, arm, parent_id).items()])
                         arm_params = []
                     with_steps = key not in ((live or {}).get("complete_children") or ())
-                    _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps), params=arm_params)
+                    # a child run made in an earlier process (a resumed case) already holds part of its series
+                    held = held_points(client, child_id) if key in live_children and with_steps else frozenset()
+                    _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps, held), params=arm_params)
                     _retry(client.set_terminated, child_id, status=arm_status(arm), end_time=arm_end)
                     children[key] = child_id
                 for path, artifact_dir in files:
@@ -459,13 +457,12 @@ def fetch_records(branch: str, tracking_uri: str | None = None, preset: str | No
     """The JSON records of the latest parent run per case (name + schedule) and rounding draw
     (``run.replicate``) tagged git.branch=BRANCH: a baseline's reference runs and their replicates."""
     from mlflow.entities import ViewType
-    from mlflow.tracking import MlflowClient
 
     from stability.record import read_record
 
     uri = resolve_tracking_uri(tracking_uri)
     check_reachable(uri)
-    client = MlflowClient(tracking_uri=uri)
+    client = open_client(uri)
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
     if not experiments:
         return []

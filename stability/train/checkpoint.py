@@ -97,12 +97,39 @@ def load_state(path: str | Path, kind: str = "checkpoint", map_location="cpu") -
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001  (pickle, zip and torch errors alike: the file is unusable)
-        raise RecordError(f"{kind} {str(path)!r} is corrupt or not a {kind} ({type(error).__name__}: "
-                          f"{str(error).splitlines()[0][:200] if str(error) else ''})") from None
+        cause = load_error_cause(error)
+        if "GLOBAL" in cause:   # a pickled callable or class: loading it would import and run code
+            raise RecordError(f"{kind} {str(path)!r} is refused: it holds Python objects whose loading would "
+                              f"import or run code ({cause}); only tensors and plain values are loaded") from None
+        raise RecordError(f"{kind} {str(path)!r} is corrupt or not a {kind} ({cause})") from None
     if not isinstance(state, dict) or state.get("kind") != kind or state.get("format") != FORMAT:
         raise RecordError(f"{kind} {str(path)!r} is not a stability {kind} of format {FORMAT} "
                           f"(kind {state.get('kind') if isinstance(state, dict) else type(state).__name__!r})")
     return state
+
+
+def untrusted_factory(source: str, factory: str) -> str:
+    """Why a ``model.factory`` named inside a file (a bundle, an interrupted run's record) is not imported."""
+    return (f"{source} names model.factory={factory!r}, and building the model would import that module (run "
+            f"its code); a file is data and names no code to run: pass --trust-factory if you trust the module, "
+            f"or name the same factory in the command's own configuration (--set model.factory={factory})")
+
+
+def load_error_cause(error: BaseException) -> str:
+    """The cause in a failed ``torch.load``'s message, in one line. Torch wraps it in paragraphs of advice
+    ("Weights only load failed. ... Re-running `torch.load` with `weights_only` set to `False` ...", how to
+    allowlist a global) and a link; those are left out."""
+    advice = ("Weights only load failed", "Please file an issue", "Check the documentation", "(1)", "(2)")
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    cause = ""
+    for index, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            cause = line.split("WeightsUnpickler error:", 1)[1].strip() or " ".join(lines[index + 1:index + 2])
+            break
+    cause = cause or next((line for line in lines if "GLOBAL" in line), "") or \
+        next((line for line in lines if not line.startswith(advice)), lines[0] if lines else "")
+    cause = cause.split(". ", 1)[0].rstrip(".")   # its first sentence (then: how to allowlist a global, ...)
+    return f"{type(error).__name__}: {cause[:300]}"
 
 
 def check_writable(directory: str | Path, what: str = "checkpoint directory") -> Path:

@@ -29,18 +29,21 @@ from stability.model.lm import next_token_loss, z_loss
 from stability.precision import PrecisionPolicy
 from stability.record import RecordError
 from stability.train import probes
-from stability.train.checkpoint import code_version, load_state
+from stability.train.checkpoint import code_version, load_state, untrusted_factory
 from stability.train.faults import poison_block
 from stability.train.optimizer import make_optimizer
 
 
-def replay(path: str | Path) -> dict:
-    """Re-run the bundle's step on the CPU; returns the report (see ``format_report``)."""
+def replay(path: str | Path, trust_factory: bool = False) -> dict:
+    """Re-run the bundle's step on the CPU; returns the report (see ``format_report``). A bundle is data: a
+    ``model.factory`` its config names is imported (its module's code run) only with ``trust_factory``."""
     bundle = load_state(path, kind="bundle")
     try:
         run = cfg.from_dict(cfg.RunConfig, bundle["config"])
     except (TypeError, ValueError, KeyError) as error:
         raise RecordError(f"bundle {str(path)!r} holds a config this code cannot read: {error}") from None
+    if run.model.factory and not trust_factory:
+        raise RecordError(untrusted_factory(f"bundle {str(path)!r}", run.model.factory))
     written_on = run.device
     run = replace(run, device="cpu")
     notes = []
