@@ -580,6 +580,15 @@ def draws(**seeds) -> dict:
     return {name[1:]: {str(d): v for d, v in enumerate(values)} for name, values in seeds.items()}
 
 
+def test_the_one_sided_t_tail_by_hand():
+    """P(T > t): 1/2 at 0; with 1 df (Cauchy) 1/2 - atan(t)/pi: 1/4 at 1; 1 minus the upper tail below 0;
+    far out, where the two-sided mass rounds a hair above 1 (12 df at t = 520), 0 and never negative."""
+    assert t_upper_tail(0.0, 5) == pytest.approx(0.5)
+    assert t_upper_tail(1.0, 1) == pytest.approx(0.25) and t_upper_tail(-1.0, 1) == pytest.approx(0.75)
+    assert t_upper_tail(3.0, 2) == pytest.approx((1 - 3 / math.sqrt(11)) / 2)
+    assert 1 - t_two_sided_mass(520, 12) < 0 and t_upper_tail(520, 12) == 0.0
+
+
 def test_seed_noise_by_hand():
     """Seed 0: 1.0, 3.0 (mean 2, sample variance 2, 1 df); seed 1: 5.0, 5.0, 5.0 (variance 0: below the
     quantum 0.5, so 0.25 with infinite df); seed 2: one run, the mean variance of the seeds that have

@@ -44,8 +44,9 @@ def t_two_sided_mass(t: float, df: int) -> float:
 
 
 def t_upper_tail(t: float, df: int) -> float:
-    """P(T > t) for Student's t with ``df`` degrees of freedom (a one-sided p-value)."""
-    tail = (1 - t_two_sided_mass(t, df)) / 2
+    """P(T > t) for Student's t with ``df`` degrees of freedom (a one-sided p-value; the two-sided mass
+    can round a hair above 1 far out in the tail: never below 0)."""
+    tail = max(0.0, (1 - t_two_sided_mass(t, df)) / 2)
     return tail if t >= 0 else 1 - tail
 
 
