@@ -96,8 +96,8 @@ def test_only_the_cli_package_builds_parsers():
 
 
 # Which rooms of the package each room may import (docs: README "What is where"). Data flows one way:
-# config -> data + model -> precision -> train -> cases -> record -> track / check / report, with the CLI on
-# top; record, check, report and track read JSON and never need torch.
+# config -> data + model -> precision -> train -> cases -> record -> track / check / report, with the CLI and
+# the pytest plugin on top; record, check, report and track read JSON and never need torch.
 ALLOWED = {
     "config": set(),
     "record": {"config"},
@@ -109,7 +109,8 @@ ALLOWED = {
     "precision": {"config", "record"},
     "train": {"config", "record", "report", "data", "model", "precision"},
     "cases": {"config", "record", "report", "track", "data", "model", "precision", "train"},
-    "cli": {"config", "record", "report", "track", "check", "data", "model", "precision", "train", "cases"},
+    "plugin": {"config", "record", "cases"},
+    "cli": {"config", "record", "report", "track", "check", "data", "model", "precision", "train", "cases", "plugin"},
 }
 TORCH_FREE = ("config", "record", "report", "check", "track")
 
@@ -186,7 +187,8 @@ def test_check_baseline_and_report_run_without_torch(tmp_path):
     session = tmp_path / "runs" / "20260101T000000-run-abc123"
     session.mkdir(parents=True)
     (session / "manifest.json").write_text("{}")
-    (session / "r.json").write_text(json.dumps(pair_record(), allow_nan=False))
+    for draw in range(3):   # the reference runs and two rounding replicates: what a baseline is made of
+        (session / f"r{draw}.json").write_text(json.dumps(pair_record(**{"run.replicate": draw}), allow_nan=False))
     env = {k: v for k, v in os.environ.items() if k != "STABILITY_RUN_DIR"}
 
     def stability(*args):
@@ -194,7 +196,7 @@ def test_check_baseline_and_report_run_without_torch(tmp_path):
                               capture_output=True, text=True, timeout=300)
     baseline = stability("baseline", "update", "runs", "--out", "b.json")
     assert baseline.returncode == 0, baseline.stderr
-    check = stability("check", "--baseline", "b.json", "runs")
+    check = stability("check", "--baseline", "b.json", str(session / "r0.json"))
     assert check.returncode == 0 and "PASS" in check.stdout, check.stdout + check.stderr
     report = stability("report", "runs", "--out", "r.html", "--baseline", "b.json")
     assert report.returncode == 0 and (tmp_path / "r.html").is_file(), report.stderr
