@@ -237,7 +237,7 @@ CHECK_STEPS = """\
         run: |
           . .venv/bin/activate
           if [ ! -f "$BASELINE" ]; then
-            echo "::warning::no committed baseline $BASELINE: make one with 'stability baseline make --preset @JOB_PRESET@' and commit it"
+            echo "::warning::no committed baseline $BASELINE: make one with 'stability baseline make --preset @JOB_PRESET@ --device @JOB_DEVICE@' and commit it"
             echo "### Stability check: no committed baseline \\`$BASELINE\\`" >> "$GITHUB_STEP_SUMMARY"
             echo "code=0" >> "$GITHUB_OUTPUT"; exit 0
           fi

@@ -49,27 +49,31 @@ MARKERS = {
 # --stability-NAME (and --NAME where free): the keyword arguments of addoption
 OPTIONS = {
     "scale": {"default": None, "choices": ("smoke", "ci", "full"),
-                  "help": "scale preset of the stress suites (default $STABILITY_SCALE, the table's preset, smoke)"},
-    "device": {"default": None, "metavar": "cpu|cuda", "help": "cpu or cuda (default $STABILITY_DEVICE, the table's device, the preset's: "
-                                      "cpu for smoke and ci, cuda for full); under pytest-xdist worker gwN sees "
-                                      "only entry N of CUDA_VISIBLE_DEVICES, as cuda:0"},
-    "seeds": {"default": None, "metavar": "0,1,2", "help": "comma-separated seeds overriding the table's and the preset's"},
-    "tracking-uri": {"default": None, "metavar": "URI", "help": "MLflow tracking URI of the suites (default $MLFLOW_TRACKING_URI, the "
-                                            "table's tracking_uri, sqlite:///reports/mlflow-tests.db)"},
+              "help": "scale preset of the stress suites (default $STABILITY_SCALE, the table's preset, smoke)"},
+    "device": {"default": None, "metavar": "cpu|cuda",
+               "help": "cpu or cuda (default $STABILITY_DEVICE, the table's device, the preset's: cpu for smoke "
+                       "and ci, cuda for full); under pytest-xdist worker gwN sees only entry N of "
+                       "CUDA_VISIBLE_DEVICES, as cuda:0"},
+    "seeds": {"default": None, "metavar": "0,1,2",
+              "help": "comma-separated seeds overriding the table's and the preset's"},
+    "tracking-uri": {"default": None, "metavar": "URI",
+                     "help": "MLflow tracking URI of the suites (default $MLFLOW_TRACKING_URI, the table's "
+                             "tracking_uri, sqlite:///reports/mlflow-tests.db)"},
     "ray": {"default": None, "metavar": "auto|local:N|HOST:PORT",
-                "help": "train the runs of the stress cases as Ray tasks (default $STABILITY_RAY); with -n, use a "
-                     "running cluster (auto or HOST:PORT): local:N starts one Ray instance per worker"},
+            "help": "train the runs of the stress cases as Ray tasks (default $STABILITY_RAY); with -n, use a "
+                    "running cluster (auto or HOST:PORT): local:N starts one Ray instance per worker"},
     "replicates": {"type": int, "default": 0, "metavar": "R",
-                       "help": "also train R rounding replicates of every stress case into the run directory (what "
-                            "a regression baseline is made of: stability baseline make)"},
+                   "help": "also train R rounding replicates of every stress case into the run directory (what a "
+                           "regression baseline is made of: stability baseline make)"},
     "replicate": {"type": int, "default": 0, "metavar": "N",
-                      "help": "train every run as rounding replicate N (0: the reference runs; "
-                           "stability.model.rounding)"},
+                  "help": "train every run as rounding replicate N (0: the reference runs; stability.model.rounding)"},
     "run-slow": {"action": "store_true", "default": False,
-                     "help": "also run tests marked slow (or $STABILITY_RUN_SLOW=1)"},
+                 "help": "also run tests marked slow (or $STABILITY_RUN_SLOW=1)"},
 }
 
 SETTINGS = pytest.StashKey[Settings | None]()
+_ERROR = pytest.StashKey[SettingsError]()          # a bad settings file, reported at pytest_configure
+_PINNING_ERROR = pytest.StashKey[Exception]()      # more xdist workers than GPUs, reported with --device cuda
 RUN_DIR_KEY = "stability_run_dir"
 DEFAULT_TRACKING_URI = "sqlite:///reports/mlflow-tests.db"
 
@@ -114,10 +118,6 @@ def _load_settings(config: pytest.Config) -> Settings | None:
             found = None
         config.stash[SETTINGS] = found
     return config.stash[SETTINGS]
-
-
-_ERROR = pytest.StashKey[SettingsError]()
-_PINNING_ERROR = pytest.StashKey[Exception]()
 
 
 def _runs_the_suites(args: list[str]) -> bool:
