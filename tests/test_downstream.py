@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from _workflow import ROOT, apply_patch, install, make_venv, run_job
+from _workflow import ROOT, apply_patch, fresh_copy, install, make_venv, run_job
 from test_docs import blocks
 
 EXAMPLE = ROOT / "examples" / "downstream"
@@ -38,8 +38,10 @@ def readme_commands() -> list[str]:
 
 
 def wheel(destination: Path) -> Path:
+    """This repository's wheel, built from a checkout of it (a copy: no build files left here)."""
+    checkout = fresh_copy(destination / "checkout")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(destination), str(ROOT)], check=True, capture_output=True, timeout=600)
+                    str(destination), str(checkout)], check=True, capture_output=True, timeout=600)
     return next(destination.glob("stability-*.whl"))
 
 
