@@ -1,17 +1,20 @@
-"""Fixtures of the stress suites (``pytest suites/ -m stress``).
+"""Fixtures of the stress suites (``pytest --pyargs stability.suites -m stress``; ``pytest suites/`` here).
 
-Each stress file keeps two kinds of tests apart, by class:
+Each stress case has one file, whose ``KIND`` names the case (the settings' ``cases`` select them); the
+stress files without ``KIND`` (faults, config properties, low-precision training) check the harness's own
+model and detectors. A case file keeps two kinds of tests apart:
 
 * ``TestInvariants``  - properties that hold at any scale (finite at the reference LR, loss falls, ...);
 * the figures themselves are judged once per job, after the suites, by ``stability check`` against the
-  committed baseline of the preset and device (``reports/baselines/<preset>-<device>.json``): one verdict
-  with one stated false-alarm rate, not one per file.
+  committed baseline of the preset and device (``<baselines>/<preset>-<device>.json``, the settings'
+  ``baselines`` directory, reports/baselines by default): one verdict with one stated false-alarm rate,
+  not one per file.
 
 Paired figures (arm - baseline, with the 95% interval and the sign-flip p) are *reported*, not
 tested: ``report_figures`` writes them into the session's run directory (``reported-figures.md``) and
 the terminal summary. A paper claim is asserted only in ``suites/test_claims.py``, on held-out seeds.
 
-The stress records themselves come from the root ``stress_record`` fixture (one run per case and
+The stress records themselves come from the plugin's ``stress_record`` fixture (one run per case and
 session: JSON record first, then MLflow).
 """
 
@@ -22,16 +25,17 @@ from pathlib import Path
 
 import pytest
 
-BASELINE_DIR = Path("reports/baselines")
+BASELINE_DIR = Path("reports/baselines")   # without settings
 REPORTED = "reported-figures"
 
 
 @pytest.fixture(scope="session")
-def stress_baseline(scale, device):
+def stress_baseline(scale, device, stability_settings):
     """The path of the committed regression baseline of this preset and device, or None when there is none."""
     from stability.check.regression import default_baseline_path
 
-    path = default_baseline_path(scale, device or "cpu", BASELINE_DIR)
+    directory = stability_settings.baseline_dir if stability_settings is not None else BASELINE_DIR
+    path = default_baseline_path(scale, device or "cpu", directory)
     return path if path.is_file() else None
 
 

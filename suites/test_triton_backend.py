@@ -1,7 +1,7 @@
 """The model trains with the Triton kernel as its attention backend, matching the torch backend.
 
-On a machine without CUDA the kernel runs in the Triton interpreter (set up by the root
-conftest), so shapes here are tiny."""
+On a machine without CUDA the kernel runs in the Triton interpreter (``stability.kernels`` sets
+TRITON_INTERPRET=1 when imported there), so shapes here are tiny."""
 
 from __future__ import annotations
 

@@ -52,22 +52,32 @@ def fresh_copy(destination: Path, source: Path = ROOT) -> Path:
 def prepare_venv(copy: Path) -> None:
     """``copy/.venv``: a virtual environment that sees this environment's installed packages and has the
     copy itself installed in editable mode (so ``stability`` and ``pytest`` run the copy's code)."""
-    venv = copy / ".venv"
+    venv = make_venv(copy / ".venv")
+    install(venv, "-e", str(copy))
+
+
+def make_venv(venv: Path) -> Path:
+    """A virtual environment that sees this environment's installed packages (a .pth file naming every
+    site-packages folder of the running interpreter), with ``pytest`` and ``mlflow`` scripts of its own."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", code], check=True, capture_output=True,
                                text=True).stdout.strip())
     outer = [p for p in sys.path if p.endswith("site-packages")] or [sysconfig.get_paths()["purelib"]]
     (site / "_outer_environment.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                    "--no-deps", "--no-build-isolation", "--no-index", "-e", str(copy)], check=True,
-                   capture_output=True)
     for tool, module in (("pytest", "pytest"), ("mlflow", "mlflow.cli")):
         script = venv / "bin" / tool
         entry = "console_main" if tool == "pytest" else "cli"
         script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import {entry}\n"
                           f"sys.exit({entry}())\n")
         script.chmod(0o755)
+    return venv
+
+
+def install(venv: Path, *arguments: str) -> None:
+    """``pip install ARGUMENTS`` into ``venv``, offline: no dependencies, no build isolation, no index."""
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-build-isolation", "--no-index", *arguments], check=True, capture_output=True)
 
 
 def apply_patch(copy: Path, edits) -> None:

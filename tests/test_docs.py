@@ -6,7 +6,10 @@ Each ```bash block is preceded by a marker line saying how it is tested:
   each block with ``bash -eo pipefail`` (it must exit 0);
 * ``<!-- test: slow -->``: the same, with every block of the file, under ``--run-slow`` only;
 * ``<!-- test: ci -->``: the test command itself (running it here would run this test again): it
-  must be the very command ``.ci/run`` runs.
+  must be the very command ``.ci/run`` runs;
+* ``<!-- test: downstream -->``: commands for another repository: ``tests/test_downstream.py`` runs them,
+  line by line, in a copy of examples/downstream (the ``pip install`` line installs this repository's
+  wheel there, offline).
 
 The copy gets a virtual environment that sees this environment's packages and has the copy
 installed in editable mode; so ``python3 -m venv .venv`` and ``pip install ...`` (which would
@@ -24,7 +27,7 @@ import pytest
 from _workflow import ROOT, fresh_copy, prepare_venv
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARKER = re.compile(r"^<!-- test: (default|slow|ci) -->$")
+MARKER = re.compile(r"^<!-- test: (default|slow|ci|downstream) -->$")
 DOWNLOADS = re.compile(r"python3 -m venv \.venv|pip install [^&;|\n]+")
 
 
@@ -79,6 +82,14 @@ def test_every_command_block_says_how_it_is_tested(path):
 def test_the_readme_test_command_is_the_one_ci_runs():
     ci = [script for kind, script in blocks(ROOT / "README.md") if kind == "ci"]
     assert len(ci) == 1 and ci[0].strip() in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_downstream_block_is_the_readme_s_one_and_the_downstream_test_runs_it():
+    from test_downstream import readme_commands
+
+    found = {path.name: script for path in DOCS for kind, script in blocks(path) if kind == "downstream"}
+    assert list(found) == ["README.md"]
+    assert readme_commands() == found["README.md"].splitlines()
 
 
 @pytest.mark.parametrize("path", [p for p in DOCS if any(k == "default" for k, _ in blocks(p))], ids=lambda p: p.name)

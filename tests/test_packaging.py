@@ -1,5 +1,6 @@
-"""kernels/ ships as stability.kernels and never as a usable top-level package `kernels` (the name of the
-Hugging Face hub-kernels package): every usual way of starting Python in the repository root works."""
+"""kernels/ and suites/ ship as stability.kernels and stability.suites, never as usable top-level packages
+(`kernels` is the name of the Hugging Face hub-kernels package): every usual way of starting Python in the
+repository root works, and the pytest plugin is registered through the pytest11 entry point."""
 
 from __future__ import annotations
 
@@ -15,15 +16,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_wheel_maps_kernels_into_the_stability_namespace(tmp_path):
+def test_the_wheel_maps_kernels_and_suites_into_the_stability_namespace(tmp_path):
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                             "-w", str(tmp_path), str(ROOT)], check=False, capture_output=True, text=True,
                            timeout=300)
     if built.returncode != 0:
         pytest.skip(f"could not build a wheel here: {built.stderr[-300:]}")
-    names = zipfile.ZipFile(next(tmp_path.glob("stability-*.whl"))).namelist()
+    wheel = zipfile.ZipFile(next(tmp_path.glob("stability-*.whl")))
+    names = wheel.namelist()
     assert "stability/kernels/gated_attention.py" in names
+    suites = {p.name for p in (ROOT / "suites").glob("*.py")}
+    assert suites >= {"__init__.py", "conftest.py", "test_standard.py"}
+    assert suites <= {name.removeprefix("stability/suites/") for name in names}
+    assert "stability/plugin/pytest_plugin.py" in names
     assert {name.split("/")[0] for name in names} == {"stability", "stability-0.1.0.dist-info"}
+    entry_points = wheel.read("stability-0.1.0.dist-info/entry_points.txt").decode()
+    assert "[pytest11]\nstability = stability.plugin.pytest_plugin" in entry_points
 
 
 def test_the_kernels_folder_is_empty_as_a_top_level_package(monkeypatch):

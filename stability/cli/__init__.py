@@ -4,7 +4,9 @@
                        (--set arms=controls: baseline, G1, G1 headwise, floored G1, G2)
     stability stress   [KIND ...] --preset smoke                                    the stress cases
     stability check    --baseline reports/baselines/smoke-cpu.json [RUN_DIR]        the merge check
+    stability baseline make [--preset smoke] [--replicates 4]     the stress suites with replicates -> a baseline
     stability baseline update [RUN_DIR] --out reports/baselines/smoke-cpu.json
+    stability init     [--factory mypackage.model:build]     settings table + CI workflow in this repository
     stability report   [RUN_DIR] --out reports/report.html [--baseline ...]
     stability upload   RECORD ...                                                   send to MLflow later
     stability replay   BUNDLE                                                       re-run one flagged step
@@ -26,11 +28,11 @@ from stability.record import RecordError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from stability.cli import check, replay, report, run, stress, upload
+    from stability.cli import check, init, replay, report, run, stress, upload
 
     parser = argparse.ArgumentParser(prog="stability", description="Numerical-stability harness for gated attention.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (run, stress, check, report, upload, replay):
+    for module in (run, stress, check, report, upload, replay, init):
         module.add_parsers(sub)
     return parser
 

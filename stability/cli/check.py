@@ -1,7 +1,9 @@
 """``stability check`` (the merge check) and ``stability baseline make|update|calibrate``.
 
 ``check``, ``baseline update`` and ``baseline calibrate`` read JSON only (no torch); ``baseline make``
-runs the stress suites (reference and rounding replicates) in a subprocess, then ``update``."""
+runs the stress suites (reference and rounding replicates) in a subprocess, then ``update``. ``baseline
+make`` and ``update`` take their defaults (preset, replicates, the baselines directory) from the settings
+of the repository in the current directory (``stability.plugin.settings``)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,12 @@ import os
 import sys
 from pathlib import Path
 
+from stability.plugin.settings import DEFAULT_BASELINES, find_settings
 from stability.record import RecordError, git_info, record_device
 from stability.record.rundir import DEFAULT_ROOT, load_records, unique_arms
+
+INSTALLED_SUITES = "stability.suites"
+DEFAULT_REPLICATES = 4
 
 
 def read_inputs(args) -> tuple[list[dict], list[str]]:
@@ -87,7 +93,8 @@ def cmd_baseline_update(args) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     baseline = make_baseline(records, commit=args.commit or git_info().get("commit"))
-    out = Path(args.out) if args.out else default_baseline_path(baseline["preset"], baseline["device"])
+    out = Path(args.out) if args.out else default_baseline_path(baseline["preset"], baseline["device"],
+                                                                 baseline_dir(args))
     write_baseline(baseline, out)
     cases = ", ".join(f"{key} (seeds {max(len(a['status']) for a in case['arms'].values())})"
                       for key, case in baseline["cases"].items())
@@ -120,18 +127,36 @@ def cmd_baseline_calibrate(args) -> int:
     return 1 if failed else 0
 
 
+def baseline_dir(args) -> Path:
+    """The baselines directory of the repository's settings (reports/baselines without any)."""
+    settings = find_settings(Path.cwd(), getattr(args, "stability_config", None))
+    return settings.baseline_dir if settings is not None else Path(DEFAULT_BASELINES)
+
+
+def suites_arguments(suites: str) -> list[str]:
+    """pytest's arguments for ``--suites``: a path as it is, else a package (``--pyargs``)."""
+    return [suites] if Path(suites).exists() else ["--pyargs", suites]
+
+
 def cmd_baseline_make(args) -> int:
     """Run the stress suites with the reference and ``--replicates`` rounding replicates of every run into
-    one new run directory, then write the baseline from it."""
+    one new run directory, then write the baseline from it. The plugin's own option names
+    (--stability-scale, ...) are used: no other plugin or conftest can have taken them."""
     import subprocess
 
     from stability.record.rundir import ENV_VAR, new_run_dir
 
+    settings = find_settings(Path.cwd(), args.stability_config)
+    preset = args.preset or (settings and settings.preset) or "smoke"
+    replicates = args.replicates or (settings and settings.replicates) or DEFAULT_REPLICATES
     run_dir = new_run_dir(args.root, label="baseline")
-    command = [sys.executable, "-m", "pytest", args.suites, "-m", "stress", "--scale", args.preset,
-               "--replicates", str(args.replicates), "-p", "no:cacheprovider", *args.pytest_args]
+    command = [sys.executable, "-m", "pytest", *suites_arguments(args.suites), "-m", "stress",
+               "--stability-scale", preset, "--stability-replicates", str(replicates), "-p", "no:cacheprovider",
+               *args.pytest_args]
     if args.device:
-        command += ["--device", args.device]
+        command += ["--stability-device", args.device]
+    if args.stability_config:
+        command += ["--stability-config", args.stability_config]
     print(f"stability baseline make: {' '.join(command[2:])} (records into {run_dir})", flush=True)
     code = subprocess.run(command, env={**os.environ, ENV_VAR: str(run_dir)}, check=False).returncode
     if code != 0:
@@ -169,13 +194,19 @@ def add_parsers(sub) -> None:
     base = sub.add_parser("baseline", help="make and inspect regression baselines")
     base_sub = base.add_subparsers(dest="baseline_command", required=True)
     make = base_sub.add_parser("make", help="run the stress suites with rounding replicates and write the baseline")
-    make.add_argument("--preset", default="smoke", help="scale preset of the suites (default smoke)")
-    make.add_argument("--device", help="cpu or cuda (default: the preset's)")
-    make.add_argument("--replicates", type=int, default=4, metavar="R",
-                      help="rounding replicates per run besides the reference (default 4)")
-    make.add_argument("--suites", default="suites", help="the stress suites to run (default suites/)")
+    make.add_argument("--preset", help="scale preset of the suites (default: the settings' preset, smoke)")
+    make.add_argument("--device", help="cpu or cuda (default: the settings' device, the preset's)")
+    make.add_argument("--replicates", type=int, default=None, metavar="R",
+                      help=f"rounding replicates per run besides the reference (default: the settings' "
+                           f"replicates, {DEFAULT_REPLICATES})")
+    make.add_argument("--suites", default=INSTALLED_SUITES,
+                      help=f"the stress suites to run: a path, or a package run with pytest --pyargs (default "
+                           f"{INSTALLED_SUITES}, the installed suites)")
+    make.add_argument("--stability-config", metavar="PATH",
+                      help="settings file (default: [tool.stability] in ./pyproject.toml, or ./stability.toml)")
     make.add_argument("--root", default=str(DEFAULT_ROOT), help=f"root of the run directory (default {DEFAULT_ROOT})")
-    make.add_argument("--out", help="baseline file (default reports/baselines/<preset>-<device>.json)")
+    make.add_argument("--out", help="baseline file (default <baselines>/<preset>-<device>.json, the settings' "
+                                    "baselines directory, reports/baselines without settings)")
     make.add_argument("--commit", help="commit the baseline comes from (default: git HEAD)")
     make.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     add_alpha(make, DEFAULT_ALPHA)
@@ -183,7 +214,8 @@ def add_parsers(sub) -> None:
     upd = base_sub.add_parser("update", help="write a baseline from the records of a run directory (its reference "
                                              "runs and their rounding replicates)")
     add_record_arguments(upd)
-    upd.add_argument("--out", help="baseline file (default reports/baselines/<preset>-<device>.json)")
+    upd.add_argument("--out", help="baseline file (default <baselines>/<preset>-<device>.json, the settings' "
+                                   "baselines directory, reports/baselines without settings)")
     upd.add_argument("--commit", help="commit the baseline comes from (default: git HEAD)")
     add_alpha(upd, DEFAULT_ALPHA)
     upd.set_defaults(func=cmd_baseline_update)

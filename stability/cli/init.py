@@ -1,0 +1,328 @@
+"""``stability init``: make the current repository gate its merges on the stability suites.
+
+    stability init [--factory mypackage.model:build] [--force]
+
+Writes, asking nothing:
+
+* the settings table, every key with its comment (``stability.plugin.settings.KEYS``): ``[tool.stability]``
+  appended to ./pyproject.toml (the rest of the file kept byte for byte), or ./stability.toml when there is
+  no pyproject.toml;
+* ``.github/workflows/stability.yml``: the CPU job (the preset on the CPU) and the GPU job (``full`` on
+  CUDA), each running the stress suites, the kernel check where the model is the harness's own,
+  ``stability check`` against the committed baseline, the report, the upload, and failing on a regression;
+
+then prints the two commands that make the first baseline and run the check. An existing table or workflow
+is never overwritten without ``--force`` (exit 2 naming it, nothing written).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+from stability.config import ConfigError, ModelConfig
+from stability.plugin.settings import KEYS, OWN_FILE, PYPROJECT, read_settings
+
+WORKFLOW = Path(".github") / "workflows" / "stability.yml"
+TABLE_HEADER = "[tool.stability"   # the table and its sub-tables ([tool.stability.set])
+
+
+class Refused(ConfigError):
+    """A file that ``stability init`` would overwrite without --force."""
+
+
+# ----------------------------------------------------------------------------- the settings table
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def _comment(text: str) -> list[str]:
+    return ["# " + line for line in textwrap.wrap(text, 108)]
+
+
+def settings_text(table: str, factory: str = "") -> str:
+    """The settings, every key after its comment; ``table`` is "tool.stability" in a pyproject.toml and ""
+    in a stability.toml (keys at the top level)."""
+    lines = [f"[{table}]"] if table else []
+    lines += _comment("Settings of the stability stress suites (pytest --pyargs stability.suites -m stress) "
+                      "and of `stability baseline make`, written by `stability init`; every key is optional "
+                      "(docs/your-repository.md of the stability package).")
+    for key in KEYS:
+        if key.name == "set":
+            continue
+        lines += _comment(key.comment)
+        if key.name == "model":
+            lines.append(f"model.factory = {_toml(factory)}")
+        elif key.name == "cases":
+            from stability.cases.stress import CASES
+
+            lines.append(f"cases = {_toml(list(CASES))}")
+        else:
+            lines.append(f"{key.name} = {_toml(key.initial)}")
+    (set_key,) = [key for key in KEYS if key.name == "set"]
+    lines += [""] + _comment(set_key.comment) + [f"[{table + '.' if table else ''}set]", ""]
+    return "\n".join(lines)
+
+
+def _without_table(text: str) -> str:
+    """``text`` without its [tool.stability] and [tool.stability.*] sections (up to the next other header)."""
+    out, inside = [], False
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = stripped.startswith(TABLE_HEADER) and stripped[len(TABLE_HEADER)] in "].]"
+        if not inside:
+            out.append(line)
+    return "".join(out)
+
+
+def _has_table(text: str, where: Path) -> bool:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise Refused(f"{where} is not valid TOML ({error}): fix it, then run stability init again") from None
+    return "stability" in (data.get("tool") or {})
+
+
+def new_settings_file(root: Path, factory: str, force: bool) -> tuple[Path, bytes]:
+    """(path, new bytes) of the settings: appended to pyproject.toml, else a new stability.toml."""
+    pyproject, own = root / PYPROJECT, root / OWN_FILE
+    if pyproject.is_file():
+        if own.is_file() and read_settings(own) is not None:
+            raise Refused(f"{own} already holds the settings: remove it to write [tool.stability] into "
+                          f"{pyproject}, or keep it and leave stability init out")
+        old = pyproject.read_bytes()
+        text = old.decode()
+        if _has_table(text, pyproject):
+            if not force:
+                raise Refused(f"{pyproject} already has a [tool.stability] table: not overwritten (run "
+                              f"stability init --force to replace it)")
+            text = _without_table(text)
+            if _has_table(text, pyproject):
+                raise Refused(f"{pyproject} defines tool.stability outside a [tool.stability] table: remove it by "
+                              f"hand, then run stability init again")
+            old = text.encode()
+        gap = b"" if not old else (b"\n" if old.endswith(b"\n") else b"\n\n")
+        return pyproject, old + gap + settings_text("tool.stability", factory).encode()
+    if own.is_file() and not force:
+        raise Refused(f"{own} already exists: not overwritten (run stability init --force to replace it)")
+    return own, settings_text("", factory).encode()
+
+
+# ----------------------------------------------------------------------------- the workflow
+
+def stability_requirement() -> tuple[str, str | None]:
+    """How CI installs stability, from how this environment did (PEP 610 direct_url.json): a git URL at its
+    commit, the index, or (a local path or wheel CI cannot reach) that location with a note to replace it."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        direct = distribution("stability").read_text("direct_url.json")
+    except PackageNotFoundError:
+        direct = None
+    if not direct:
+        return "stability[suites]", None
+    info = json.loads(direct)
+    vcs = info.get("vcs_info")
+    if vcs:
+        return f"stability[suites] @ {vcs['vcs']}+{info['url']}@{vcs['commit_id']}", None
+    return (f"stability[suites] @ {info['url']}",
+            (f"stability was installed here from {info['url']}, which CI cannot reach: set STABILITY_PACKAGE in "
+            f"{WORKFLOW} to where CI gets it (a git URL, a wheel it can download, a package index)"))
+
+
+HEADER = """\
+# Stability check of this repository's model (written by `stability init`): the stability stress suites
+# (pytest --pyargs stability.suites -m stress, configured by the settings in @SETTINGS@), their records into a
+# new run directory under reports/runs, then the regression check of that run directory against the committed
+# baseline of the preset and device (@BASELINES@/<preset>-<device>.json, made by `stability baseline make`).
+# The regression table goes to the job summary; reports/ (records, report, JUnit XML) is uploaded; the job
+# fails when a figure regressed (exit 1) or the inputs are unusable (exit 2).
+name: stability
+
+on:
+  pull_request:
+  push:
+    branches: [main]
+  workflow_dispatch:
+
+concurrency:
+  group: stability-${{ github.ref }}
+  cancel-in-progress: true
+
+jobs:
+"""
+
+GPU_JOB = """\
+  stress-gpu:
+    name: stress (full, cuda)
+    runs-on: [self-hosted, gpu]
+    timeout-minutes: 240
+    env:
+      BASELINE: @BASELINES@/full-cuda.json
+      STABILITY_PACKAGE: "@PACKAGE@"
+    steps:
+      - uses: actions/checkout@v4
+      - name: install (the runner provides the CUDA build of torch >= 2.11 and triton >= 3.6)
+        run: |
+          python3 -m venv --system-site-packages .venv
+          . .venv/bin/activate
+          pip install "$STABILITY_PACKAGE"
+          pip install -e .
+          python -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU on this runner'"
+      - name: stress suites
+        id: stress
+        run: |
+          . .venv/bin/activate
+          pytest --pyargs stability.suites -m stress --scale full --device cuda --junitxml=reports/junit-stress-full.xml
+@KERNEL_GPU@"""
+
+CPU_JOB = """\
+  stress-cpu:
+    name: stress (@PRESET@, cpu)
+    runs-on: ubuntu-latest
+    timeout-minutes: 60
+    env:
+      BASELINE: @BASELINES@/@PRESET@-cpu.json
+      STABILITY_PACKAGE: "@PACKAGE@"
+    steps:
+      - uses: actions/checkout@v4
+      - uses: actions/setup-python@v5
+        with:
+          python-version: "3.11"
+      - name: install (CPU build of torch)
+        run: |
+          python -m venv .venv
+          . .venv/bin/activate
+          pip install "torch>=2.11" --index-url https://download.pytorch.org/whl/cpu
+          pip install "$STABILITY_PACKAGE"
+          pip install -e .
+      - name: stress suites
+        id: stress
+        run: |
+          . .venv/bin/activate
+          pytest --pyargs stability.suites -m stress --scale @PRESET@ --device cpu -n 2 --dist loadfile --junitxml=reports/junit-stress-@PRESET@.xml
+@KERNEL_CPU@"""
+
+KERNEL_GPU = """\
+      - name: kernel suite (compiled Triton kernels)
+        id: kernel
+        if: always()
+        run: |
+          . .venv/bin/activate
+          pytest --pyargs stability.suites -m kernel --junitxml=reports/junit-kernel-full.xml
+"""
+
+KERNEL_CPU = """\
+      - name: kernel agreement (Triton interpreter)
+        id: kernel
+        if: always()
+        run: |
+          . .venv/bin/activate
+          pytest --pyargs stability.suites -m agreement -n 0 --junitxml=reports/junit-kernel.xml
+"""
+
+CHECK_STEPS = """\
+      - name: regression check
+        id: check
+        if: always()
+        run: |
+          . .venv/bin/activate
+          if [ ! -f "$BASELINE" ]; then
+            echo "::warning::no committed baseline $BASELINE: make one with 'stability baseline make --preset @JOB_PRESET@ --device @JOB_DEVICE@' and commit it"
+            echo "### Stability check: no committed baseline \\`$BASELINE\\`" >> "$GITHUB_STEP_SUMMARY"
+            echo "code=0" >> "$GITHUB_OUTPUT"; exit 0
+          fi
+          set +e
+          stability check --baseline "$BASELINE" reports/runs --json reports/check.json
+          echo "code=$?" >> "$GITHUB_OUTPUT"
+      - name: report
+        if: always()
+        run: |
+          . .venv/bin/activate
+          if [ -f "$BASELINE" ]; then
+            stability report reports/runs --out reports/report.html --baseline "$BASELINE"
+          else
+            stability report reports/runs --out reports/report.html
+          fi
+      - name: upload reports
+        if: always()
+        uses: actions/upload-artifact@v4
+        with:
+          name: stability-reports-@JOB_PRESET@-@JOB_DEVICE@
+          path: reports/
+      - name: fail on a regression
+        if: always() && steps.check.outputs.code != '0'
+        run: |
+          echo "::error::stability check exit code ${{ steps.check.outputs.code }} (1 regressed, 2 unusable input)"
+          exit 1
+"""
+
+
+def workflow_text(settings_file: str, preset: str, baselines: str, package: str, own_model: bool) -> str:
+    """The workflow: the GPU job (full, cuda) and the CPU job (``preset``, cpu), as this package's own has
+    them; the kernel steps only when the arms train the harness's own model (the code they check)."""
+    def job(text: str, kernel: str, job_preset: str, job_device: str) -> str:
+        text = text.replace("@KERNEL_GPU@", kernel).replace("@KERNEL_CPU@", kernel) + CHECK_STEPS
+        return text.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device)
+
+    text = (HEADER + job(GPU_JOB, KERNEL_GPU if own_model else "", "full", "cuda") + "\n"
+            + job(CPU_JOB, KERNEL_CPU if own_model else "", preset, "cpu"))
+    return (text.replace("@SETTINGS@", settings_file).replace("@PRESET@", preset)
+            .replace("@BASELINES@", baselines).replace("@PACKAGE@", package))
+
+
+# ----------------------------------------------------------------------------- the command
+
+def cmd_init(args) -> int:
+    root, factory = Path.cwd(), args.factory or ""
+    if factory:
+        ModelConfig(factory=factory)   # ConfigError (exit 2) unless "package.module:function"
+    try:
+        settings_path, settings_bytes = new_settings_file(root, factory, args.force)
+        workflow = root / WORKFLOW
+        if workflow.exists() and not args.force:
+            raise Refused(f"{workflow} already exists: not overwritten (run stability init --force to replace it)")
+    except Refused as error:
+        print(f"error: {error}; nothing written", file=sys.stderr)
+        return 2
+    initial = {key.name: key.initial for key in KEYS}
+    preset, baselines = initial["preset"], initial["baselines"]
+    package, note = stability_requirement()
+    settings_path.write_bytes(settings_bytes)
+    workflow.parent.mkdir(parents=True, exist_ok=True)
+    workflow.write_text(workflow_text(settings_path.name, preset, baselines, package, own_model=not factory))
+    where = "[tool.stability] in pyproject.toml" if settings_path.name == PYPROJECT else OWN_FILE
+    model = f"model.factory = {args.factory!r}" if args.factory else "the harness's own model (set model.factory)"
+    print(f"wrote {where}: preset {preset} on the cpu, {model}")
+    print(f"wrote {WORKFLOW}: the CPU job ({preset}) and the GPU job (full, cuda)")
+    if note:
+        print(f"note: {note}")
+    print("next, make the first baseline (commit it with the settings and the workflow):")
+    print("    stability baseline make")
+    print("then check a change the way the workflow's CPU job does:")
+    print(f"    pytest --pyargs stability.suites -m stress && stability check --baseline "
+          f"{baselines}/{preset}-cpu.json")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    init = sub.add_parser("init", help="write the settings table and the CI workflow of the stability check "
+                                       "into this repository")
+    init.add_argument("--factory", metavar="PACKAGE.MODULE:FUNCTION",
+                      help="your model's factory (model.factory; docs/your-repository.md); default: the "
+                           "harness's own model")
+    init.add_argument("--force", action="store_true", help="replace an existing settings table and workflow")
+    init.set_defaults(func=cmd_init)

@@ -1,0 +1,380 @@
+"""The pytest plugin of stability: what the stress suites need, in any repository.
+
+Registered through the ``pytest11`` entry point, so pytest loads it wherever the package is installed
+(``-p no:stability`` leaves it out). It reads the repository's settings (``--stability-config PATH``, else
+``[tool.stability]`` in the rootdir's pyproject.toml, else its stability.toml: ``stability.plugin.settings``)
+and gives the suites (``pytest --pyargs stability.suites -m stress``; ``pytest suites/`` in this
+repository):
+
+* options --scale smoke|ci|full, --device cpu|cuda, --seeds 0,1,2, --tracking-uri URI, --ray
+  auto|local:N|HOST:PORT, --replicates R, --replicate N, --run-slow; each is also --stability-NAME, the
+  name nothing else takes (the short name is added only where no other plugin or conftest has it);
+* the markers of ``MARKERS``; ``gpu`` tests are skipped without CUDA, ``slow`` ones unless --run-slow;
+* one run directory per test session, reports/runs/<UTC time>-pytest-<id>/ ($STABILITY_RUN_DIR names
+  another), which the pytest-xdist workers share; one GPU per xdist worker, pinned before torch is
+  imported (``stability.cases.gpus``);
+* the fixtures scale, device, seeds, tracking_uri, run_dir, replicate, stability_settings, stress_config,
+  ray_runner and stress_record;
+* the table's ``cases``: the suites of the other stress cases are deselected; when the table names a
+  model other than the harness's own, so are the stress tests of the harness's own model and detectors
+  (suite modules without ``KIND``).
+
+Each value comes from the command line, else the environment ($STABILITY_SCALE, $STABILITY_DEVICE,
+$MLFLOW_TRACKING_URI, $STABILITY_RAY, $STABILITY_RUN_SLOW), else the table, else the preset. A bad table
+is a usage error naming the key, before anything trains. In a repository without settings, outside the
+suites, the plugin stays out of the way: it pins no GPU, skips nothing and imports no torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from stability.plugin.settings import Settings, SettingsError, check, find_settings
+
+MARKERS = {
+    "stress": "paired stress runs through the public API (pytest --pyargs stability.suites -m stress)",
+    "claim": "a paper claim asserted on held-out seeds (stability.suites.test_claims)",
+    "kernel": "Triton kernel correctness (interpreter on the CPU, real kernels on a GPU)",
+    "agreement": "the quick kernel check the CPU workflow job runs: forward and every gradient against float64",
+    "quant": "post-training quantization evaluation",
+    "gpu": "needs a CUDA GPU; skipped cleanly without one",
+    "slow": "long runs (ci/full scale, searches); skipped unless --run-slow",
+    "bench": "benchmarks (pytest-benchmark); speed is reported, never asserted",
+}
+
+# --stability-NAME (and --NAME where free): the keyword arguments of addoption
+OPTIONS = {
+    "scale": {"default": None, "choices": ("smoke", "ci", "full"),
+              "help": "scale preset of the stress suites (default $STABILITY_SCALE, the table's preset, smoke)"},
+    "device": {"default": None, "metavar": "cpu|cuda",
+               "help": "cpu or cuda (default $STABILITY_DEVICE, the table's device, the preset's: cpu for smoke "
+                       "and ci, cuda for full); under pytest-xdist worker gwN sees only entry N of "
+                       "CUDA_VISIBLE_DEVICES, as cuda:0"},
+    "seeds": {"default": None, "metavar": "0,1,2",
+              "help": "comma-separated seeds overriding the table's and the preset's"},
+    "tracking-uri": {"default": None, "metavar": "URI",
+                     "help": "MLflow tracking URI of the suites (default $MLFLOW_TRACKING_URI, the table's "
+                             "tracking_uri, sqlite:///reports/mlflow-tests.db)"},
+    "ray": {"default": None, "metavar": "auto|local:N|HOST:PORT",
+            "help": "train the runs of the stress cases as Ray tasks (default $STABILITY_RAY); with -n, use a "
+                    "running cluster (auto or HOST:PORT): local:N starts one Ray instance per worker"},
+    "replicates": {"type": int, "default": 0, "metavar": "R",
+                   "help": "also train R rounding replicates of every stress case into the run directory (what a "
+                           "regression baseline is made of: stability baseline make)"},
+    "replicate": {"type": int, "default": 0, "metavar": "N",
+                  "help": "train every run as rounding replicate N (0: the reference runs; stability.model.rounding)"},
+    "run-slow": {"action": "store_true", "default": False,
+                 "help": "also run tests marked slow (or $STABILITY_RUN_SLOW=1)"},
+}
+
+SETTINGS = pytest.StashKey[Settings | None]()
+_ERROR = pytest.StashKey[SettingsError]()          # a bad settings file, reported at pytest_configure
+_PINNING_ERROR = pytest.StashKey[Exception]()      # more xdist workers than GPUs, reported with --device cuda
+RUN_DIR_KEY = "stability_run_dir"
+DEFAULT_TRACKING_URI = "sqlite:///reports/mlflow-tests.db"
+
+
+def _dest(name: str) -> str:
+    return "stability_" + name.replace("-", "_")
+
+
+def option(config: pytest.Config, name: str):
+    """The value of option NAME, whichever of its two spellings was given."""
+    return config.getoption(_dest(name))
+
+
+def suites_dir() -> Path:
+    """Where the installed suites are (stability.suites; the folder suites/ of this repository)."""
+    return Path(importlib.util.find_spec("stability.suites").origin).parent
+
+
+# ----------------------------------------------------------------------------- options and settings
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("stability", "stability stress suites (settings: [tool.stability] in pyproject.toml)")
+    group.addoption("--stability-config", metavar="PATH", default=None,
+                    help="settings file (default: [tool.stability] in the rootdir's pyproject.toml, or its "
+                         "stability.toml)")
+    for name, spec in OPTIONS.items():
+        group.addoption(f"--stability-{name}", dest=_dest(name), **spec)
+
+
+def _taken(parser: pytest.Parser) -> set[str]:
+    options = parser._anonymous.options + [o for group in parser._groups for o in group.options]
+    return {name for o in options for name in o.names()}
+
+
+def _load_settings(config: pytest.Config) -> Settings | None:
+    """The repository's settings, read once per process (a SettingsError is kept for pytest_configure)."""
+    if SETTINGS not in config.stash:
+        try:
+            found = find_settings(config.rootpath, config.known_args_namespace.stability_config)
+        except SettingsError as error:
+            config.stash[_ERROR] = error
+            found = None
+        config.stash[SETTINGS] = found
+    return config.stash[SETTINGS]
+
+
+def _runs_the_suites(args: list[str]) -> bool:
+    """Whether the command line names the installed suites (stability.suites or a path inside them)."""
+    if any(str(a).startswith("stability.suites") for a in args):
+        return True
+    where = suites_dir()
+    return any(Path(str(a).split("::")[0]).resolve().is_relative_to(where) for a in args
+               if not str(a).startswith("-") and Path(str(a).split("::")[0]).exists())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
+    """Before the conftests (which may import torch): pin this xdist worker's GPU where the plugin is in
+    use. After them: the short option names that no one else took."""
+    if _load_settings(early_config) is not None or _runs_the_suites(args):
+        from stability.cases.gpus import GpuAssignmentError, pin_this_worker
+
+        try:
+            pin_this_worker()
+        except GpuAssignmentError as error:
+            early_config.stash[_PINNING_ERROR] = error
+    result = yield
+    taken, group = _taken(parser), parser.getgroup("stability")
+    for name, spec in OPTIONS.items():
+        if f"--{name}" not in taken:
+            group.addoption(f"--{name}", dest=_dest(name), **{**spec, "help": f"same as --stability-{name}"})
+    return result
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    settings = _load_settings(config)
+    if _ERROR in config.stash:
+        raise pytest.UsageError(str(config.stash[_ERROR]))
+    if settings is not None and not config.getoption("help"):
+        try:
+            check(settings, option(config, "scale") or os.environ.get("STABILITY_SCALE"))
+            if settings.factory and getattr(config, "workerinput", None) is None:
+                _check_factory(settings)
+        except SettingsError as error:
+            raise pytest.UsageError(str(error)) from None
+    if _PINNING_ERROR in config.stash and (device_option(config) or "").startswith("cuda"):
+        raise pytest.UsageError(str(config.stash[_PINNING_ERROR]))
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None and RUN_DIR_KEY in worker_input:
+        config._stability_run_dir = worker_input[RUN_DIR_KEY]
+    else:
+        from stability.record.rundir import ENV_VAR, new_run_dir
+
+        config._stability_run_dir = os.environ.get(ENV_VAR) or str(new_run_dir(label="pytest"))
+
+
+def _check_factory(settings: Settings) -> None:
+    """The factory's module can be found in this environment (found, not imported: no torch here)."""
+    module = settings.factory.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise SettingsError(f"{settings.source}: model.factory = {settings.factory!r} is invalid: module {module!r} "
+                            f"cannot be found: expected a module of a package installed in this environment "
+                            f"(pip install -e . in your repository)")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist: every worker writes into the controller's run directory."""
+    node.workerinput[RUN_DIR_KEY] = node.config._stability_run_dir
+
+
+def device_option(config: pytest.Config) -> str | None:
+    return option(config, "device") or os.environ.get("STABILITY_DEVICE") or None
+
+
+# ----------------------------------------------------------------------------- collection
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip gpu tests without CUDA and slow ones without --run-slow (every test where the repository has
+    settings, else the suites' own); deselect the suites of stress cases the table leaves out."""
+    settings = config.stash.get(SETTINGS, None)
+    where = suites_dir()
+    ours = [item for item in items if settings is not None or item.path.is_relative_to(where)]
+    run_slow = option(config, "run_slow") or os.environ.get("STABILITY_RUN_SLOW") == "1"
+    has_cuda = any("gpu" in item.keywords for item in ours) and _has_cuda()
+    for item in ours:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none available)"))
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow (or STABILITY_RUN_SLOW=1)"))
+    if settings is None:
+        return
+    if settings.cases is not None:
+        known = suite_cases(where)
+        unknown = [name for name in settings.cases if name not in known]
+        if unknown:
+            raise pytest.UsageError(f"{settings.source}: cases={list(settings.cases)!r} is invalid: unknown stress "
+                                    f"case(s) {unknown}: expected names from {known}")
+    kept, left = [], []
+    for item in items:
+        (left if _left_out(item, settings, where) else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+def suite_cases(where: Path) -> tuple[str, ...]:
+    """The stress cases the suites have a file for (their ``KIND``), read without importing them (no torch)."""
+    import ast
+
+    names = []
+    for path in sorted(where.glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["KIND"] \
+                    and isinstance(node.value, ast.Constant):
+                names.append(node.value.value)
+    return tuple(names)
+
+
+def _left_out(item: pytest.Item, settings: Settings, where: Path) -> bool:
+    """A stress test of the suites that the settings leave out: another case's, or (with a model other than
+    the harness's own) one of the harness's own model and detectors (a module without KIND)."""
+    if "stress" not in item.keywords or not item.path.is_relative_to(where):
+        return False
+    kind = getattr(getattr(item, "module", None), "KIND", None)
+    if kind is None:
+        return not settings.own_model
+    return settings.cases is not None and kind not in settings.cases
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session")
+def stability_settings(pytestconfig) -> Settings | None:
+    """The repository's settings (None: it has none; the suites then train the presets as they are)."""
+    return pytestconfig.stash.get(SETTINGS, None)
+
+
+@pytest.fixture(scope="session")
+def scale(pytestconfig, stability_settings) -> str:
+    """The scale preset: --scale, $STABILITY_SCALE, the table's preset, smoke."""
+    return (option(pytestconfig, "scale") or os.environ.get("STABILITY_SCALE")
+            or (stability_settings and stability_settings.preset) or "smoke")
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig, scale, stability_settings) -> str:
+    """The device of this test process; under xdist each worker sees only its own GPU (as cuda:0)."""
+    wanted = device_option(pytestconfig) or (stability_settings and stability_settings.device)
+    if not wanted:
+        from stability.config import preset
+
+        wanted = preset(scale).run.device
+    if wanted.startswith("cuda") and not _has_cuda():
+        pytest.skip(f"device {wanted!r} asked for, but no CUDA GPU is available")
+    return wanted
+
+
+@pytest.fixture(scope="session")
+def seeds(pytestconfig, stability_settings) -> tuple[int, ...] | None:
+    """--seeds, else the table's seeds, else None (the preset's)."""
+    text = option(pytestconfig, "seeds")
+    if text:
+        return tuple(int(s) for s in text.split(","))
+    return stability_settings.seeds if stability_settings is not None else None
+
+
+@pytest.fixture(scope="session")
+def tracking_uri(pytestconfig, stability_settings) -> str:
+    uri = (option(pytestconfig, "tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+           or (stability_settings and stability_settings.tracking_uri))
+    if uri:
+        return uri
+    os.makedirs("reports", exist_ok=True)
+    return DEFAULT_TRACKING_URI
+
+
+@pytest.fixture(scope="session")
+def run_dir(pytestconfig) -> Path:
+    """This test session's run directory (created when the first record is written)."""
+    return Path(pytestconfig._stability_run_dir)
+
+
+@pytest.fixture(scope="session")
+def replicate(pytestconfig) -> int:
+    return option(pytestconfig, "replicate")
+
+
+@pytest.fixture(scope="session")
+def stress_config(scale, device, seeds, replicate, stability_settings):
+    """Factory: the scale preset with the table's overrides (arms, model, set), then the test's own
+    (``model__d_model=96`` or {"model.d_model": 96}), on this process's device and seeds."""
+    from stability.config import resolve
+
+    table = stability_settings.overrides() if stability_settings is not None else {}
+
+    def make(overrides: dict | None = None, **keyword_overrides):
+        values = {**table, **(overrides or {}),
+                  **{k.replace("__", "."): v for k, v in keyword_overrides.items()}}
+        if device is not None:
+            values["run.device"] = device
+        if seeds is not None:
+            values["seeds"] = seeds
+        if replicate:
+            values.setdefault("run.replicate", replicate)
+        return resolve(scale, values)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def ray_runner(pytestconfig):
+    """The Ray runner of ``--ray`` (None without it): the stress cases' runs become Ray tasks."""
+    spec = option(pytestconfig, "ray") or os.environ.get("STABILITY_RAY")
+    if not spec:
+        yield None
+        return
+    from stability.cases.ray_runner import RayRunner
+
+    runner = RayRunner(spec)
+    runner.connect()
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="session")
+def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig):
+    """Factory: ``stress_record("lr_sweep")`` runs that stress case (``stability.cases.stress.CASES``) on
+    the scale preset once per session: JSON record first (this session's run directory), then one
+    MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
+    overrides return the same record (``.records`` holds all). With ``--replicates R`` the case's R
+    rounding replicates are trained and recorded too (not tracked); the tests see the reference."""
+    from stability.cases.pipeline import run_recorded
+
+    cache: dict = {}
+    plots = os.environ.get("STABILITY_PLOTS", "1") != "0"
+    replicates = option(pytestconfig, "replicates")
+
+    def get(kind: str, overrides: dict | None = None) -> dict:
+        config = stress_config(overrides)
+        if (kind, config) not in cache:
+            cache[(kind, config)] = run_recorded(kind, config, run_dir, tracking_uri=tracking_uri, plots=plots,
+                                                 runner=ray_runner)
+            for draw in range(1, replicates + 1):
+                run_recorded(kind, stress_config({**(overrides or {}), "run.replicate": draw}), run_dir,
+                             track=False, plots=False, runner=ray_runner)
+        return cache[(kind, config)]
+
+    get.records = cache
+    return get

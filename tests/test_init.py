@@ -1,0 +1,136 @@
+"""`stability init` (stability.cli.init): the settings table and the workflow it writes, and what it refuses;
+`stability baseline make`'s defaults from the settings."""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from test_workflow import WORKFLOW, _commands, _normal, _options, _subparsers
+
+from stability.cases.stress import CASES
+from stability.cli import build_parser, main
+from stability.plugin.settings import KEYS, check, read_settings
+
+PYPROJECT = b'[project]\nname = "mypackage"\nversion = "0.1.0"\n\n[tool.ruff]\nline-length = 100'   # no final newline
+
+
+def init(tmp_path: Path, monkeypatch, *args: str) -> int:
+    monkeypatch.chdir(tmp_path)
+    return main(["init", *args])
+
+
+def test_the_table_is_appended_and_the_rest_of_pyproject_kept_byte_for_byte(tmp_path, monkeypatch, capsys):
+    (tmp_path / "pyproject.toml").write_bytes(PYPROJECT)
+    assert init(tmp_path, monkeypatch, "--factory", "mypackage.model:build") == 0
+    written = (tmp_path / "pyproject.toml").read_bytes()
+    assert written.startswith(PYPROJECT) and written.count(b"[tool.stability]") == 1
+    data = tomllib.loads(written.decode())
+    assert data["project"] == {"name": "mypackage", "version": "0.1.0"} and data["tool"]["ruff"] == {"line-length": 100}
+    initial = {key.name: key.initial for key in KEYS}
+    assert data["tool"]["stability"] == {**initial, "cases": list(CASES), "model": {"factory": "mypackage.model:build"}}
+    settings = read_settings(tmp_path / "pyproject.toml")
+    assert settings.cases == tuple(CASES) and settings.factory == "mypackage.model:build"
+    config = check(settings)   # the table builds a valid config
+    assert config.run.model.factory == "mypackage.model:build" and config.seeds == (0, 1, 2)
+    lines = written.decode().splitlines()
+    for key in KEYS:   # every key after its comment
+        start = {"model": "model.factory =", "set": "[tool.stability.set]"}.get(key.name, f"{key.name} =")
+        (index,) = [i for i, line in enumerate(lines) if line.startswith(start)]
+        assert lines[index - 1].startswith("# ") and key.comment.split()[-1] in " ".join(lines[index - 3:index])
+    out = capsys.readouterr().out
+    assert "    stability baseline make\n" in out
+    assert ("    pytest --pyargs stability.suites -m stress && stability check --baseline "
+            "reports/baselines/smoke-cpu.json\n") in out
+
+
+def test_without_a_pyproject_the_settings_go_into_stability_toml(tmp_path, monkeypatch):
+    assert init(tmp_path, monkeypatch) == 0
+    settings = read_settings(tmp_path / "stability.toml")
+    assert settings.preset == "smoke" and settings.own_model and settings.replicates == 4
+    assert not (tmp_path / "pyproject.toml").exists()
+
+
+def test_nothing_is_overwritten_without_force(tmp_path, monkeypatch, capsys):
+    (tmp_path / "pyproject.toml").write_bytes(PYPROJECT)
+    assert init(tmp_path, monkeypatch) == 0
+    first = {p: p.read_bytes() for p in (tmp_path / "pyproject.toml", tmp_path / WORKFLOW.relative_to(WORKFLOW.parents[2]))}
+    capsys.readouterr()
+    assert init(tmp_path, monkeypatch, "--factory", "mypackage.model:build") == 2
+    err = capsys.readouterr().err
+    assert "already has a [tool.stability] table" in err and "--force" in err and "nothing written" in err
+    assert {p: p.read_bytes() for p in first} == first
+    # only the workflow there: still refused, and the table is not written either
+    (tmp_path / "pyproject.toml").write_bytes(PYPROJECT)
+    assert init(tmp_path, monkeypatch) == 2
+    assert "stability.yml already exists" in capsys.readouterr().err
+    assert (tmp_path / "pyproject.toml").read_bytes() == PYPROJECT
+    # --force replaces the table (once) and the workflow, and keeps the rest
+    assert init(tmp_path, monkeypatch, "--force", "--factory", "mypackage.model:build") == 0
+    text = (tmp_path / "pyproject.toml").read_text()
+    assert text.startswith(PYPROJECT.decode()) and text.count("[tool.stability]") == 1
+    assert read_settings(tmp_path / "pyproject.toml").factory == "mypackage.model:build"
+    assert init(tmp_path, monkeypatch, "--force") == 0
+    assert read_settings(tmp_path / "pyproject.toml").own_model
+
+
+def test_a_factory_that_is_not_a_module_path_is_refused(tmp_path, monkeypatch, capsys):
+    assert init(tmp_path, monkeypatch, "--factory", "mypackage/model.py") == 2
+    assert "model.factory" in capsys.readouterr().err and not (tmp_path / "stability.toml").exists()
+
+
+def _steps(job: dict) -> list[str]:
+    return [step.get("id") or step.get("name") or step["uses"].split("@")[0] for step in job["steps"]]
+
+
+@pytest.mark.parametrize("factory", ["", "mypackage.model:build"], ids=["own model", "factory"])
+def test_the_workflow_has_this_repositorys_jobs_and_steps(tmp_path, monkeypatch, factory, pytestconfig):
+    """The CPU and GPU jobs of this repository's workflow, step for step (the kernel steps only for the
+    harness's own model: a factory's attention never runs the harness's kernel); every command and option
+    it uses exists."""
+    init(tmp_path, monkeypatch, *(["--factory", factory] if factory else []))
+    generated = yaml.safe_load((tmp_path / ".github" / "workflows" / "stability.yml").read_text())
+    ours = yaml.safe_load(WORKFLOW.read_text())
+    assert generated.keys() == ours.keys() and generated[True] == ours[True]   # YAML reads the key "on" as True
+    assert generated["jobs"].keys() == ours["jobs"].keys()
+    for name, job in generated["jobs"].items():
+        expected = [s for s in _steps(ours["jobs"][name]) if factory == "" or s != "kernel"]
+        assert _steps(job) == expected, name
+        assert job["runs-on"] == ours["jobs"][name]["runs-on"]
+        assert job["env"]["BASELINE"] == ours["jobs"][name]["env"]["BASELINE"]
+    runs = {job: argv for job, argv in _commands(generated, "pytest") if "stress" in argv}
+    assert _normal(runs["stress-cpu"])[:5] == ["--pyargs", "stability.suites", "-m", "stress", "--scale=smoke"]
+    assert "--device=cuda" in _normal(runs["stress-gpu"]) and "--scale=full" in _normal(runs["stress-gpu"])
+    for _, argv in _commands(generated, "pytest"):
+        for word in argv:
+            if word.startswith("-") and word != "--pyargs":
+                pytestconfig.getoption(word.split("=")[0])   # ValueError for an option pytest lacks
+    parser = build_parser()
+    for _, argv in _commands(generated, "stability"):
+        sub = _subparsers(parser)[argv[0]]
+        assert all(w.split("=")[0] in _options(sub) for w in argv[1:] if w.startswith("-")), argv
+
+
+def test_baseline_make_runs_the_installed_suites_with_the_settings(tmp_path, monkeypatch, capsys):
+    """From any repository: the installed suites (pytest --pyargs stability.suites), at the settings' preset
+    and replicates, under the plugin's own option names; the baseline goes into the settings' directory."""
+    (tmp_path / "stability.toml").write_text('preset = "ci"\nreplicates = 3\nbaselines = "gate"\n')
+    seen = []
+
+    def fake_run(command, env, check):
+        seen.append((command, env))
+        return subprocess.CompletedProcess(command, 1)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    assert main(["baseline", "make"]) == 2
+    (command, env), = seen
+    assert command[1:] == ["-m", "pytest", "--pyargs", "stability.suites", "-m", "stress", "--stability-scale", "ci",
+                           "--stability-replicates", "3", "-p", "no:cacheprovider"]
+    assert env["STABILITY_RUN_DIR"].startswith("reports/runs/") and "pytest exit 1" in capsys.readouterr().err
+    seen.clear()
+    assert main(["baseline", "make", "--preset", "smoke", "--replicates", "2", "--suites", ".", "--device", "cpu"]) == 2
+    assert seen[0][0][3:] == [".", "-m", "stress", "--stability-scale", "smoke", "--stability-replicates", "2", "-p",
+                              "no:cacheprovider", "--stability-device", "cpu"]
