@@ -50,35 +50,10 @@ from stability.record import (
     write_record,
 )
 from stability.record.rundir import MANIFEST, ensure_run_dir, is_session, sessions
-from stability.train.checkpoint import Bundles, Checkpoints, load_state, run_fingerprint
+from stability.train.checkpoint import Bundles, Checkpoints, load_state
 from stability.train.trainer import ArmHooks
 
 LOCK = ".lock"
-
-
-def run_label(case_record: dict, run: cfg.RunConfig) -> str:
-    """What tells the runs of one arm and seed apart within a case: the LR in a sweep, the precision in a
-    ladder ("" elsewhere)."""
-    stress = case_record.get("stress")
-    if stress == "lr_sweep":
-        return f"-lr{run.optim.lr:g}"
-    if stress == "precision_ladder":
-        return f"-{run.precision.dtype}"
-    return ""
-
-
-def run_names(case_record: dict, run: cfg.RunConfig, schedule, arm: str) -> tuple[str, str, str]:
-    """(name, key, fingerprint) of one run: the name of its MLflow child run (arm, seed, LR or precision),
-    the name of its per-step file and checkpoint (the name and the fingerprint's start), the run's
-    fingerprint (its whole config and schedule)."""
-    fingerprint = run_fingerprint(dataclasses.asdict(run), schedule.name)
-    name = f"{arm}-seed{run.seed}{run_label(case_record, run)}"
-    return name, f"{name}-{fingerprint[:8]}", fingerprint
-
-
-def case_label(case_record: dict) -> str:
-    stress = case_record.get("stress") or "pair"
-    return "standard" if stress == "pair" else stress
 
 
 def comparable(config: dict) -> dict:
@@ -226,10 +201,12 @@ class Session:
 
     # ---------------------------------------------------------------- what train_arm calls
 
-    def arm_hooks(self, case_record: dict, run: cfg.RunConfig, schedule, arm: str):
-        """The hooks of one run, or its finished arm record when a resumed case already has it."""
+    def arm_hooks(self, case_record: dict, unit):
+        """The hooks of one run (a ``stability.cases.runs.Unit``: it names the run and keys its files), or its
+        finished arm record when a resumed case already has it."""
         case = self._case(case_record)
-        name, key, fingerprint = run_names(case_record, run, schedule, arm)
+        run, arm, name, key = unit.run, unit.arm, unit.run_name, unit.key
+        label = f"  {unit.label}"
         steps_file = self.run_dir / "steps" / case_record["id"] / f"{key}.jsonl"
         checkpoint_file = self.checkpoint_dir / case_record["id"] / f"{key}.pt"
         resume_state, resume_after = None, None
@@ -237,7 +214,7 @@ class Session:
             if steps_file.is_file():
                 finished = read_steplog(steps_file)["end"]
                 if finished is not None:
-                    self._say(f"  [{case_label(case_record)}] {name}: finished before the interruption "
+                    self._say(f"{label}: finished before the interruption "
                               f"({finished.get('status')}, {len(finished['series']['step'])} steps), taken from "
                               f"{steps_file.name}")
                     self._done_elsewhere(case, finished)
@@ -245,14 +222,13 @@ class Session:
             if checkpoint_file.is_file():
                 resume_state = load_state(checkpoint_file, map_location=run.device)
                 resume_after = resume_state["step"]
-        identity = {"run_key": key, "name": name, "arm": arm, "seed": run.seed, "fingerprint": fingerprint,
-                    "case": case_label(case_record), "case_id": case_record["id"],
-                    "config": dataclasses.asdict(run), "schedule": schedule.name}
+        identity = {"run_key": key, "name": name, "arm": arm, "seed": unit.seed, "fingerprint": unit.fingerprint,
+                    "case": unit.case, "case_id": case_record["id"],
+                    "config": dataclasses.asdict(run), "schedule": unit.schedule.name}
         steplog = StepLog(steps_file, {k: v for k, v in identity.items() if k != "config"}, resume_after)
         checkpoints = Checkpoints(checkpoint_file, run.checkpoint.every, resume_state,
                                   on_saved=lambda _step: steplog.sync())
         tracker = self.tracker
-        label = f"  [{case_label(case_record)}] {name}"
         case["shown"].add(key)
 
         def on_start(record):
@@ -268,7 +244,7 @@ class Session:
         def on_step(step, row):
             steplog.append(row)
             if tracker is not None:
-                tracker.step(case_record, {"arm": arm, "seed": run.seed, "run_name": name}, row)
+                tracker.step(case_record, {"arm": arm, "seed": unit.seed, "run_name": name}, row)
                 self._watch(case_record, name)
             if self.display is not None:
                 self.display.step(step, row)
@@ -327,8 +303,8 @@ class Session:
     def case_units(self, case_record: dict, units: list) -> None:
         """The runs (``stability.cases.runs.Unit``) a case is about to train: the size of its progress bar."""
         case = self._case(case_record)
-        if self.display is not None and not case["units"]:
-            self.display.case_started(f"[{case_label(case_record)}]", sum(unit.run.steps for unit in units))
+        if self.display is not None and not case["units"] and units:
+            self.display.case_started(f"[{units[0].case}]", sum(unit.run.steps for unit in units))
         case["units"] = len(units)
 
     def close(self) -> None:

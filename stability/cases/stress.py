@@ -63,7 +63,7 @@ import torch
 from stability import config as cfg
 from stability import precision
 from stability.cases.experiment import load_inputs, run_pair, train_units
-from stability.cases.runs import Unit
+from stability.cases.runs import Rung, Unit, lr_rung, precision_rung
 from stability.precision import ao
 from stability.record import (
     Status,
@@ -138,7 +138,9 @@ class CaseRun:
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
-        return Unit(self.kind, arm, seed, run, schedule)
+        """One run of the case, its rung as the case's registry entry declares it."""
+        entry = CASES.get(self.kind)
+        return Unit(self.kind, arm, seed, run, schedule, entry.rung(run) if entry and entry.rung else None)
 
     def train_units(self, units: list[Unit]):
         """Yield the arm record of each unit, in order (trained here or by the runner)."""
@@ -456,11 +458,14 @@ def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dic
 class StressCase:
     """A stress case: ``run(config, session=None, runner=None)`` trains it and returns its case record.
 
-    name: what ``stability stress NAME`` calls it. records_as: what its records say under "stress" (the
-    plain pair's say "pair", whoever trains it); "" means ``name``."""
+    name: what ``stability stress NAME`` calls it. rung: for a case of several runs per arm and seed, what
+    tells them apart (``rung(run) -> stability.cases.runs.Rung``: it names the runs and keys their files);
+    None for one run per arm and seed. records_as: what its records say under "stress" (the plain pair's
+    say "pair", whoever trains it); "" means ``name``."""
 
     name: str
     run: Callable[..., dict]
+    rung: Callable[[cfg.RunConfig], Rung] | None = None
     records_as: str = ""
 
     @property
@@ -472,10 +477,10 @@ class StressCase:
 # every stress case, in the order `stability stress` runs them; ``register`` adds one
 CASES: dict[str, StressCase] = {case.name: case for case in (
     StressCase("standard", run_standard, records_as="pair"),
-    StressCase("lr_sweep", run_sweep),
+    StressCase("lr_sweep", run_sweep, rung=lr_rung),
     StressCase("lr_ramp", run_lr_ramp),
     StressCase("batch_ramp", run_batch_ramp),
-    StressCase("precision_ladder", run_precision_ladder),
+    StressCase("precision_ladder", run_precision_ladder, rung=precision_rung),
     StressCase("shock", run_shock),
 )}
 
