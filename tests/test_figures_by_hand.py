@@ -725,7 +725,9 @@ def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case(
     cases = reg.case_values([first, second, replicate(second, 3)])
     assert cases["smoke/standard"]["records"] == ["first", "second", "secondd3"]
     assert sorted(cases["smoke/standard"]["arms"]["gated"]["status"]["1"]) == ["0", "3"]
-    assert cases["smoke/standard"]["steps"] == 60 and cases["smoke/standard"]["stress"] == "pair"
+    assert cases["smoke/standard"]["steps"] == 60 and cases["smoke/standard"]["stress"] == "standard"
+    older = {**first, "stress": "pair"}   # written before the plain pair was called "standard": the same case
+    assert reg.case_values([older])["smoke/standard"]["stress"] == "standard"
     other = {**pair_record(seeds=(2,), steps=31), "id": "third"}
     with pytest.raises(RecordError) as error:
         reg.case_values([first, second, other])

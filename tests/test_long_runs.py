@@ -89,6 +89,21 @@ def test_a_resumed_run_continues_bit_for_bit(interrupted, reference, tmp_path):
     assert not list(run_dir.glob("checkpoints/**/*.pt"))
 
 
+def test_a_run_interrupted_under_the_older_case_name_is_continued(interrupted, reference, tmp_path):
+    """A record written before the plain pair was called "standard" says "pair": resuming finds it all the same
+    (the same record, the same per-step files and checkpoint) and the record goes on as "standard"."""
+    source, _ = interrupted
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    path = next(run_dir.glob("smoke-standard-*.json"))
+    older = json.loads(path.read_text())
+    path.write_text(json.dumps({**older, "stress": "pair"}))
+    record = run_pair(tiny(), session=Session(run_dir, resume=Resume.load(run_dir)))
+    assert record["id"] == older["id"] and record["stress"] == "standard"
+    assert record["arms"][1]["timing"]["resumed_at_step"] == 14
+    assert [a["series"]["loss"] for a in record["arms"]] == [a["series"]["loss"] for a in reference["arms"]]
+
+
 @pytest.mark.parametrize("precision", [
     {"precision.dtype": "fp16", "precision.init_loss_scale": 2.0 ** 16, "precision.growth_interval": 4},
     {"precision.dtype": "fp8", "precision.fp8_recipe": "own", "precision.fp8_scaling": "delayed"},

@@ -25,6 +25,7 @@ from stability.record import (
     add_event,
     add_figures,
     append_step,
+    case_name,
     finish_case,
     finish_status,
     mark_case_killed,
@@ -303,8 +304,15 @@ def test_the_record_of_every_stress_case_validates(tmp_path, kind):
     config = resolve("smoke", {**TINY, **CASE_SETTINGS[kind]})
     record = run_recorded(kind, config, tmp_path, track=False, plots=False)
     back = read_record(record["record_path"])
-    assert back["status"] == Status.COMPLETED and back["stress"] == ("pair" if kind == "standard" else kind)
+    assert back["status"] == Status.COMPLETED and back["stress"] == kind
     assert kind == "standard" or kind in back
     assert {r["status"] for r in back["runs"]} <= USABLE and "checkpoint_dir" in back
     if kind == "standard":
         assert all("quant" in arm and "extrapolation" in arm for arm in back["arms"])
+
+
+def test_the_case_of_a_record_is_named_as_stability_stress_names_it():
+    """New records say "standard" for the plain pair; older ones said "pair" (or nothing): the same case."""
+    assert case_name(pair_record()) == "standard" and new_case_record(resolve("smoke"), "standard")["stress"] == "standard"
+    assert case_name({**pair_record(), "stress": "pair"}) == "standard" and case_name({"name": "x"}) == "standard"
+    assert case_name({**pair_record(), "stress": "shock"}) == "shock"

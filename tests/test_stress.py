@@ -126,7 +126,7 @@ def test_the_case_registry_names_every_case_once_in_order(monkeypatch):
     from stability.cases import stress
 
     assert list(stress.CASES) == ["standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock"]
-    assert stress.CASES["standard"].stress == "pair" and stress.CASES["shock"].stress == "shock"
+    assert all(name == case.name for name, case in stress.CASES.items())
     monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
     with pytest.raises(ValueError, match="registered already"):
         stress.register(stress.StressCase("shock", stress.run_shock))

@@ -165,11 +165,11 @@ def run_pair(config: cfg.ExperimentConfig, schedule=None, description: str = "",
 
     schedule = schedule or Standard()
     started = time.perf_counter()
-    record = new_case_record(config, schedule.name, description or schedule.describe(), stress="pair",
+    record = new_case_record(config, schedule.name, description or schedule.describe(), stress="standard",
                              purpose=purpose)
     corpus = load_inputs(config)
     set_corpus(record, corpus.info)
-    units = [Unit("pair", arm, seed, config.arm_config(arm, seed), schedule)
+    units = [Unit("standard", arm, seed, config.arm_config(arm, seed), schedule)
              for seed in config.seeds for arm in config.arm_names]
     for arm_record in train_units(record, config, units, corpus, session, runner):
         add_arm(record, arm_record)

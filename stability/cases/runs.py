@@ -59,7 +59,8 @@ def run_fingerprint(run: cfg.RunConfig, schedule: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-    """One run of a case. ``case``: the stress case's name (``stability.cases.stress.CASES``); ``schedule``: a
+    """One run of a case. ``case``: the stress case's name (``stability.cases.stress.CASES``: "standard",
+    "lr_sweep" ...); ``schedule``: a
     schedule (``stability.config.schedules``; picklable: plain dataclasses); ``rung``: None outside the
     multi-run cases."""
 

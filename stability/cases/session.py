@@ -40,6 +40,7 @@ from stability.record import (
     UNFINISHED,
     RecordError,
     Status,
+    case_name,
     name_run,
     note_resumed,
     note_run,
@@ -134,9 +135,9 @@ class Resume:
         return count
 
     def record_for(self, case_record: dict) -> dict | None:
-        """The interrupted record of the same case (stress kind, name and schedule), if any."""
-        key = (case_record.get("stress"), case_record.get("name"), case_record.get("schedule"))
-        return next((r for r in self.records if (r.get("stress"), r.get("name"), r.get("schedule")) == key), None)
+        """The interrupted record of the same case (stress case, name and schedule), if any."""
+        key = (case_name(case_record), case_record.get("name"), case_record.get("schedule"))
+        return next((r for r in self.records if (case_name(r), r.get("name"), r.get("schedule")) == key), None)
 
 
 def locked_by(run_dir: Path) -> str | None:

@@ -122,8 +122,8 @@ class CaseRun:
     timings, the session (``stability.cases.experiment.train_arm``: record on disk after every run, resume,
     Ctrl-C), the runner (None: train here; see ``stability.cases.experiment.train_units``).
 
-    ``CaseRun(kind, config, schedule_name, description, session, runner)``: ``kind`` is what the case's
-    records say under "stress"; ``train_each_arm`` trains every arm and seed, ``finish()`` returns the record."""
+    ``CaseRun(kind, config, schedule_name, description, session, runner)``: ``kind`` is the case's name (its
+    registry entry in ``CASES``, what its records say under "stress"); ``train_each_arm`` trains every arm and seed, ``finish()`` returns the record."""
 
     def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
                  session=None, runner=None):
@@ -460,23 +460,16 @@ class StressCase:
 
     name: what ``stability stress NAME`` calls it. rung: for a case of several runs per arm and seed, what
     tells them apart (``rung(run) -> stability.cases.runs.Rung``: it names the runs and keys their files);
-    None for one run per arm and seed. records_as: what its records say under "stress" (the plain pair's
-    say "pair", whoever trains it); "" means ``name``."""
+    None for one run per arm and seed. Its records say ``name`` under "stress"."""
 
     name: str
     run: Callable[..., dict]
     rung: Callable[[cfg.RunConfig], Rung] | None = None
-    records_as: str = ""
-
-    @property
-    def stress(self) -> str:
-        """The "stress" value of this case's records."""
-        return self.records_as or self.name
 
 
 # every stress case, in the order `stability stress` runs them; ``register`` adds one
 CASES: dict[str, StressCase] = {case.name: case for case in (
-    StressCase("standard", run_standard, records_as="pair"),
+    StressCase("standard", run_standard),
     StressCase("lr_sweep", run_sweep, rung=lr_rung),
     StressCase("lr_ramp", run_lr_ramp),
     StressCase("batch_ramp", run_batch_ramp),

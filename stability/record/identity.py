@@ -2,6 +2,7 @@
 the device kind and the rounding draw.
 
     case_key(record)                 "smoke/standard": what the merge check compares record to baseline by
+    case_name(record)                the stress case a record measured ("standard", "lr_sweep" ...)
     comparable_config(config)        the flattened config without the fields allowed to differ
     config_fingerprint(config)       16 hex digits of that
 """
@@ -18,6 +19,18 @@ from stability.record.schema import CaseRecord
 def case_key(record: CaseRecord) -> str:
     """``<name>/<schedule>``: what the regression check compares record to baseline by."""
     return f"{record.get('name')}/{record.get('schedule')}"
+
+
+STANDARD = "standard"
+# what records written before the plain pair was called "standard" say under "stress"
+OLD_CASE_NAMES = {"pair": STANDARD}
+
+
+def case_name(record: CaseRecord) -> str:
+    """The stress case a record measured: its "stress" value, the name ``stability stress`` takes; an older
+    record's "pair" (or none) is "standard"."""
+    stress = record.get("stress") or STANDARD
+    return OLD_CASE_NAMES.get(stress, stress)
 
 
 IDENTITY_IGNORES = ("seeds", "run.seed", "run.device", "name", "preset", "run.replicate", "replicates")
