@@ -6,7 +6,7 @@
     run_batch_ramp(config)          batch doubling every N steps, LR scaled by a rule
     run_precision_ladder(config)    the same run in fp32, bf16, fp16 (+GradScaler), fp8, mxfp8, mxfp4
     run_shock(config)               LR jump by a factor mid-run (or no warmup)
-    run_standard(config)            the plain pair at the preset's settings (what `stability run` trains)
+    run_standard(config)            the plain pair at the preset's settings (what `stability run` runs)
 
     run_case(kind, config)          any of the above by name: ``CASES``, the registry of stress cases
                                     (``register(StressCase(name, run))`` adds one)
@@ -447,7 +447,8 @@ def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
 # ----------------------------------------------------------------------------- the plain pair
 
 def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """The plain pair (every arm of the config) at the preset's settings (``stability run`` trains the same)."""
+    """The plain pair (every arm of the config) at the preset's settings: what ``stability run`` and
+    ``stability stress standard`` run."""
     with cpu_threads(config.stress.threads):
         return run_pair(config, session=session, runner=runner)
 
