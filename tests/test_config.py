@@ -11,6 +11,7 @@ from stability.config import (
     ExperimentConfig,
     GateConfig,
     ModelConfig,
+    flatten,
     from_dict,
     load_overrides,
     resolve,
@@ -74,6 +75,23 @@ def test_overrides_apply_in_any_order_and_a_lasting_error_still_names_its_field(
         resolve("full", {"model.d_model": 64, "model.n_heads": 5})
     with pytest.raises(ConfigError, match=r"^model\.n_heads=4 is invalid: expected a divisor of model\.d_model=66"):
         resolve("full", {"model.n_heads": 4, "model.n_kv_heads": 2, "model.d_model": 66})
+
+
+def test_one_table_says_what_may_differ_when_resuming_and_when_comparing():
+    """FIELDS_ABOUT names real fields; resuming lets only how a run is kept differ, the check also the draw,
+    the device and the names."""
+    from stability.record import FIELDS_ABOUT, comparable_config, resume_config
+
+    config = to_dict(resolve("smoke"))
+    flat = flatten(config)
+    assert all(any(k == field or (field.endswith(".") and k.startswith(field)) for k in flat) for field in FIELDS_ABOUT)
+    other = to_dict(resolve("smoke", {"checkpoint.every": 7, "seeds": "5", "seed": 3, "device": "cuda:1", "name": "x",
+                                      "run.replicate": 2, "replicates": 3}))
+    assert comparable_config(other) == comparable_config(config)
+    assert {k for k in resume_config(other) if resume_config(other)[k] != resume_config(config)[k]} == {
+        "seeds", "run.seed", "run.device", "name", "run.replicate", "replicates"}
+    assert "run.checkpoint.every" not in resume_config(other) and "run.checkpoint.every" not in comparable_config(other)
+    assert "run.optim.lr" in resume_config(config) and "run.optim.lr" in comparable_config(config)
 
 
 def test_a_baseline_config_written_before_a_field_existed_compares_equal():

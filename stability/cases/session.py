@@ -41,10 +41,12 @@ from stability.record import (
     RecordError,
     Status,
     case_name,
+    config_diff,
     name_run,
     note_resumed,
     note_run,
     read_record,
+    resume_config,
     set_checkpoint_dir,
     set_replay_bundles,
     set_tracking,
@@ -55,12 +57,6 @@ from stability.train.checkpoint import Bundles, Checkpoints, load_state
 from stability.train.trainer import ArmHooks
 
 LOCK = ".lock"
-
-
-def comparable(config: dict) -> dict:
-    """A flattened config without the checkpoint settings (changing them never changes a figure)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.flatten(config).items()
-            if not k.startswith("run.checkpoint.")}
 
 
 # ----------------------------------------------------------------------------- resuming
@@ -110,15 +106,14 @@ class Resume:
         return [r for r in self.records if r.get("status") in UNFINISHED]
 
     def check_config(self, config: cfg.ExperimentConfig) -> None:
-        """RecordError unless ``config`` is the one the records were made with (checkpoint settings aside)."""
-        wanted = comparable(cfg.to_dict(config))
+        """RecordError unless ``config`` is the one the records were made with (``resume_config``: how a run is
+        kept, its checkpoint settings, aside)."""
+        wanted = resume_config(cfg.to_dict(config))
         for record in self.records:
-            have = comparable(record["config"])
-            diffs = [f"{k}: run {have.get(k, '<absent>')!r}, command {wanted.get(k, '<absent>')!r}"
-                     for k in sorted(set(have) | set(wanted)) if have.get(k, "<absent>") != wanted.get(k, "<absent>")]
-            if diffs:
+            have = resume_config(record["config"])
+            if have != wanted:
                 raise RecordError(f"resume target {record['_path']!r} belongs to another config "
-                                  f"({'; '.join(diffs[:4])}{' ...' if len(diffs) > 4 else ''}): expected the "
+                                  f"({config_diff(have, wanted, names=('run', 'command'))}): expected the "
                                   f"command's config, or --resume without --preset/--set/--config")
 
     def check_checkpoints(self) -> int:
@@ -158,14 +153,14 @@ def locked_by(run_dir: Path) -> str | None:
 def find_interrupted(root: str | Path, label: str, config: cfg.ExperimentConfig) -> Path | None:
     """The newest run directory under ``root`` made by the same command (``label``) with the same config whose
     records are unfinished and that no process holds: what running the same command again continues."""
-    wanted = comparable(cfg.to_dict(config))
+    wanted = resume_config(cfg.to_dict(config))
     for run_dir in reversed(sessions(root)):
         try:
             resume = Resume.load(run_dir)
         except RecordError:
             continue
         if resume.label == label and resume.unfinished() and all(
-                comparable(r["config"]) == wanted for r in resume.records):
+                resume_config(r["config"]) == wanted for r in resume.records):
             return run_dir
     return None
 
