@@ -58,8 +58,8 @@ def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], lis
     from stability.cases.runs import Unit
     from stability.cases.session import Session
     from stability.config import ExperimentConfig
+    from stability.config.schedules import Standard
     from stability.record import new_case_record
-    from stability.train.schedules import Standard
     from stability.train.trainer import ArmHooks, train
 
     stamps: list[tuple[int, float, float]] = []

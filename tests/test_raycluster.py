@@ -18,13 +18,13 @@ from stability.cases.runs import Unit, check_unique, lr_rung, precision_rung
 from stability.cases.stress import run_case
 from stability.cli import main
 from stability.config import resolve
+from stability.config.schedules import Standard
 from stability.record import Status
-from stability.train.schedules import Standard
 
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 16,
         "data.batch_size": 4, "data.builtin_bytes": 20_000, "probes.every": 5, "probes.eval_batches": 1,
         "probes.probe_batch_size": 2, "steps": 6, "seeds": "0", "stress.sweep_lrs": "0.001,0.1",
-        "stress.shock_step": 3}
+        "stress.shock.at_step": 3}
 
 
 def tiny(**overrides):

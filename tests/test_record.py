@@ -290,9 +290,9 @@ CASE_SETTINGS = {
     "standard": {"quant_schemes": "w8a8-tensor", "extrapolation.factors": "1,2", "extrapolation.eval_batches": 1},
     "lr_sweep": {"stress.sweep_lrs": "1e-3,1e-1"},
     "lr_ramp": {},
-    "batch_ramp": {"stress.batch_double_every": 4, "stress.batch_max_size": 8},
+    "batch_ramp": {"stress.batch.double_every": 4, "stress.batch.max_size": 8},
     "precision_ladder": {"stress.precisions": "fp32,bf16"},
-    "shock": {"stress.shock_step": 6, "stress.recovery_smoothing": 2},
+    "shock": {"stress.shock.at_step": 6, "stress.recovery_smoothing": 2},
 }
 
 

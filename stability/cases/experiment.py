@@ -161,7 +161,7 @@ def run_pair(config: cfg.ExperimentConfig, schedule=None, description: str = "",
 
     ``session``: see ``train_arm``; ``runner``: see ``train_units``. Ctrl-C ends the arm in flight as
     "killed" and raises ``Interrupted`` with the record so far."""
-    from stability.train.schedules import Standard
+    from stability.config.schedules import Standard
 
     schedule = schedule or Standard()
     started = time.perf_counter()

@@ -64,6 +64,7 @@ from stability import config as cfg
 from stability import precision
 from stability.cases.experiment import load_inputs, run_pair, train_units
 from stability.cases.runs import Rung, Unit, lr_rung, precision_rung
+from stability.config.schedules import Standard
 from stability.precision import ao
 from stability.record import (
     Status,
@@ -74,7 +75,6 @@ from stability.record import (
     set_case_result,
     set_corpus,
 )
-from stability.train.schedules import Standard, from_stress
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -274,14 +274,14 @@ def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr
 
 
 def run_lr_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """One LR range test per arm and seed: exponential LR from ``ramp_start_lr`` to ``ramp_end_lr``."""
-    schedule = from_stress("lr_ramp", config)
+    """One LR range test per arm and seed: exponential LR from ``stress.ramp.start_lr`` to ``stress.ramp.end_lr``."""
     stress = config.stress
+    schedule = stress.ramp
     with cpu_threads(stress.threads):
         case = CaseRun("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
-            arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
-        set_case_result(case.record, "lr_ramp", {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
+            arm_record, run.probes.diverge_factor, stress.recovery_smoothing, schedule.end_lr), {}))
+        set_case_result(case.record, "lr_ramp", {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,
                                                  "per_arm": per_arm})
         return case.finish()
 
@@ -303,14 +303,15 @@ def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
 
 
 def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """Batch doubling every ``batch_double_every`` steps up to ``batch_max_size``, LR by ``batch_lr_rule``."""
+    """Batch doubling every ``stress.batch.double_every`` steps up to ``stress.batch.max_size``, LR by
+    ``stress.batch.lr_rule``."""
     stress = config.stress
-    if stress.batch_max_size < config.run.data.batch_size:
-        raise cfg.ConfigError(f"stress.batch_max_size={stress.batch_max_size!r} is invalid: expected at least "
+    schedule = stress.batch
+    if schedule.max_size < config.run.data.batch_size:
+        raise cfg.ConfigError(f"stress.batch.max_size={schedule.max_size!r} is invalid: expected at least "
                               f"data.batch_size={config.run.data.batch_size}")
-    schedule = from_stress("batch_ramp", config)
     with cpu_threads(stress.threads):
-        case = CaseRun("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session,
+        case = CaseRun("batch_ramp", config, f"batch_ramp-{schedule.lr_rule}", schedule.describe(), session,
                      runner)
 
         def figures_of(_run, arm_record):
@@ -320,9 +321,8 @@ def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> d
             return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record)}
 
         per_arm = case.train_each_arm(schedule, figures_of)
-        set_case_result(case.record, "batch_ramp", {"lr_rule": stress.batch_lr_rule,
-                                                    "double_every": stress.batch_double_every,
-                                                    "max_batch_size": stress.batch_max_size, "per_arm": per_arm})
+        set_case_result(case.record, "batch_ramp", {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
+                                                    "max_batch_size": schedule.max_size, "per_arm": per_arm})
         return case.finish()
 
 
@@ -428,19 +428,20 @@ def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoo
 
 
 def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """An LR shock: ``shock_factor`` x the LR from ``shock_step`` on ("jump"), or no warmup ("no_warmup")."""
+    """An LR shock: ``stress.shock.factor`` x the LR from ``stress.shock.at_step`` on ("jump"), or no warmup
+    ("no_warmup")."""
     stress = config.stress
-    schedule = from_stress("shock", config)
+    schedule = stress.shock
     if schedule.shock_step >= config.run.steps:
-        raise cfg.ConfigError(f"stress.shock_step={stress.shock_step!r} is invalid: expected a step below "
+        raise cfg.ConfigError(f"stress.shock.at_step={schedule.at_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
-        case = CaseRun("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session, runner)
+        case = CaseRun("shock", config, f"shock-{schedule.kind}", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
-        set_case_result(case.record, "shock", {"kind": stress.shock_kind, "step": schedule.shock_step,
-                                               "factor": stress.shock_factor, "per_arm": per_arm})
+        set_case_result(case.record, "shock", {"kind": schedule.kind, "step": schedule.shock_step,
+                                               "factor": schedule.factor, "per_arm": per_arm})
         return case.finish()
 
 

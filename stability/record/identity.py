@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from stability.config import flatten
+from stability.config import flat_names, flatten
 from stability.record.schema import CaseRecord
 
 
@@ -66,15 +66,17 @@ def _field_defaults() -> dict:
     """Every config field at its dataclass default, flattened (dotted keys)."""
     from stability.config import ExperimentConfig, to_dict
 
-    return flatten(to_dict(ExperimentConfig()))
+    return flat_names(flatten(to_dict(ExperimentConfig())))
 
 
 def config_view(config: dict, may_differ: tuple[str, ...]) -> dict:
     """The flattened config (dotted keys, sorted, tuples as lists) without the fields about ``may_differ``.
 
     A field the config lacks (a record or baseline written before the field existed) counts as its
-    default: new fields default to the behaviour the code had before them."""
-    flat = {**_field_defaults(), **flatten(config or {})}
+    default: new fields default to the behaviour the code had before them. The stress schedules' settings
+    go by their flat names (``stress.ramp_end_lr`` for ``stress.ramp.end_lr``: ``stability.config.FLAT_NAMES``),
+    the names older records and the committed baselines hold, so that they keep matching."""
+    flat = {**_field_defaults(), **flat_names(flatten(config or {}))}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(flat.items()) if about(k) not in may_differ}
 
 
