@@ -123,7 +123,8 @@ class CaseRun:
     Ctrl-C), the runner (None: train here; see ``stability.cases.experiment.train_units``).
 
     ``CaseRun(kind, config, schedule_name, description, session, runner)``: ``kind`` is the case's name (its
-    registry entry in ``CASES``, what its records say under "stress"); ``train_each_arm`` trains every arm and seed, ``finish()`` returns the record."""
+    registry entry in ``CASES``, what its records say under "stress"); ``train_each_arm`` trains every arm and
+    seed, ``finish()`` returns the record."""
 
     def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
                  session=None, runner=None):
