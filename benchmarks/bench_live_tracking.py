@@ -55,10 +55,11 @@ def migrated_store(folder: Path) -> Path:
 
 def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], list[float]]:
     """Train ``run`` once in ``mode``; (seconds between consecutive non-probe steps, callback seconds)."""
+    from stability.cases.runs import Unit
     from stability.cases.session import Session
     from stability.config import ExperimentConfig
+    from stability.config.schedules import Standard
     from stability.record import new_case_record
-    from stability.train.schedules import Standard
     from stability.train.trainer import ArmHooks, train
 
     stamps: list[tuple[int, float, float]] = []
@@ -72,7 +73,7 @@ def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], lis
         folder = Path(tempfile.mkdtemp(dir=workdir))
         session = Session(folder / "run", tracker=tracker if mode == "live mlflow" else None)
         case = new_case_record(ExperimentConfig(run=run, preset="bench", name="bench"), "standard")
-        hooks = session.arm_hooks(case, run, Standard(), "gated")
+        hooks = session.arm_hooks(case, Unit("standard", "gated", run.seed, run, Standard()))
         if mode == "live mlflow":
             measured = hooks.on_step
 

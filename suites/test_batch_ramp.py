@@ -1,5 +1,5 @@
-"""Batch ramp: the batch size doubles every ``stress.batch_double_every`` steps up to
-``stress.batch_max_size``, the LR scaled by ``stress.batch_lr_rule`` (none, sqrt, linear); spikes,
+"""Batch ramp: the batch size doubles every ``stress.batch.double_every`` steps up to
+``stress.batch.max_size``, the LR scaled by ``stress.batch.lr_rule`` (none, sqrt, linear); spikes,
 divergence and the loss against tokens seen.
 
 Invariants at any scale (suites/conftest.py; the figures are judged by `stability check` after the suites); the paired figures are reported (suites/conftest.py)."""
@@ -12,8 +12,8 @@ import math
 import pytest
 
 from stability.config import RunConfig, from_dict
+from stability.config.schedules import lr_scale, warmup_cosine
 from stability.record import Status
-from stability.train.schedules import lr_scale, warmup_cosine
 
 pytestmark = pytest.mark.stress
 KIND = "batch_ramp"
@@ -30,15 +30,15 @@ class TestInvariants:
         assert_kept(record)
 
     def test_batch_doubles_and_lr_follows_rule(self, record):
-        stress = record["config"]["stress"]
+        ramp = record["config"]["stress"]["batch"]
         run = from_dict(RunConfig, record["config"]["run"])
         base = run.data.batch_size
         for arm in record["arms"]:
             series = arm["series"]
             for step, batch, lr in zip(series["step"], series["batch_size"], series["lr"]):
-                expected = min(stress["batch_max_size"], base * 2 ** (step // stress["batch_double_every"]))
+                expected = min(ramp["max_size"], base * 2 ** (step // ramp["double_every"]))
                 assert batch == expected
-                assert lr == pytest.approx(warmup_cosine(step, run) * lr_scale(stress["batch_lr_rule"],
+                assert lr == pytest.approx(warmup_cosine(step, run) * lr_scale(ramp["lr_rule"],
                                                                                batch / base))
             tokens = [b * run.model.context for b in series["batch_size"]]
             assert series["tokens"][-1] == sum(tokens) == arm["final"]["tokens_seen"]

@@ -20,8 +20,8 @@ import pytest
 from stability.cases.experiment import run_pair
 from stability.cases.pipeline import keep
 from stability.cases.stress import cpu_threads
+from stability.config.schedules import warmup_cosine
 from stability.record import Status, read_record
-from stability.train.schedules import warmup_cosine
 
 pytestmark = pytest.mark.stress
 

@@ -1,5 +1,5 @@
 """LR range test: one run per arm and seed whose LR rises exponentially (no warmup) from
-``stress.ramp_start_lr`` to ``stress.ramp_end_lr`` until the arm diverges; the LR and step at the
+``stress.ramp.start_lr`` to ``stress.ramp.end_lr`` until the arm diverges; the LR and step at the
 onset of divergence and the spikes on the way.
 
 Invariants at any scale (suites/conftest.py; the figures are judged by `stability check` after the suites); the paired figures are reported (suites/conftest.py)."""
@@ -28,12 +28,12 @@ class TestInvariants:
         assert_kept(record)
 
     def test_lr_rises_exponentially(self, record):
-        stress = record["config"]["stress"]
+        ramp = record["config"]["stress"]["ramp"]
         steps = record["config"]["run"]["steps"]
-        ratio = (stress["ramp_end_lr"] / stress["ramp_start_lr"]) ** (1 / max(1, steps - 1))
+        ratio = (ramp["end_lr"] / ramp["start_lr"]) ** (1 / max(1, steps - 1))
         for arm in record["arms"]:
             lrs = arm["series"]["lr"]
-            assert lrs[0] == pytest.approx(stress["ramp_start_lr"])
+            assert lrs[0] == pytest.approx(ramp["start_lr"])
             assert all(b / a == pytest.approx(ratio, rel=1e-9) for a, b in itertools.pairwise(lrs))
 
     def test_ramp_finds_divergence(self, record):

@@ -1,4 +1,4 @@
-"""LR shock: the learning rate jumps by ``stress.shock_factor`` at ``stress.shock_step`` for the rest
+"""LR shock: the learning rate jumps by ``stress.shock.factor`` at ``stress.shock.at_step`` for the rest
 of training ("jump"), or starts at the peak with no warmup ("no_warmup"); the loss excess it causes,
 the spikes and the steps to get back to the pre-shock loss.
 
@@ -12,8 +12,8 @@ import pytest
 
 from stability.cases.stress import run_case
 from stability.config import ExperimentConfig, RunConfig, from_dict
+from stability.config.schedules import Shock, warmup_cosine
 from stability.record import Status, clean
-from stability.train.schedules import Shock, warmup_cosine
 
 pytestmark = pytest.mark.stress
 KIND = "shock"
@@ -30,15 +30,14 @@ class TestInvariants:
         assert_kept(record)
 
     def test_shock_applied_as_configured(self, record):
-        stress = record["config"]["stress"]
         run = from_dict(RunConfig, record["config"]["run"])
-        shock = Shock(stress["shock_kind"], stress["shock_step"], stress["shock_factor"])
+        shock = from_dict(Shock, record["config"]["stress"]["shock"])
         for arm in record["arms"]:
             for step, lr in zip(arm["series"]["step"], arm["series"]["lr"]):
                 assert lr == pytest.approx(shock.lr_at(step, run))
-            if stress["shock_kind"] == "jump" and len(arm["series"]["lr"]) > shock.at_step:
+            if shock.kind == "jump" and len(arm["series"]["lr"]) > shock.at_step:
                 s = shock.at_step
-                assert arm["series"]["lr"][s] == pytest.approx(stress["shock_factor"] * warmup_cosine(s, run))
+                assert arm["series"]["lr"][s] == pytest.approx(shock.factor * warmup_cosine(s, run))
 
     def test_finite_before_shock_and_figures_defined(self, record):
         for arm in record["arms"]:

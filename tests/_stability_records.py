@@ -105,7 +105,7 @@ def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2)
         arms[-1]["stop_reason"] = "interrupted (Ctrl-C)"
     record = {
         "schema_version": SCHEMA_VERSION, "created_at": "2026-01-01T00:00:00+00:00", "name": name,
-        "preset": preset, "schedule": schedule, "stress": "pair", "purpose": purpose,
+        "preset": preset, "schedule": schedule, "stress": "standard", "purpose": purpose,
         "description": "warmup then cosine decay", "status": Status(status).value,
         "git": {"commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main", "dirty": False},
         "env": {"python": "3.11", "torch": "2.13.0+cpu", "triton": "3.6.0", "bitsandbytes": "0.50.2",

@@ -10,14 +10,14 @@ def watching(session, look):
     own per-step work (per-step file, live tracking); returns the session."""
     arm_hooks = session.arm_hooks
 
-    def with_look(case_record, run, schedule, arm):
-        hooks = arm_hooks(case_record, run, schedule, arm)
+    def with_look(case_record, unit):
+        hooks = arm_hooks(case_record, unit)
         if isinstance(hooks, dict):   # finished before the case was interrupted: not trained again
             return hooks
         own = hooks.on_step
 
         def on_step(step, row):
-            look(arm, run.seed, step, row)
+            look(unit.arm, unit.seed, step, row)
             own(step, row)
         return dataclasses.replace(hooks, on_step=on_step)
 

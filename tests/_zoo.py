@@ -79,7 +79,7 @@ ZOO = (
         ("stability/train/step.py", "if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:",
          "if False:"),)),
     Entry("warmup_dropped", True, "the learning-rate warmup is skipped (peak LR from step 0)", (
-        ("stability/train/schedules.py", "if optim.warmup_steps and step < optim.warmup_steps:", "if False:"),)),
+        ("stability/config/schedules.py", "if optim.warmup_steps and step < optim.warmup_steps:", "if False:"),)),
     Entry("residual_init_scale_lost", True, "output projections no longer initialised 1/sqrt(2 n_layers) smaller", (
         ("stability/model/lm.py", "scale = std / math.sqrt(2 * self.config.n_layers) if",
          "scale = std if"),)),

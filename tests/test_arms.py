@@ -243,8 +243,8 @@ def test_every_stress_case_runs_more_than_two_arms():
     from stability.cases.stress import CASES, run_case
 
     config = resolve("smoke", {**TINY, "steps": 4, "arms": "gated,qk_norm", "stress.sweep_lrs": "0.001,0.01",
-                               "stress.precisions": "fp32,bf16", "stress.ladder_steps": 2, "stress.shock_step": 2,
-                               "stress.batch_double_every": 2, "stress.batch_max_size": 8})
+                               "stress.precisions": "fp32,bf16", "stress.ladder_steps": 2, "stress.shock.at_step": 2,
+                               "stress.batch.double_every": 2, "stress.batch.max_size": 8})
     for kind in CASES:
         record = run_case(kind, config)
         assert [a["arm"] for a in record["arms"]] == ["baseline", "gated", "qk_norm"], kind

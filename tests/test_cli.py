@@ -154,6 +154,25 @@ def test_an_extrapolation_longer_than_the_corpus_is_a_clear_error_before_trainin
     assert not list(workdir.glob("reports/runs/*/*.json"))   # nothing trained, nothing recorded
 
 
+def test_run_and_stress_standard_are_one_case(workdir, capsys):
+    """`stability run` trains the stress case "standard" by the path `stability stress standard` takes: the same
+    record (every figure, the case's name), in a run directory labelled by the command."""
+    small = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "steps=4", "--set", "probes.every=2",
+             "--set", "probes.eval_batches=1", "--set", "seeds=0", "--no-track", "--quiet"]
+    assert main(["run", *small, "--out", str(workdir / "run")]) == 0
+    assert main(["stress", "standard", *small, "--out", str(workdir / "stress")]) == 0
+    kept = {}
+    for command in ("run", "stress"):
+        (session,) = (workdir / command).iterdir()
+        assert json.loads((session / "manifest.json").read_text())["label"] == command
+        (path,) = [p for p in session.glob("*.json") if p.name != "manifest.json"]
+        kept[command] = json.loads(path.read_text())
+    assert kept["run"]["stress"] == kept["stress"]["stress"] == "standard"
+    assert [(a["run_name"], a["series"]["loss"], a["final"]) for a in kept["run"]["arms"]] == [
+        (a["run_name"], a["series"]["loss"], a["final"]) for a in kept["stress"]["arms"]]
+    assert kept["run"]["paired"] == kept["stress"]["paired"]
+
+
 def test_overrides_from_a_toml_file(workdir, capsys):
     (workdir / "over.toml").write_text("steps = 4\n[model]\nd_model = 32\nn_heads = 2\n[probes]\nevery = 2\n")
     assert main(["run", "--config", str(workdir / "over.toml"), "--no-track", "--quiet",

@@ -7,10 +7,12 @@ import json
 import pytest
 
 from stability.config import (
+    FLAT_NAMES,
     ConfigError,
     ExperimentConfig,
     GateConfig,
     ModelConfig,
+    flatten,
     from_dict,
     load_overrides,
     resolve,
@@ -74,6 +76,53 @@ def test_overrides_apply_in_any_order_and_a_lasting_error_still_names_its_field(
         resolve("full", {"model.d_model": 64, "model.n_heads": 5})
     with pytest.raises(ConfigError, match=r"^model\.n_heads=4 is invalid: expected a divisor of model\.d_model=66"):
         resolve("full", {"model.n_heads": 4, "model.n_kv_heads": 2, "model.d_model": 66})
+
+
+def test_one_table_says_what_may_differ_when_resuming_and_when_comparing():
+    """FIELDS_ABOUT names real fields; resuming lets only how a run is kept differ, the check also the draw,
+    the device and the names."""
+    from stability.record import FIELDS_ABOUT, comparable_config, resume_config
+
+    config = to_dict(resolve("smoke"))
+    flat = flatten(config)
+    assert all(any(k == field or (field.endswith(".") and k.startswith(field)) for k in flat) for field in FIELDS_ABOUT)
+    other = to_dict(resolve("smoke", {"checkpoint.every": 7, "seeds": "5", "seed": 3, "device": "cuda:1", "name": "x",
+                                      "run.replicate": 2, "replicates": 3}))
+    assert comparable_config(other) == comparable_config(config)
+    assert {k for k in resume_config(other) if resume_config(other)[k] != resume_config(config)[k]} == {
+        "seeds", "run.seed", "run.device", "name", "run.replicate", "replicates"}
+    assert "run.checkpoint.every" not in resume_config(other) and "run.checkpoint.every" not in comparable_config(other)
+    assert "run.optim.lr" in resume_config(config) and "run.optim.lr" in comparable_config(config)
+
+
+def flat_stress(config: dict) -> dict:
+    """``config`` (a dict) with its stress section in the layout records had before the schedules were
+    sub-configs: {"ramp": {"end_lr": 5.0}} -> {"ramp_end_lr": 5.0}."""
+    stress = {k: v for k, v in config["stress"].items() if k not in ("ramp", "batch", "shock")}
+    stress.update({flat: config["stress"][section][name] for flat, (section, name) in FLAT_NAMES.items()})
+    return {**config, "stress": stress}
+
+
+def test_the_stress_schedules_older_flat_names_still_work():
+    """--set stress.shock_step=... (and the other flat names) set the sub-configs; a record's config written with
+    them reads back as the same config and compares equal, by the same fingerprint as the baselines made then."""
+    overrides = {"stress.ramp.start_lr": 1e-3, "stress.ramp.end_lr": 5.0, "stress.batch.double_every": 7,
+                 "stress.batch.max_size": 64, "stress.batch.lr_rule": "linear", "stress.shock.kind": "no_warmup",
+                 "stress.shock.at_step": 9, "stress.shock.factor": 4.0}
+    older = {f"stress.{flat}": overrides[f"stress.{section}.{name}"] for flat, (section, name) in FLAT_NAMES.items()}
+    config = resolve("smoke", overrides)
+    assert resolve("smoke", older) == config and len(older) == len(overrides)
+    with pytest.raises(ConfigError, match=r"^stress\.shock\.at_step=-1 is invalid"):
+        resolve("smoke", {"stress.shock_step": -1})
+    old_record_config = flat_stress(to_dict(config))
+    assert "shock_step" in old_record_config["stress"] and "shock" not in old_record_config["stress"]
+    assert from_dict(ExperimentConfig, old_record_config) == config
+    from stability.record import comparable_config, config_fingerprint, resume_config
+
+    assert config_fingerprint(old_record_config) == config_fingerprint(to_dict(config))
+    assert resume_config(old_record_config) == resume_config(to_dict(config))
+    assert comparable_config(to_dict(config))["stress.shock_step"] == 9   # the names baselines compare by
+    assert config_fingerprint(to_dict(resolve("smoke"))) == "2681045081690ca1"   # reports/baselines/smoke-cpu.json
 
 
 def test_a_baseline_config_written_before_a_field_existed_compares_equal():

@@ -28,6 +28,7 @@ from stability.cases.stress import (
 from stability.check import regression as reg
 from stability.check.claims import claim_rows, claims_table, held_out
 from stability.config import ConfigError, resolve
+from stability.config.schedules import BatchRamp, ExponentialRamp, Shock, Standard, lr_scale, warmup_cosine
 from stability.record import (
     RecordError,
     arm_names,
@@ -57,15 +58,6 @@ from stability.train.quantize import (
     per_linear_damage,
     quant_figures,
     relative_output_error,
-)
-from stability.train.schedules import (
-    BatchRamp,
-    ExponentialRamp,
-    Shock,
-    Standard,
-    from_stress,
-    lr_scale,
-    warmup_cosine,
 )
 
 # ----------------------------------------------------------------------------- the spike detector
@@ -734,7 +726,9 @@ def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case(
     cases = reg.case_values([first, second, replicate(second, 3)])
     assert cases["smoke/standard"]["records"] == ["first", "second", "secondd3"]
     assert sorted(cases["smoke/standard"]["arms"]["gated"]["status"]["1"]) == ["0", "3"]
-    assert cases["smoke/standard"]["steps"] == 60 and cases["smoke/standard"]["stress"] == "pair"
+    assert cases["smoke/standard"]["steps"] == 60 and cases["smoke/standard"]["stress"] == "standard"
+    older = {**first, "stress": "pair"}   # written before the plain pair was called "standard": the same case
+    assert reg.case_values([older])["smoke/standard"]["stress"] == "standard"
     other = {**pair_record(seeds=(2,), steps=31), "id": "third"}
     with pytest.raises(RecordError) as error:
         reg.case_values([first, second, other])
@@ -786,7 +780,7 @@ def test_batch_ramp_by_hand():
     """Batch 8 doubling every 3 steps up to 32: 8, 8, 8, 16, 16, 16, 32 ... The LR is the standard LR
     times the growth (linear), its square root (sqrt) or 1 (none)."""
     run = hand_run()
-    ramp = BatchRamp(double_every=3, max_batch_size=32, lr_rule="linear")
+    ramp = BatchRamp(double_every=3, max_size=32, lr_rule="linear")
     assert [ramp.batch_size_at(s, run) for s in range(10)] == [8, 8, 8, 16, 16, 16, 32, 32, 32, 32]
     assert ramp.lr_at(4, run) == pytest.approx(2 * 1.0) and ramp.lr_at(8, run) == pytest.approx(4 * 0.55)
     assert BatchRamp(3, 32, "sqrt").lr_at(8, run) == pytest.approx(2 * 0.55)
@@ -810,18 +804,23 @@ def test_shock_by_hand():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: ExponentialRamp(0.0, 1.0), ("ExponentialRamp.end_lr=(0.0, 1.0) is invalid: expected 0 < start_lr < "
-                                        "end_lr, both finite")),
-    (lambda: ExponentialRamp(1.0, 1.0), "ExponentialRamp.end_lr=(1.0, 1.0) is invalid"),
-    (lambda: ExponentialRamp(1.0, math.inf), "ExponentialRamp.end_lr=(1.0, inf) is invalid"),
-    (lambda: BatchRamp(double_every=0), "BatchRamp.double_every=0 is invalid: expected a positive integer"),
-    (lambda: BatchRamp(max_batch_size=0), "BatchRamp.max_batch_size=0 is invalid: expected a positive integer"),
-    (lambda: BatchRamp(lr_rule="cube"), ("BatchRamp.lr_rule='cube' is invalid: expected one of ('none', 'linear', "
+    (lambda: ExponentialRamp(0.0, 1.0), "stress.ramp.start_lr=0.0 is invalid: expected a positive finite learning rate"),
+    (lambda: ExponentialRamp(math.inf, math.inf), "stress.ramp.start_lr=inf is invalid"),
+    (lambda: ExponentialRamp(1.0, 1.0), ("stress.ramp.end_lr=1.0 is invalid: expected a finite learning rate above "
+                                        "stress.ramp.start_lr=1.0")),
+    (lambda: ExponentialRamp(1.0, 0.5), "stress.ramp.end_lr=0.5 is invalid"),
+    (lambda: ExponentialRamp(1.0, math.inf), "stress.ramp.end_lr=inf is invalid"),
+    (lambda: BatchRamp(double_every=0), "stress.batch.double_every=0 is invalid: expected a positive integer"),
+    (lambda: BatchRamp(double_every=2.5), "stress.batch.double_every=2.5 is invalid"),
+    (lambda: BatchRamp(max_size=0), "stress.batch.max_size=0 is invalid: expected a positive integer"),
+    (lambda: BatchRamp(max_size=64.0), "stress.batch.max_size=64.0 is invalid"),
+    (lambda: BatchRamp(lr_rule="cube"), ("stress.batch.lr_rule='cube' is invalid: expected one of ('none', 'linear', "
                                         "'sqrt')")),
-    (lambda: Shock(kind="drop"), "Shock.kind='drop' is invalid: expected one of ('jump', 'no_warmup')"),
-    (lambda: Shock(at_step=-1), "Shock.at_step=-1 is invalid: expected a non-negative step"),
-    (lambda: Shock(factor=0.0), "Shock.factor=0.0 is invalid: expected a positive finite factor"),
-    (lambda: Shock(factor=math.inf), "Shock.factor=inf is invalid"),
+    (lambda: Shock(kind="drop"), "stress.shock.kind='drop' is invalid: expected one of ('jump', 'no_warmup')"),
+    (lambda: Shock(at_step=-1), "stress.shock.at_step=-1 is invalid: expected a non-negative step"),
+    (lambda: Shock(at_step=3.0), "stress.shock.at_step=3.0 is invalid"),
+    (lambda: Shock(factor=0.0), "stress.shock.factor=0.0 is invalid: expected a positive finite factor"),
+    (lambda: Shock(factor=math.inf), "stress.shock.factor=inf is invalid"),
     (lambda: lr_scale("cube", 2.0), "lr_rule='cube' is invalid: expected one of ('none', 'linear', 'sqrt')"),
 ])
 def test_schedules_reject_bad_settings_naming_the_field(make, message):
@@ -830,20 +829,20 @@ def test_schedules_reject_bad_settings_naming_the_field(make, message):
 
 
 def test_schedule_settings_at_their_limits_are_valid():
-    assert BatchRamp(double_every=1, max_batch_size=1).double_every == 1
+    assert BatchRamp(double_every=1, max_size=1).double_every == 1
     assert Shock(at_step=0, factor=0.5).lr_at(0, hand_run()) == pytest.approx(0.125)   # an LR drop is a shock too
+    assert ExponentialRamp(1e-300, 2e-300).end_lr == 2e-300   # any positive start below the end
 
 
-def test_from_stress_builds_each_schedule_from_the_stress_settings():
-    config = resolve("smoke", {"stress.ramp_start_lr": 1e-3, "stress.ramp_end_lr": 5.0, "stress.batch_double_every": 7,
-                               "stress.batch_max_size": 64, "stress.batch_lr_rule": "linear",
-                               "stress.shock_kind": "jump", "stress.shock_step": 9, "stress.shock_factor": 4.0})
-    assert from_stress("lr_ramp", config) == ExponentialRamp(1e-3, 5.0)
-    assert from_stress("batch_ramp", config) == BatchRamp(7, 64, "linear")
-    assert from_stress("shock", config) == Shock("jump", 9, 4.0)
-    assert from_stress("standard", config) == Standard()
-    with pytest.raises(ConfigError, match="schedule kind='nope' is unknown"):
-        from_stress("nope", config)
+def test_the_stress_settings_are_the_schedules_the_cases_train_with():
+    """``stress.ramp``, ``stress.batch`` and ``stress.shock`` are the schedules, set by their dotted names."""
+    stress = resolve("smoke", {"stress.ramp.start_lr": 1e-3, "stress.ramp.end_lr": 5.0, "stress.batch.double_every": 7,
+                               "stress.batch.max_size": 64, "stress.batch.lr_rule": "linear",
+                               "stress.shock.kind": "jump", "stress.shock.at_step": 9,
+                               "stress.shock.factor": 4.0}).stress
+    assert stress.ramp == ExponentialRamp(1e-3, 5.0) and stress.ramp.name == "lr_ramp"
+    assert stress.batch == BatchRamp(7, 64, "linear") and stress.batch.name == "batch_ramp"
+    assert stress.shock == Shock("jump", 9, 4.0) and stress.shock.name == "shock" and Standard().name == "standard"
 
 
 # ----------------------------------------------------------------------------- stress-case figures

@@ -17,7 +17,7 @@ import torch
 from _watch import watching
 
 from stability.cases.experiment import Interrupted, run_pair
-from stability.cases.session import Resume, Session
+from stability.cases.session import Resume, Session, find_interrupted
 from stability.cases.steplog import read_steplog
 from stability.cli import main
 from stability.config import resolve
@@ -87,6 +87,27 @@ def test_a_resumed_run_continues_bit_for_bit(interrupted, reference, tmp_path):
     gated = next((run_dir / "steps" / record["id"]).glob("gated-*.jsonl"))
     assert [row["loss"] for row in read_steplog(gated)["steps"]] == reference["arms"][1]["series"]["loss"]
     assert not list(run_dir.glob("checkpoints/**/*.pt"))
+
+
+def test_a_run_interrupted_by_older_code_is_continued(interrupted, reference, tmp_path):
+    """A record written before the plain pair was called "standard" says "pair", and its config holds the stress
+    schedules' settings under their flat names (stress.ramp_end_lr ...): resuming finds it all the same (the same
+    config, record, per-step files and checkpoint) and the record goes on as "standard"."""
+    from test_config import flat_stress
+
+    source, _ = interrupted
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    path = next(run_dir.glob("smoke-standard-*.json"))
+    older = json.loads(path.read_text())
+    path.write_text(json.dumps({**older, "stress": "pair", "config": flat_stress(older["config"])}))
+    resume = Resume.load(run_dir)
+    assert resume.config == tiny()
+    assert find_interrupted(tmp_path, "run", tiny()) == run_dir
+    record = run_pair(tiny(), session=Session(run_dir, resume=resume))
+    assert record["id"] == older["id"] and record["stress"] == "standard"
+    assert record["arms"][1]["timing"]["resumed_at_step"] == 14
+    assert [a["series"]["loss"] for a in record["arms"]] == [a["series"]["loss"] for a in reference["arms"]]
 
 
 @pytest.mark.parametrize("precision", [

@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 16,
         "data.batch_size": 4, "data.builtin_bytes": 20_000, "probes.every": 5, "probes.eval_batches": 1,
-        "probes.probe_batch_size": 2, "steps": 8, "seeds": "0,1", "stress.shock_step": 3}
+        "probes.probe_batch_size": 2, "steps": 8, "seeds": "0,1", "stress.shock.at_step": 3}
 SETS = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}")]
 
 

@@ -14,17 +14,17 @@ from dataclasses import replace
 import pytest
 
 from stability import config as cfg
-from stability.cases.runs import Unit, check_unique
+from stability.cases.runs import Unit, check_unique, lr_rung, precision_rung
 from stability.cases.stress import run_case
 from stability.cli import main
 from stability.config import resolve
+from stability.config.schedules import Standard
 from stability.record import Status
-from stability.train.schedules import Standard
 
 TINY = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 16,
         "data.batch_size": 4, "data.builtin_bytes": 20_000, "probes.every": 5, "probes.eval_batches": 1,
         "probes.probe_batch_size": 2, "steps": 6, "seeds": "0", "stress.sweep_lrs": "0.001,0.1",
-        "stress.shock_step": 3}
+        "stress.shock.at_step": 3}
 
 
 def tiny(**overrides):
@@ -47,17 +47,31 @@ def figures(record: dict) -> str:
 def test_unit_ids_are_stable_and_tell_runs_apart():
     config = tiny()
     run = config.arm_config("gated", 0)
-    unit = Unit("lr_sweep", "gated", 0, run, Standard())
-    again = Unit("lr_sweep", "gated", 0, config.arm_config("gated", 0), Standard())
+
+    def sweep_unit(arm, seed, run):   # as the sweep makes them: the registry entry's rung, the LR
+        return Unit("lr_sweep", arm, seed, run, Standard(), lr_rung(run))
+
+    unit = sweep_unit("gated", 0, run)
+    again = sweep_unit("gated", 0, config.arm_config("gated", 0))
     assert unit.id == again.id and len(unit.id) == 16          # the same run, computed twice
-    other_lr = Unit("lr_sweep", "gated", 0, replace(run, optim=replace(run.optim, lr=0.5)), Standard())
-    others = [other_lr, Unit("lr_sweep", "baseline", 0, config.arm_config("baseline", 0), Standard()),
-              Unit("lr_sweep", "gated", 1, config.arm_config("gated", 1), Standard()),
+    other_lr = sweep_unit("gated", 0, replace(run, optim=replace(run.optim, lr=0.5)))
+    others = [other_lr, sweep_unit("baseline", 0, config.arm_config("baseline", 0)),
+              sweep_unit("gated", 1, config.arm_config("gated", 1)),
               Unit("lr_ramp", "gated", 0, run, Standard())]
     assert len({unit.id, *(u.id for u in others)}) == 5
-    assert other_lr.rung == "lr=0.5" and other_lr.name == "lr_sweep/gated/seed0/lr=0.5"
+    assert other_lr.rung.name == "lr=0.5" and other_lr.name == "lr_sweep/gated/seed0/lr=0.5"
+    assert other_lr.run_name == "gated-seed0-lr0.5" and other_lr.key == f"gated-seed0-lr0.5-{other_lr.fingerprint[:8]}"
     with pytest.raises(ValueError, match=unit.id):
         check_unique([unit, again])
+
+
+def test_the_registry_entry_names_the_runs_of_a_multi_run_case():
+    from stability.cases.stress import CASES
+
+    run = tiny().arm_config("gated", 0)
+    assert CASES["lr_sweep"].rung(run) == lr_rung(run) and CASES["precision_ladder"].rung(run) == precision_rung(run)
+    assert Unit("precision_ladder", "gated", 0, run, Standard(), precision_rung(run)).run_name == "gated-seed0-fp32"
+    assert CASES["shock"].rung is None and Unit("shock", "gated", 0, run, Standard()).run_name == "gated-seed0"
 
 
 @pytest.mark.parametrize("spec, expected", [("auto", {"address": "auto"}), ("local:3", {"num_cpus": 3}),
@@ -106,7 +120,7 @@ def test_a_killed_worker_is_retried_and_its_unit_counted_once(ray_local):
     from stability.cases.ray_runner import RayRunner
 
     config = tiny()
-    victim = Unit("pair", "gated", 0, config.arm_config("gated", 0), Standard()).id
+    victim = Unit("standard", "gated", 0, config.arm_config("gated", 0), Standard()).id
 
     def kill_first_attempt(unit_id, attempt):   # the worker process dies in the middle of its task
         if unit_id == victim and attempt == 1:

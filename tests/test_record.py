@@ -25,6 +25,7 @@ from stability.record import (
     add_event,
     add_figures,
     append_step,
+    case_name,
     finish_case,
     finish_status,
     mark_case_killed,
@@ -289,9 +290,9 @@ CASE_SETTINGS = {
     "standard": {"quant_schemes": "w8a8-tensor", "extrapolation.factors": "1,2", "extrapolation.eval_batches": 1},
     "lr_sweep": {"stress.sweep_lrs": "1e-3,1e-1"},
     "lr_ramp": {},
-    "batch_ramp": {"stress.batch_double_every": 4, "stress.batch_max_size": 8},
+    "batch_ramp": {"stress.batch.double_every": 4, "stress.batch.max_size": 8},
     "precision_ladder": {"stress.precisions": "fp32,bf16"},
-    "shock": {"stress.shock_step": 6, "stress.recovery_smoothing": 2},
+    "shock": {"stress.shock.at_step": 6, "stress.recovery_smoothing": 2},
 }
 
 
@@ -303,8 +304,15 @@ def test_the_record_of_every_stress_case_validates(tmp_path, kind):
     config = resolve("smoke", {**TINY, **CASE_SETTINGS[kind]})
     record = run_recorded(kind, config, tmp_path, track=False, plots=False)
     back = read_record(record["record_path"])
-    assert back["status"] == Status.COMPLETED and back["stress"] == ("pair" if kind == "standard" else kind)
+    assert back["status"] == Status.COMPLETED and back["stress"] == kind
     assert kind == "standard" or kind in back
     assert {r["status"] for r in back["runs"]} <= USABLE and "checkpoint_dir" in back
     if kind == "standard":
         assert all("quant" in arm and "extrapolation" in arm for arm in back["arms"])
+
+
+def test_the_case_of_a_record_is_named_as_stability_stress_names_it():
+    """New records say "standard" for the plain pair; older ones said "pair" (or nothing): the same case."""
+    assert case_name(pair_record()) == "standard" and new_case_record(resolve("smoke"), "standard")["stress"] == "standard"
+    assert case_name({**pair_record(), "stress": "pair"}) == "standard" and case_name({"name": "x"}) == "standard"
+    assert case_name({**pair_record(), "stress": "shock"}) == "shock"

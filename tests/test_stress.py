@@ -9,16 +9,8 @@ import pytest
 from stability.cases.stress import ramp_figures, reference_index, run_case, shock_figures, sweep_figures
 from stability.check.claims import claim_rows, held_out
 from stability.config import ConfigError, resolve
+from stability.config.schedules import BatchRamp, ExponentialRamp, Schedule, Shock, Standard, lr_scale
 from stability.record import Status
-from stability.train.schedules import (
-    BatchRamp,
-    ExponentialRamp,
-    Schedule,
-    Shock,
-    Standard,
-    from_stress,
-    lr_scale,
-)
 
 RUN = resolve("smoke").run  # 60 steps, batch 8, lr 3e-3, warmup 10
 
@@ -38,7 +30,7 @@ def test_exponential_ramp_endpoints():
 
 
 def test_batch_ramp_doubles_to_the_cap_and_scales_lr():
-    ramp = BatchRamp(double_every=10, max_batch_size=32, lr_rule="sqrt")
+    ramp = BatchRamp(double_every=10, max_size=32, lr_rule="sqrt")
     assert [ramp.batch_size_at(s, RUN) for s in (0, 9, 10, 20, 30, 59)] == [8, 8, 16, 32, 32, 32]
     assert ramp.lr_at(25, RUN) == pytest.approx(Standard().lr_at(25, RUN) * 2.0)
     assert lr_scale("linear", 4) == 4 and lr_scale("none", 4) == 1 and lr_scale("sqrt", 4) == 2
@@ -52,12 +44,11 @@ def test_shock_jump_and_no_warmup():
     assert cold.shock_step == 0 and cold.lr_at(0, RUN) == pytest.approx(RUN.optim.lr)
 
 
-def test_from_stress_builds_the_preset_schedules():
-    config = resolve("smoke")
-    assert from_stress("lr_ramp", config).end_lr == config.stress.ramp_end_lr
-    assert from_stress("shock", config).at_step == config.stress.shock_step
-    with pytest.raises(ConfigError, match="'nope'"):
-        from_stress("nope", config)
+def test_the_stress_settings_are_the_schedules():
+    stress = resolve("smoke").stress   # ramp 1e-3 -> 1e4, batch x2 every 20 steps up to 32, x10 shock at step 30
+    assert stress.ramp == ExponentialRamp(1e-3, 1e4) and stress.batch == BatchRamp(20, 32, "sqrt")
+    assert stress.shock == Shock("jump", 30, 10.0)
+    assert all(isinstance(schedule, Schedule) for schedule in (stress.ramp, stress.batch, stress.shock))
 
 
 def test_sweep_figures_follow_wortsman():
@@ -126,7 +117,7 @@ def test_the_case_registry_names_every_case_once_in_order(monkeypatch):
     from stability.cases import stress
 
     assert list(stress.CASES) == ["standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock"]
-    assert stress.CASES["standard"].stress == "pair" and stress.CASES["shock"].stress == "shock"
+    assert all(name == case.name for name, case in stress.CASES.items())
     monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
     with pytest.raises(ValueError, match="registered already"):
         stress.register(stress.StressCase("shock", stress.run_shock))
@@ -146,5 +137,5 @@ def test_stress_config_rejects_bad_values():
     with pytest.raises(ConfigError, match=r"\(0.1, 0.01\)"):
         resolve("smoke", {"stress.sweep_lrs": (0.1, 0.01)})
     with pytest.raises(ConfigError, match="'cube'"):
-        resolve("smoke", {"stress.batch_lr_rule": "cube"})
+        resolve("smoke", {"stress.batch.lr_rule": "cube"})
     assert math.isclose(resolve("smoke", {"stress.sweep_lrs": "1e-3,1e-2"}).stress.sweep_lrs[1], 1e-2)

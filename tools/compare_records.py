@@ -8,8 +8,8 @@ case, config and the command's folder below BEFORE / AFTER), never by their rand
 (``steps/<case id>/<run name>-<fingerprint>.jsonl``) by their run name. Every value below them is
 compared exactly (floats bit for bit, NaN equal to NaN) except the keys that say when, where and how
 fast something ran (``VOLATILE``: times, durations, ids, paths, git, host details) and the keys named
-with ``--ignore`` (left out everywhere, in the configs that match records too: a config field added by
-the change, say). Exit 0 when nothing differs, 1 otherwise; the summary line says how many numbers were
+with ``--ignore`` (left out everywhere, in what matches records too: a config field added by the change,
+say, or a record key whose value changed on purpose). Exit 0 when nothing differs, 1 otherwise; the summary line says how many numbers were
 compared.
 """
 
@@ -85,8 +85,8 @@ def without(value, ignore: set[str]):
 def record_key(root: Path, path: Path, record: dict, ignore: set[str] = frozenset()) -> str:
     command = path.relative_to(root).parts[0]
     config = hashlib.sha256(json.dumps(without(record.get("config"), ignore), sort_keys=True).encode()).hexdigest()[:8]
-    return "/".join(str(x) for x in (command, record.get("name"), record.get("schedule"), record.get("purpose"),
-                                     record.get("stress"), config))
+    fields = [record.get(key) for key in ("name", "schedule", "purpose", "stress") if key not in ignore]
+    return "/".join(str(x) for x in (command, *fields, config))
 
 
 def records(root: Path, ignore: set[str] = frozenset()) -> dict[str, dict]:

@@ -66,12 +66,12 @@ TARGETS = {
     "record": Target("stability/record/summary.py",
                      ("spike_score", "final_figures", "_finite_mean", "usable_value", "arm_names", "paired_summary"),
                      (HAND, "tests/test_probes.py", "tests/test_regression.py")),
-    # every LR and batch-size rule and its settings' checks; not describe() (prose)
-    "schedules": Target("stability/train/schedules.py",
+    # every LR and batch-size rule and its settings' checks (the stress cases' settings); not describe() (prose)
+    "schedules": Target("stability/config/schedules.py",
                         ("warmup_cosine", "Standard.lr_at", "Standard.batch_size_at", "ExponentialRamp.__post_init__",
                          "ExponentialRamp.lr_at", "ExponentialRamp.batch_size_at", "lr_scale",
                          "BatchRamp.__post_init__", "BatchRamp.batch_size_at", "BatchRamp.lr_at", "Shock.__post_init__",
-                         "Shock.shock_step", "Shock.lr_at", "Shock.batch_size_at", "from_stress"),
+                         "Shock.shock_step", "Shock.lr_at", "Shock.batch_size_at"),
                         ("tests/test_stress.py", HAND)),
     "stress": Target("stability/cases/stress.py",
                      ("_finite", "_rolling_min_index", "sweep_figures", "reference_index", "update_before",

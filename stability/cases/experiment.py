@@ -71,17 +71,16 @@ class Interrupted(KeyboardInterrupt):
         self.record = record
 
 
-def train_arm(case_record: dict, config: cfg.ExperimentConfig, run: cfg.RunConfig, schedule, corpus, arm: str,
-              session=None) -> dict:
-    """Train one run of a case (or, in a resumed case, take the finished run from disk) and return its
-    arm record; the ``session`` keeps the case record on disk after it. A killed run ends the case:
+def train_arm(case_record: dict, config: cfg.ExperimentConfig, unit: Unit, corpus, session=None) -> dict:
+    """Train one run of a case (a ``Unit``; or, in a resumed case, take the finished run from disk) and return
+    its arm record; the ``session`` keeps the case record on disk after it. A killed run ends the case:
     it joins ``case_record["arms"]`` and ``Interrupted`` is raised."""
-    hooks = session.arm_hooks(case_record, run, schedule, arm) if session is not None else ArmHooks()
+    hooks = session.arm_hooks(case_record, unit) if session is not None else ArmHooks()
     if isinstance(hooks, dict):  # finished before the case was interrupted
         arm_record = hooks
     else:
-        hooks = dataclasses.replace(hooks, on_trained=after_training(run, config))
-        arm_record = train(run, schedule, corpus=corpus, arm=arm, hooks=hooks)
+        hooks = dataclasses.replace(hooks, on_trained=after_training(unit.run, config))
+        arm_record = train(unit.run, unit.schedule, corpus=corpus, arm=unit.arm, hooks=hooks)
     if session is not None:
         session.arm_done(case_record, arm_record)
     if arm_record["status"] == Status.KILLED or (arm_record["status"] == Status.ERROR
@@ -105,7 +104,7 @@ def train_units(case_record: dict, config: cfg.ExperimentConfig, units: list[Uni
         session.case_units(case_record, units)
     if runner is None:
         for unit in units:
-            yield train_arm(case_record, config, unit.run, unit.schedule, corpus, unit.arm, session)
+            yield train_arm(case_record, config, unit, corpus, session)
         return
     for arm_record in runner.train(case_record, config, units):
         if session is not None:
@@ -162,15 +161,15 @@ def run_pair(config: cfg.ExperimentConfig, schedule=None, description: str = "",
 
     ``session``: see ``train_arm``; ``runner``: see ``train_units``. Ctrl-C ends the arm in flight as
     "killed" and raises ``Interrupted`` with the record so far."""
-    from stability.train.schedules import Standard
+    from stability.config.schedules import Standard
 
     schedule = schedule or Standard()
     started = time.perf_counter()
-    record = new_case_record(config, schedule.name, description or schedule.describe(), stress="pair",
+    record = new_case_record(config, schedule.name, description or schedule.describe(), stress="standard",
                              purpose=purpose)
     corpus = load_inputs(config)
     set_corpus(record, corpus.info)
-    units = [Unit("pair", arm, seed, config.arm_config(arm, seed), schedule)
+    units = [Unit("standard", arm, seed, config.arm_config(arm, seed), schedule)
              for seed in config.seeds for arm in config.arm_names]
     for arm_record in train_units(record, config, units, corpus, session, runner):
         add_arm(record, arm_record)

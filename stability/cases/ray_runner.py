@@ -160,8 +160,6 @@ class RayRunner:
     def train(self, case_record: dict, config: cfg.ExperimentConfig, units: list[Unit]):
         """Send every unit as a task, then yield the arm records in the order of ``units``. The case
         record gains ``ray``: address, resources per task, per unit its id, name and attempts, retries."""
-        from stability.cases.session import run_names
-
         ray = self.connect()
         resources = {"num_gpus": 1} if config.run.device.startswith("cuda") else {"num_cpus": 1}
         task = ray.remote(max_retries=self.max_retries, retry_exceptions=False, **resources)(_task)
@@ -177,8 +175,7 @@ class RayRunner:
             except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as error:
                 raise UnitLost(f"unit {unit.name} ({unit.id}): its worker died {self.max_retries + 1} times "
                                f"(max_retries={self.max_retries}): {error}") from None
-            name, key, _ = run_names(case_record, unit.run, unit.schedule, unit.arm)
-            name_run(arm_record, name, key)   # as a session names a run trained here
+            name_run(arm_record, unit.run_name, unit.key)   # as a session names a run trained here
             results[unit_id] = arm_record       # keyed by id: a unit that ran twice is kept once
             counts = ray.get(attempts.all.remote())
             attempts_of[unit.id] = max(arm_record["unit"]["attempt"], counts.get(unit.id, 1))

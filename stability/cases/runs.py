@@ -1,11 +1,19 @@
-"""Units: the independent training runs a stress case is made of, each with a stable id.
+"""Units: the independent training runs a stress case is made of, each named and keyed here, and only here.
 
 A case (``stability.cases.stress``) is a list of runs: one per seed and arm, times the LRs of a sweep or
-the precisions of a ladder. A ``Unit`` is one of them: the arm, the seed, the whole ``RunConfig``
-it trains (the LR or precision included) and the schedule. Its ``id`` is a hash of the case, the
-arm, the seed, the LR / precision rung and the run's fingerprint (its whole config and schedule),
-so the same run of the same case has the same id in every process and on every machine: a
-runner that trains it twice (a retried task) keeps one result under that id, never two.
+the precisions of a ladder. A ``Unit`` is one of them: the case, the arm, the seed, the whole
+``RunConfig`` it trains (the LR or precision included), the schedule and, in a multi-run case, its
+``Rung`` (what tells it apart from the other runs of its arm and seed; the case's registry entry
+declares it). The unit gives the run every name it is known by:
+
+    unit.fingerprint   16 hex digits of the whole run config and the schedule's name
+    unit.id            16 hex digits of the case, arm, seed, rung and fingerprint: the same run of the
+                       same case has the same id in every process and on every machine, so a runner
+                       that trains it twice (a retried Ray task) keeps one result under that id
+    unit.name          "lr_sweep/gated/seed0/lr=0.01": the unit in a Ray record and in messages
+    unit.run_name      "gated-seed0-lr0.01": the run's MLflow child run (arm, seed, rung)
+    unit.key           "gated-seed0-lr0.01-<fingerprint8>": its per-step file and its checkpoint
+    unit.label         "[lr_sweep] gated-seed0-lr0.01": the run in progress lines
 
 The runs are independent (every run builds its own model and reads its own batches from the seed),
 so a runner may train them in any order and in parallel; the case reads the results back in the
@@ -23,39 +31,72 @@ from stability import config as cfg
 
 
 @dataclasses.dataclass(frozen=True)
+class Rung:
+    """What tells a run apart from the other runs of its arm and seed in a multi-run case.
+
+    name: in the unit's name and id ("lr=0.01", "precision=bf16"). label: in the run's name, after the arm
+    and seed ("lr0.01", "bf16")."""
+
+    name: str
+    label: str
+
+
+def lr_rung(run: cfg.RunConfig) -> Rung:
+    """The rung of a run of a learning-rate sweep: its peak LR."""
+    return Rung(f"lr={run.optim.lr:g}", f"lr{run.optim.lr:g}")
+
+
+def precision_rung(run: cfg.RunConfig) -> Rung:
+    """The rung of a run of a precision ladder: its training format."""
+    return Rung(f"precision={run.precision.dtype}", run.precision.dtype)
+
+
+def run_fingerprint(run: cfg.RunConfig, schedule: str) -> str:
+    """Identity of one run (its whole RunConfig and schedule): a checkpoint resumes only the run it came from."""
+    text = json.dumps({"run": dataclasses.asdict(run), "schedule": schedule}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
 class Unit:
-    """One run of a case. ``case``: the stress kind ("pair" for the plain pair); ``schedule``: a
-    ``stability.train.schedules`` schedule (picklable: plain dataclasses)."""
+    """One run of a case. ``case``: the stress case's name (``stability.cases.stress.CASES``: "standard",
+    "lr_sweep" ...); ``schedule``: a
+    schedule (``stability.config.schedules``; picklable: plain dataclasses); ``rung``: None outside the
+    multi-run cases."""
 
     case: str
     arm: str
     seed: int
     run: cfg.RunConfig
     schedule: object
+    rung: Rung | None = None
 
     @property
-    def rung(self) -> str:
-        """What tells this run apart from the others of its arm and seed ("lr=0.01", "precision=bf16", "")."""
-        if self.case == "lr_sweep":
-            return f"lr={self.run.optim.lr:g}"
-        if self.case == "precision_ladder":
-            return f"precision={self.run.precision.dtype}"
-        return ""
+    def fingerprint(self) -> str:
+        return run_fingerprint(self.run, self.schedule.name)
 
     @property
     def id(self) -> str:
         """16 hex digits, the same for the same run of the same case wherever it is computed."""
-        # imported here: checkpoint imports torch, and the attempts actor of a Ray run imports units without it
-        from stability.train.checkpoint import run_fingerprint
-
-        fingerprint = run_fingerprint(dataclasses.asdict(self.run), self.schedule.name)
-        text = json.dumps({"case": self.case, "arm": self.arm, "seed": self.seed, "rung": self.rung,
-                           "run": fingerprint}, sort_keys=True)
+        text = json.dumps({"case": self.case, "arm": self.arm, "seed": self.seed,
+                           "rung": self.rung.name if self.rung else "", "run": self.fingerprint}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def name(self) -> str:
-        return f"{self.case}/{self.arm}/seed{self.seed}" + (f"/{self.rung}" if self.rung else "")
+        return f"{self.case}/{self.arm}/seed{self.seed}" + (f"/{self.rung.name}" if self.rung else "")
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.arm}-seed{self.seed}" + (f"-{self.rung.label}" if self.rung else "")
+
+    @property
+    def key(self) -> str:
+        return f"{self.run_name}-{self.fingerprint[:8]}"
+
+    @property
+    def label(self) -> str:
+        return f"[{self.case}] {self.run_name}"
 
 
 def check_unique(units: list[Unit]) -> None:

@@ -40,51 +40,23 @@ from stability.record import (
     UNFINISHED,
     RecordError,
     Status,
+    case_name,
+    config_diff,
     name_run,
     note_resumed,
     note_run,
     read_record,
+    resume_config,
     set_checkpoint_dir,
     set_replay_bundles,
     set_tracking,
     write_record,
 )
 from stability.record.rundir import MANIFEST, ensure_run_dir, is_session, sessions
-from stability.train.checkpoint import Bundles, Checkpoints, load_state, run_fingerprint
+from stability.train.checkpoint import Bundles, Checkpoints, load_state
 from stability.train.trainer import ArmHooks
 
 LOCK = ".lock"
-
-
-def run_label(case_record: dict, run: cfg.RunConfig) -> str:
-    """What tells the runs of one arm and seed apart within a case: the LR in a sweep, the precision in a
-    ladder ("" elsewhere)."""
-    stress = case_record.get("stress")
-    if stress == "lr_sweep":
-        return f"-lr{run.optim.lr:g}"
-    if stress == "precision_ladder":
-        return f"-{run.precision.dtype}"
-    return ""
-
-
-def run_names(case_record: dict, run: cfg.RunConfig, schedule, arm: str) -> tuple[str, str, str]:
-    """(name, key, fingerprint) of one run: the name of its MLflow child run (arm, seed, LR or precision),
-    the name of its per-step file and checkpoint (the name and the fingerprint's start), the run's
-    fingerprint (its whole config and schedule)."""
-    fingerprint = run_fingerprint(dataclasses.asdict(run), schedule.name)
-    name = f"{arm}-seed{run.seed}{run_label(case_record, run)}"
-    return name, f"{name}-{fingerprint[:8]}", fingerprint
-
-
-def case_label(case_record: dict) -> str:
-    stress = case_record.get("stress") or "pair"
-    return "standard" if stress == "pair" else stress
-
-
-def comparable(config: dict) -> dict:
-    """A flattened config without the checkpoint settings (changing them never changes a figure)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.flatten(config).items()
-            if not k.startswith("run.checkpoint.")}
 
 
 # ----------------------------------------------------------------------------- resuming
@@ -134,15 +106,14 @@ class Resume:
         return [r for r in self.records if r.get("status") in UNFINISHED]
 
     def check_config(self, config: cfg.ExperimentConfig) -> None:
-        """RecordError unless ``config`` is the one the records were made with (checkpoint settings aside)."""
-        wanted = comparable(cfg.to_dict(config))
+        """RecordError unless ``config`` is the one the records were made with (``resume_config``: how a run is
+        kept, its checkpoint settings, aside)."""
+        wanted = resume_config(cfg.to_dict(config))
         for record in self.records:
-            have = comparable(record["config"])
-            diffs = [f"{k}: run {have.get(k, '<absent>')!r}, command {wanted.get(k, '<absent>')!r}"
-                     for k in sorted(set(have) | set(wanted)) if have.get(k, "<absent>") != wanted.get(k, "<absent>")]
-            if diffs:
+            have = resume_config(record["config"])
+            if have != wanted:
                 raise RecordError(f"resume target {record['_path']!r} belongs to another config "
-                                  f"({'; '.join(diffs[:4])}{' ...' if len(diffs) > 4 else ''}): expected the "
+                                  f"({config_diff(have, wanted, names=('run', 'command'))}): expected the "
                                   f"command's config, or --resume without --preset/--set/--config")
 
     def check_checkpoints(self) -> int:
@@ -159,9 +130,9 @@ class Resume:
         return count
 
     def record_for(self, case_record: dict) -> dict | None:
-        """The interrupted record of the same case (stress kind, name and schedule), if any."""
-        key = (case_record.get("stress"), case_record.get("name"), case_record.get("schedule"))
-        return next((r for r in self.records if (r.get("stress"), r.get("name"), r.get("schedule")) == key), None)
+        """The interrupted record of the same case (stress case, name and schedule), if any."""
+        key = (case_name(case_record), case_record.get("name"), case_record.get("schedule"))
+        return next((r for r in self.records if (case_name(r), r.get("name"), r.get("schedule")) == key), None)
 
 
 def locked_by(run_dir: Path) -> str | None:
@@ -182,14 +153,14 @@ def locked_by(run_dir: Path) -> str | None:
 def find_interrupted(root: str | Path, label: str, config: cfg.ExperimentConfig) -> Path | None:
     """The newest run directory under ``root`` made by the same command (``label``) with the same config whose
     records are unfinished and that no process holds: what running the same command again continues."""
-    wanted = comparable(cfg.to_dict(config))
+    wanted = resume_config(cfg.to_dict(config))
     for run_dir in reversed(sessions(root)):
         try:
             resume = Resume.load(run_dir)
         except RecordError:
             continue
         if resume.label == label and resume.unfinished() and all(
-                comparable(r["config"]) == wanted for r in resume.records):
+                resume_config(r["config"]) == wanted for r in resume.records):
             return run_dir
     return None
 
@@ -226,10 +197,12 @@ class Session:
 
     # ---------------------------------------------------------------- what train_arm calls
 
-    def arm_hooks(self, case_record: dict, run: cfg.RunConfig, schedule, arm: str):
-        """The hooks of one run, or its finished arm record when a resumed case already has it."""
+    def arm_hooks(self, case_record: dict, unit):
+        """The hooks of one run (a ``stability.cases.runs.Unit``: it names the run and keys its files), or its
+        finished arm record when a resumed case already has it."""
         case = self._case(case_record)
-        name, key, fingerprint = run_names(case_record, run, schedule, arm)
+        run, arm, name, key = unit.run, unit.arm, unit.run_name, unit.key
+        label = f"  {unit.label}"
         steps_file = self.run_dir / "steps" / case_record["id"] / f"{key}.jsonl"
         checkpoint_file = self.checkpoint_dir / case_record["id"] / f"{key}.pt"
         resume_state, resume_after = None, None
@@ -237,7 +210,7 @@ class Session:
             if steps_file.is_file():
                 finished = read_steplog(steps_file)["end"]
                 if finished is not None:
-                    self._say(f"  [{case_label(case_record)}] {name}: finished before the interruption "
+                    self._say(f"{label}: finished before the interruption "
                               f"({finished.get('status')}, {len(finished['series']['step'])} steps), taken from "
                               f"{steps_file.name}")
                     self._done_elsewhere(case, finished)
@@ -245,14 +218,13 @@ class Session:
             if checkpoint_file.is_file():
                 resume_state = load_state(checkpoint_file, map_location=run.device)
                 resume_after = resume_state["step"]
-        identity = {"run_key": key, "name": name, "arm": arm, "seed": run.seed, "fingerprint": fingerprint,
-                    "case": case_label(case_record), "case_id": case_record["id"],
-                    "config": dataclasses.asdict(run), "schedule": schedule.name}
+        identity = {"run_key": key, "name": name, "arm": arm, "seed": unit.seed, "fingerprint": unit.fingerprint,
+                    "case": unit.case, "case_id": case_record["id"],
+                    "config": dataclasses.asdict(run), "schedule": unit.schedule.name}
         steplog = StepLog(steps_file, {k: v for k, v in identity.items() if k != "config"}, resume_after)
         checkpoints = Checkpoints(checkpoint_file, run.checkpoint.every, resume_state,
                                   on_saved=lambda _step: steplog.sync())
         tracker = self.tracker
-        label = f"  [{case_label(case_record)}] {name}"
         case["shown"].add(key)
 
         def on_start(record):
@@ -268,7 +240,7 @@ class Session:
         def on_step(step, row):
             steplog.append(row)
             if tracker is not None:
-                tracker.step(case_record, {"arm": arm, "seed": run.seed, "run_name": name}, row)
+                tracker.step(case_record, {"arm": arm, "seed": unit.seed, "run_name": name}, row)
                 self._watch(case_record, name)
             if self.display is not None:
                 self.display.step(step, row)
@@ -327,8 +299,8 @@ class Session:
     def case_units(self, case_record: dict, units: list) -> None:
         """The runs (``stability.cases.runs.Unit``) a case is about to train: the size of its progress bar."""
         case = self._case(case_record)
-        if self.display is not None and not case["units"]:
-            self.display.case_started(f"[{case_label(case_record)}]", sum(unit.run.steps for unit in units))
+        if self.display is not None and not case["units"] and units:
+            self.display.case_started(f"[{units[0].case}]", sum(unit.run.steps for unit in units))
         case["units"] = len(units)
 
     def close(self) -> None:

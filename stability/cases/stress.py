@@ -6,7 +6,7 @@
     run_batch_ramp(config)          batch doubling every N steps, LR scaled by a rule
     run_precision_ladder(config)    the same run in fp32, bf16, fp16 (+GradScaler), fp8, mxfp8, mxfp4
     run_shock(config)               LR jump by a factor mid-run (or no warmup)
-    run_standard(config)            the plain pair at the preset's settings (what `stability run` trains)
+    run_standard(config)            the plain pair at the preset's settings (what `stability run` runs)
 
     run_case(kind, config)          any of the above by name: ``CASES``, the registry of stress cases
                                     (``register(StressCase(name, run))`` adds one)
@@ -63,7 +63,8 @@ import torch
 from stability import config as cfg
 from stability import precision
 from stability.cases.experiment import load_inputs, run_pair, train_units
-from stability.cases.runs import Unit
+from stability.cases.runs import Rung, Unit, lr_rung, precision_rung
+from stability.config.schedules import Standard
 from stability.precision import ao
 from stability.record import (
     Status,
@@ -74,7 +75,6 @@ from stability.record import (
     set_case_result,
     set_corpus,
 )
-from stability.train.schedules import Standard, from_stress
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -122,8 +122,9 @@ class CaseRun:
     timings, the session (``stability.cases.experiment.train_arm``: record on disk after every run, resume,
     Ctrl-C), the runner (None: train here; see ``stability.cases.experiment.train_units``).
 
-    ``CaseRun(kind, config, schedule_name, description, session, runner)``: ``kind`` is what the case's
-    records say under "stress"; ``train_each_arm`` trains every arm and seed, ``finish()`` returns the record."""
+    ``CaseRun(kind, config, schedule_name, description, session, runner)``: ``kind`` is the case's name (its
+    registry entry in ``CASES``, what its records say under "stress"); ``train_each_arm`` trains every arm and
+    seed, ``finish()`` returns the record."""
 
     def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
                  session=None, runner=None):
@@ -138,7 +139,9 @@ class CaseRun:
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
-        return Unit(self.kind, arm, seed, run, schedule)
+        """One run of the case, its rung as the case's registry entry declares it."""
+        entry = CASES.get(self.kind)
+        return Unit(self.kind, arm, seed, run, schedule, entry.rung(run) if entry and entry.rung else None)
 
     def train_units(self, units: list[Unit]):
         """Yield the arm record of each unit, in order (trained here or by the runner)."""
@@ -272,14 +275,14 @@ def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr
 
 
 def run_lr_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """One LR range test per arm and seed: exponential LR from ``ramp_start_lr`` to ``ramp_end_lr``."""
-    schedule = from_stress("lr_ramp", config)
+    """One LR range test per arm and seed: exponential LR from ``stress.ramp.start_lr`` to ``stress.ramp.end_lr``."""
     stress = config.stress
+    schedule = stress.ramp
     with cpu_threads(stress.threads):
         case = CaseRun("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
-            arm_record, run.probes.diverge_factor, stress.recovery_smoothing, stress.ramp_end_lr), {}))
-        set_case_result(case.record, "lr_ramp", {"start_lr": stress.ramp_start_lr, "end_lr": stress.ramp_end_lr,
+            arm_record, run.probes.diverge_factor, stress.recovery_smoothing, schedule.end_lr), {}))
+        set_case_result(case.record, "lr_ramp", {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,
                                                  "per_arm": per_arm})
         return case.finish()
 
@@ -301,14 +304,15 @@ def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
 
 
 def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """Batch doubling every ``batch_double_every`` steps up to ``batch_max_size``, LR by ``batch_lr_rule``."""
+    """Batch doubling every ``stress.batch.double_every`` steps up to ``stress.batch.max_size``, LR by
+    ``stress.batch.lr_rule``."""
     stress = config.stress
-    if stress.batch_max_size < config.run.data.batch_size:
-        raise cfg.ConfigError(f"stress.batch_max_size={stress.batch_max_size!r} is invalid: expected at least "
+    schedule = stress.batch
+    if schedule.max_size < config.run.data.batch_size:
+        raise cfg.ConfigError(f"stress.batch.max_size={schedule.max_size!r} is invalid: expected at least "
                               f"data.batch_size={config.run.data.batch_size}")
-    schedule = from_stress("batch_ramp", config)
     with cpu_threads(stress.threads):
-        case = CaseRun("batch_ramp", config, f"batch_ramp-{stress.batch_lr_rule}", schedule.describe(), session,
+        case = CaseRun("batch_ramp", config, f"batch_ramp-{schedule.lr_rule}", schedule.describe(), session,
                      runner)
 
         def figures_of(_run, arm_record):
@@ -318,9 +322,8 @@ def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> d
             return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record)}
 
         per_arm = case.train_each_arm(schedule, figures_of)
-        set_case_result(case.record, "batch_ramp", {"lr_rule": stress.batch_lr_rule,
-                                                    "double_every": stress.batch_double_every,
-                                                    "max_batch_size": stress.batch_max_size, "per_arm": per_arm})
+        set_case_result(case.record, "batch_ramp", {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
+                                                    "max_batch_size": schedule.max_size, "per_arm": per_arm})
         return case.finish()
 
 
@@ -426,26 +429,28 @@ def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoo
 
 
 def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """An LR shock: ``shock_factor`` x the LR from ``shock_step`` on ("jump"), or no warmup ("no_warmup")."""
+    """An LR shock: ``stress.shock.factor`` x the LR from ``stress.shock.at_step`` on ("jump"), or no warmup
+    ("no_warmup")."""
     stress = config.stress
-    schedule = from_stress("shock", config)
+    schedule = stress.shock
     if schedule.shock_step >= config.run.steps:
-        raise cfg.ConfigError(f"stress.shock_step={stress.shock_step!r} is invalid: expected a step below "
+        raise cfg.ConfigError(f"stress.shock.at_step={schedule.at_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
-        case = CaseRun("shock", config, f"shock-{stress.shock_kind}", schedule.describe(), session, runner)
+        case = CaseRun("shock", config, f"shock-{schedule.kind}", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
-        set_case_result(case.record, "shock", {"kind": stress.shock_kind, "step": schedule.shock_step,
-                                               "factor": stress.shock_factor, "per_arm": per_arm})
+        set_case_result(case.record, "shock", {"kind": schedule.kind, "step": schedule.shock_step,
+                                               "factor": schedule.factor, "per_arm": per_arm})
         return case.finish()
 
 
 # ----------------------------------------------------------------------------- the plain pair
 
 def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """The plain pair (every arm of the config) at the preset's settings (``stability run`` trains the same)."""
+    """The plain pair (every arm of the config) at the preset's settings: what ``stability run`` and
+    ``stability stress standard`` run."""
     with cpu_threads(config.stress.threads):
         return run_pair(config, session=session, runner=runner)
 
@@ -456,26 +461,22 @@ def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dic
 class StressCase:
     """A stress case: ``run(config, session=None, runner=None)`` trains it and returns its case record.
 
-    name: what ``stability stress NAME`` calls it. records_as: what its records say under "stress" (the
-    plain pair's say "pair", whoever trains it); "" means ``name``."""
+    name: what ``stability stress NAME`` calls it. rung: for a case of several runs per arm and seed, what
+    tells them apart (``rung(run) -> stability.cases.runs.Rung``: it names the runs and keys their files);
+    None for one run per arm and seed. Its records say ``name`` under "stress"."""
 
     name: str
     run: Callable[..., dict]
-    records_as: str = ""
-
-    @property
-    def stress(self) -> str:
-        """The "stress" value of this case's records."""
-        return self.records_as or self.name
+    rung: Callable[[cfg.RunConfig], Rung] | None = None
 
 
 # every stress case, in the order `stability stress` runs them; ``register`` adds one
 CASES: dict[str, StressCase] = {case.name: case for case in (
-    StressCase("standard", run_standard, records_as="pair"),
-    StressCase("lr_sweep", run_sweep),
+    StressCase("standard", run_standard),
+    StressCase("lr_sweep", run_sweep, rung=lr_rung),
     StressCase("lr_ramp", run_lr_ramp),
     StressCase("batch_ramp", run_batch_ramp),
-    StressCase("precision_ladder", run_precision_ladder),
+    StressCase("precision_ladder", run_precision_ladder, rung=precision_rung),
     StressCase("shock", run_shock),
 )}
 

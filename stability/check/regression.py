@@ -57,6 +57,7 @@ from stability.record import (
     Status,
     arm_names,
     case_key,
+    case_name,
     comparable_config,
     config_diff,
     config_fingerprint,
@@ -150,7 +151,7 @@ def case_values(records: list[dict]) -> dict[str, dict]:
         if record.get("stress") == "precision_ladder":
             steps = (record["config"].get("stress") or {}).get("ladder_steps") or steps
         case = cases.setdefault(key, {"name": record["name"], "schedule": record["schedule"],
-                                      "stress": record.get("stress"), "steps": steps, "fingerprint": fingerprint,
+                                      "stress": case_name(record), "steps": steps, "fingerprint": fingerprint,
                                       "config": comparable_config(record["config"]), "records": [], "arms": {}})
         if case["fingerprint"] != fingerprint:
             raise RecordError(f"{where(record, index)}: case {key} appears with two different configs among the "

@@ -1,4 +1,5 @@
-"""``stability run`` (train the baseline and its treatment arms) and ``stability presets``."""
+"""``stability run`` (train the baseline and its treatment arms: the stress case "standard", through the same
+path as ``stability stress standard``, with its own messages and tables) and ``stability presets``."""
 
 from __future__ import annotations
 
@@ -42,10 +43,10 @@ def cmd_run(args) -> int:
     from stability.train import distributed
 
     if distributed.launched() > 1:   # started by torchrun: one arm across the processes
-        from stability.cases.experiment import run_pair
+        from stability.cases.stress import run_case
 
         return under_torchrun(args, "run", lambda config, run_dir: train_and_keep(args, config, run_dir, None, None),
-                              run_pair)
+                              lambda config: run_case("standard", config))
     config, run_dir, resume, checkpoint_dir = resolve_session(args, "run")
     return train_and_keep(args, config, run_dir, resume, checkpoint_dir)
 
@@ -99,10 +100,10 @@ def under_torchrun(args, label: str, lead, follow) -> int:
 
 
 def train_and_keep(args, config, run_dir, resume, checkpoint_dir) -> int:
-    """Train the arms of ``config`` in a session on ``run_dir``, keep the record, print the tables."""
-    from stability.cases.experiment import Interrupted, run_pair
-    from stability.cases.pipeline import keep, stopped_record
-    from stability.cases.stress import cpu_threads
+    """Train the arms of ``config`` (the stress case "standard", as ``stability stress standard``) in a session
+    on ``run_dir``, keep the record, print the tables."""
+    from stability.cases.experiment import Interrupted
+    from stability.cases.pipeline import run_recorded
 
     steps = config.run.steps
     arms = ", ".join(f"{name} ({config.arm_config(name, 0).variant})" for name in config.arm_names)
@@ -117,21 +118,13 @@ def train_and_keep(args, config, run_dir, resume, checkpoint_dir) -> int:
                                           if resume else ""), flush=True)
     session = make_session(args, "run", run_dir, checkpoint_dir, resume)
     try:
-        try:
-            with cpu_threads(config.stress.threads):  # the threads of the "standard" stress case: the same figures
-                record = run_pair(config, session=session)
-        except KeyboardInterrupt as stop:
-            record = stopped_record(stop, session)
-            if record is None:
-                raise
-            keep(record, run_dir, args.tracking_uri, args.experiment, track=not args.no_track, plots=False,
-                 session=session)
-            print(f"interrupted: the record so far is {record['record_path']}; continue with "
-                  f"`stability run --resume {run_dir}`", file=sys.stderr)
-            print_tracking(record)
-            raise Interrupted(record) from None
-        keep(record, run_dir, args.tracking_uri, args.experiment, track=not args.no_track, plots=False,
-             session=session)
+        record = run_recorded("standard", config, run_dir, args.tracking_uri, args.experiment,
+                              track=not args.no_track, plots=False, session=session)
+    except Interrupted as stop:
+        print(f"interrupted: the record so far is {stop.record['record_path']}; continue with "
+              f"`stability run --resume {run_dir}`", file=sys.stderr)
+        print_tracking(stop.record)
+        raise
     finally:
         session.close()
     print(f"record: {record['record_path']}")

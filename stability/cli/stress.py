@@ -6,7 +6,7 @@ import sys
 
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_session
-from stability.record import UNFINISHED, Status
+from stability.record import UNFINISHED, Status, case_name
 from stability.report.tables import ladder_table, paired_table, quant_table
 
 
@@ -51,7 +51,6 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
     each record, print the tables; the records."""
     from stability.cases.experiment import Interrupted
     from stability.cases.pipeline import run_recorded
-    from stability.cases.stress import CASES
     from stability.cli.run import make_session, print_tracking
 
     print(f"run directory: {run_dir}" + (" (continuing an interrupted run; --fresh starts a new one)"
@@ -60,7 +59,7 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
     records = []
     try:
         for kind in kinds:
-            done = next((r for r in (resume.records if resume else []) if r.get("stress") in (kind, CASES[kind].stress)
+            done = next((r for r in (resume.records if resume else []) if case_name(r) == kind
                          and r.get("status") not in UNFINISHED), None)
             if done is not None:
                 print(f"stability stress {kind}: done before the interruption ({done['_path']})", flush=True)

@@ -6,6 +6,8 @@ naming the field, the value and what was expected, before any training starts. T
     errors.py      ConfigError and the checks the configs use
     run.py         one arm's run: GateConfig, ModelConfig, DataConfig, OptimConfig, PrecisionConfig,
                    ProbeConfig, FaultConfig, DistributedConfig, CheckpointConfig, RunConfig
+    schedules.py   the per-step schedules (Standard, ExponentialRamp, BatchRamp, Shock): the LR and batch size
+                   at each step; the stress cases' schedules are also their settings (StressConfig.ramp ...)
     stress.py      StressConfig, the settings of the stress cases
     arms.py        ArmConfig, the named arms (NAMED_ARMS) and arm sets (ARM_SETS)
     experiment.py  ExperimentConfig (the run, its arms, seeds ...) and ExtrapolationConfig
@@ -69,15 +71,27 @@ from stability.config.run import (
     ProbeConfig,
     RunConfig,
 )
-from stability.config.stress import LADDER, LR_SCALING_RULES, SHOCK_KINDS, StressConfig
+from stability.config.schedules import (
+    LR_SCALING_RULES,
+    SHOCK_KINDS,
+    BatchRamp,
+    ExponentialRamp,
+    Schedule,
+    Shock,
+    Standard,
+    lr_scale,
+    warmup_cosine,
+)
+from stability.config.stress import FLAT_NAMES, LADDER, StressConfig, flat_names, nested_names
 
 __all__ = [
-    "ARM_NAME", "ARM_SETS", "BACKENDS", "BASELINE_ARM", "DISTRIBUTED_STRATEGIES", "FAULT_KINDS", "FP8_RECIPES",
-    "FP8_SCALINGS", "GATE_ACTIVATIONS", "GATE_ALIASES", "GATE_GRANULARITIES", "GATE_MODES", "GATE_POSITIONS",
-    "HF_CONFIGS", "INITS", "LADDER", "LR_SCALING_RULES", "LR_SCHEDULES", "MODEL_FAMILIES", "MODEL_SOURCES",
-    "NAMED_ARMS", "OPTIMIZERS", "PAPER_GATE", "PRESETS", "ROPE_SCALINGS", "SHOCK_KINDS", "SOFTCAP", "Z_LOSS",
-    "ArmConfig", "CheckpointConfig", "ConfigError", "DataConfig", "DistributedConfig", "ExperimentConfig",
-    "ExtrapolationConfig", "FaultConfig", "GateConfig", "ModelConfig", "OptimConfig", "PrecisionConfig",
-    "ProbeConfig", "RunConfig", "StressConfig", "check", "check_strength", "flatten", "from_dict", "is_number",
-    "load_overrides", "override", "positive_finite", "preset", "resolve", "select_arms", "to_dict",
+    "ARM_NAME", "ARM_SETS", "BACKENDS", "BASELINE_ARM", "DISTRIBUTED_STRATEGIES", "FAULT_KINDS", "FLAT_NAMES",
+    "FP8_RECIPES", "FP8_SCALINGS", "GATE_ACTIVATIONS", "GATE_ALIASES", "GATE_GRANULARITIES", "GATE_MODES",
+    "GATE_POSITIONS", "HF_CONFIGS", "INITS", "LADDER", "LR_SCALING_RULES", "LR_SCHEDULES", "MODEL_FAMILIES",
+    "MODEL_SOURCES", "NAMED_ARMS", "OPTIMIZERS", "PAPER_GATE", "PRESETS", "ROPE_SCALINGS", "SHOCK_KINDS", "SOFTCAP",
+    "Z_LOSS", "ArmConfig", "BatchRamp", "CheckpointConfig", "ConfigError", "DataConfig", "DistributedConfig",
+    "ExperimentConfig", "ExponentialRamp", "ExtrapolationConfig", "FaultConfig", "GateConfig", "ModelConfig",
+    "OptimConfig", "PrecisionConfig", "ProbeConfig", "RunConfig", "Schedule", "Shock", "Standard", "StressConfig",
+    "check", "check_strength", "flat_names", "flatten", "from_dict", "is_number", "load_overrides", "lr_scale",
+    "nested_names", "override", "positive_finite", "preset", "resolve", "select_arms", "to_dict", "warmup_cosine"
 ]

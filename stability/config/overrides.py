@@ -3,7 +3,9 @@ configs to and from plain dicts (the record).
 
 ``resolve(preset, overrides)`` builds a full ``ExperimentConfig`` from a preset name plus dotted
 overrides such as ``{"model.d_model": 256}``; ``arms=gated,gated_floored`` selects arms by name
-(``select_arms``) and ``arms.<name>.<field>=VALUE`` defines or changes one.
+(``select_arms``) and ``arms.<name>.<field>=VALUE`` defines or changes one. Two older spellings are still
+accepted: ``gated_gate.X`` (``arms.gated.gate.X``, ``GATE_ALIASES``) and the stress schedules' flat names
+(``stress.shock_step`` is ``stress.shock.at_step``: ``stability.config.stress.FLAT_NAMES``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from stability.config.arms import ARM_SETS, BASELINE_ARM, NAMED_ARMS, ArmConfig
 from stability.config.errors import ConfigError
 from stability.config.experiment import ExperimentConfig
 from stability.config.presets import preset
+from stability.config.stress import FLAT_NAMES, StressConfig, nested_names
 
 
 def select_arms(config: ExperimentConfig, value: Any, custom: tuple[str, ...] = ()) -> ExperimentConfig:
@@ -122,6 +125,8 @@ def override(config: Any, dotted: str, value: Any, _prefix: str = "") -> Any:
             return select_arms(config, value)
         if head == "arms":
             return _override_arm(config, dotted, value)
+    if isinstance(config, StressConfig) and dotted in FLAT_NAMES:   # stress.ramp_end_lr is stress.ramp.end_lr
+        return override(config, ".".join(FLAT_NAMES[dotted]), value, _prefix)
     names = {f.name for f in fields(config)}
     if head not in names and "run" in names:
         return override(config, "run." + dotted, value, _prefix)
@@ -237,7 +242,10 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:
-    """Rebuild a config dataclass from ``to_dict`` output (nested dataclasses and tuples)."""
+    """Rebuild a config dataclass from ``to_dict`` output (nested dataclasses and tuples; an older record's stress
+    section with the schedules' flat names too)."""
+    if cls is StressConfig:
+        data = nested_names(data)
     hints = get_type_hints(cls)
     kwargs = {}
     for f in fields(cls):

@@ -14,6 +14,7 @@ from stability.config.run import (
     ProbeConfig,
     RunConfig,
 )
+from stability.config.schedules import BatchRamp, ExponentialRamp, Shock
 from stability.config.stress import StressConfig
 
 
@@ -32,8 +33,8 @@ def _smoke() -> ExperimentConfig:
         seeds=(0, 1, 2),  # the fewest a regression baseline takes (its noise comes from the seed spread)
         # decade grid around the reference LR 3e-3 up to one that diverges; a ramp that crosses
         # LR 1 a third of the way before the end; two batch doublings; a x10 jump at mid-run
-        stress=StressConfig(sweep_lrs=(3e-4, 3e-3, 3e-2, 3e-1, 3.0), ramp_start_lr=1e-3, ramp_end_lr=1e4,
-                            batch_double_every=20, batch_max_size=32, shock_step=30, shock_factor=10.0,
+        stress=StressConfig(sweep_lrs=(3e-4, 3e-3, 3e-2, 3e-1, 3.0), ramp=ExponentialRamp(1e-3, 1e4),
+                            batch=BatchRamp(double_every=20, max_size=32), shock=Shock(at_step=30, factor=10.0),
                             ladder_steps=20, threads=1),
     )
 
@@ -60,8 +61,8 @@ def _ci() -> ExperimentConfig:
         seeds=(0, 1, 2),  # three seeds: intervals over seeds, and what a regression baseline needs
         # half-decade grid from the reference LR to one that diverges; LR 1 crossed at ~40% of the
         # ramp; two batch doublings; a x10 jump at mid-run
-        stress=StressConfig(sweep_lrs=(1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0), ramp_start_lr=1e-3, ramp_end_lr=1e4,
-                            batch_double_every=100, batch_max_size=32, shock_step=150, shock_factor=10.0,
+        stress=StressConfig(sweep_lrs=(1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0), ramp=ExponentialRamp(1e-3, 1e4),
+                            batch=BatchRamp(double_every=100, max_size=32), shock=Shock(at_step=150, factor=10.0),
                             precisions=("fp32", "bf16", "fp16", "fp8", "mxfp4"), ladder_steps=150, threads=1),
     )
 
@@ -85,9 +86,9 @@ def _full() -> ExperimentConfig:
         ),
         seeds=(0, 1, 2),
         # Wortsman et al.'s grid plus 1.0; the ramp crosses 1e-2 at mid-run; batch 32 -> 128
-        stress=StressConfig(sweep_lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0), ramp_start_lr=1e-5,
-                            ramp_end_lr=10.0, batch_double_every=1000, batch_max_size=128, shock_step=2500,
-                            shock_factor=10.0, threads=0),
+        stress=StressConfig(sweep_lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
+                            ramp=ExponentialRamp(1e-5, 10.0), batch=BatchRamp(double_every=1000, max_size=128),
+                            shock=Shock(at_step=2500, factor=10.0), threads=0),
     )
 
 

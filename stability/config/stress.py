@@ -1,46 +1,69 @@
-"""``StressConfig``: the settings of the stress cases (``stability.cases.stress``) and their schedules."""
+"""``StressConfig``: the settings of the stress cases (``stability.cases.stress``); the settings of the
+lr_ramp, batch_ramp and shock cases are their schedules themselves (``stability.config.schedules``)."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stability.config.errors import check
+from stability.config.schedules import BatchRamp, ExponentialRamp, Shock
 
-LR_SCALING_RULES = ("none", "linear", "sqrt")
-SHOCK_KINDS = ("jump", "no_warmup")
 # the precision ladder's rungs unless stress.precisions says otherwise: every training format the harness
 # ships (stability.precision.FORMATS), fp32 first
 LADDER = ("fp32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4")
 
+# The schedules' settings by the flat names they had before they were sub-configs (stress.ramp_end_lr is
+# stress.ramp.end_lr): still accepted in overrides and read in older records' configs, and the names
+# the merge check compares configs by (so baselines made with them keep matching).
+FLAT_NAMES = {
+    "ramp_start_lr": ("ramp", "start_lr"), "ramp_end_lr": ("ramp", "end_lr"),
+    "batch_double_every": ("batch", "double_every"), "batch_max_size": ("batch", "max_size"),
+    "batch_lr_rule": ("batch", "lr_rule"),
+    "shock_kind": ("shock", "kind"), "shock_step": ("shock", "at_step"), "shock_factor": ("shock", "factor"),
+}
+
+
+def nested_names(stress: dict) -> dict:
+    """A stress section of a config dict (an older record's, a file's) with its flat names moved into the
+    sub-configs: {"ramp_end_lr": 5.0} -> {"ramp": {"end_lr": 5.0}}."""
+    out = {k: v for k, v in stress.items() if k not in FLAT_NAMES}
+    for flat, (section, name) in FLAT_NAMES.items():
+        if flat in stress:
+            out[section] = {**(out.get(section) or {}), name: stress[flat]}
+    return out
+
+
+def flat_names(config: dict) -> dict:
+    """A flattened config (dotted keys) with the schedules' settings under their flat names:
+    "stress.ramp.end_lr" -> "stress.ramp_end_lr"."""
+    dotted = {f"stress.{section}.{name}": f"stress.{flat}" for flat, (section, name) in FLAT_NAMES.items()}
+    return {dotted.get(k, k): v for k, v in config.items()}
+
 
 @dataclass(frozen=True)
 class StressConfig:
-    """Settings of the stress cases (``stability.cases.stress``) and their schedules (``stability.train.schedules``).
+    """Settings of the stress cases (``stability.cases.stress``).
 
     sweep_lrs: peak LRs of the learning-rate sweep, increasing (a log grid; Wortsman et al. 2023 use
-        3e-4 ... 3e-1). ramp_start_lr / ramp_end_lr: the LR range test rises exponentially from start to
-        end over ``run.steps`` (no warmup) until the arm diverges. batch_double_every / batch_max_size /
-        batch_lr_rule: the batch ramp doubles the batch every N steps up to the cap and scales the LR by
-        the batch growth ("none"), its square root ("sqrt") or linearly ("linear"). shock_kind "jump"
-        multiplies the LR by ``shock_factor`` from ``shock_step`` to the end; "no_warmup" starts at the
-        peak LR with no warmup (shock at step 0). recovery_smoothing: steps of the rolling mean used to
-        decide that the loss is back to its pre-shock level. precisions: the rungs of the precision
-        ladder, fp32 first, each a training format of ``stability.precision.FORMATS`` (the gaps are measured against it). ladder_steps: steps of each rung (0: the
-        run's ``steps``; fewer keep a CPU ladder affordable). threads: CPU intra-op threads while a
-        stress case runs (fixed so CPU figures are reproducible; 0 leaves torch's setting alone).
+        3e-4 ... 3e-1). ramp: the LR range test (``ExponentialRamp``: the LR rises exponentially from
+        ``start_lr`` to ``end_lr`` over ``run.steps``, no warmup, until the arm diverges). batch: the batch
+        ramp (``BatchRamp``: the batch doubles every ``double_every`` steps up to ``max_size`` and the LR is
+        scaled by the batch growth ("linear"), its square root ("sqrt") or not at all ("none")). shock:
+        the LR shock (``Shock``: "jump" multiplies the LR by ``factor`` from ``at_step`` to the end;
+        "no_warmup" starts at the peak LR with no warmup, shock at step 0). recovery_smoothing: steps of
+        the rolling mean used to decide that the loss is back to its pre-shock level (and the ramp's best
+        LR). precisions: the rungs of the precision ladder, fp32 first, each a training format of
+        ``stability.precision.FORMATS`` (the gaps are measured against it). ladder_steps: steps of each
+        rung (0: the run's ``steps``; fewer keep a CPU ladder affordable). threads: CPU intra-op threads
+        while a stress case runs (fixed so CPU figures are reproducible; 0 leaves torch's setting alone).
     """
 
     sweep_lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
-    ramp_start_lr: float = 1e-4
-    ramp_end_lr: float = 10.0
-    batch_double_every: int = 50
-    batch_max_size: int = 256
-    batch_lr_rule: str = "sqrt"
-    shock_kind: str = "jump"
-    shock_step: int = 100
-    shock_factor: float = 10.0
+    ramp: ExponentialRamp = field(default_factory=ExponentialRamp)
+    batch: BatchRamp = field(default_factory=BatchRamp)
+    shock: Shock = field(default_factory=Shock)
     recovery_smoothing: int = 5
     precisions: tuple[str, ...] = LADDER
     ladder_steps: int = 0
@@ -51,23 +74,6 @@ class StressConfig:
         check(len(lrs) > 0 and all(isinstance(v, (int, float)) and 0 < v and math.isfinite(v) for v in lrs)
               and all(a < b for a, b in itertools.pairwise(lrs)), "stress.sweep_lrs", lrs,
               "a non-empty, strictly increasing tuple of positive finite learning rates")
-        check(isinstance(self.ramp_start_lr, (int, float)) and 0 < self.ramp_start_lr, "stress.ramp_start_lr",
-              self.ramp_start_lr, "a positive learning rate")
-        check(isinstance(self.ramp_end_lr, (int, float)) and self.ramp_start_lr < self.ramp_end_lr
-              and math.isfinite(self.ramp_end_lr), "stress.ramp_end_lr", self.ramp_end_lr,
-              f"a finite learning rate above stress.ramp_start_lr={self.ramp_start_lr!r}")
-        check(isinstance(self.batch_double_every, int) and self.batch_double_every > 0,
-              "stress.batch_double_every", self.batch_double_every, "a positive integer")
-        check(isinstance(self.batch_max_size, int) and self.batch_max_size > 0, "stress.batch_max_size",
-              self.batch_max_size, "a positive integer")
-        check(self.batch_lr_rule in LR_SCALING_RULES, "stress.batch_lr_rule", self.batch_lr_rule,
-              f"one of {LR_SCALING_RULES}")
-        check(self.shock_kind in SHOCK_KINDS, "stress.shock_kind", self.shock_kind, f"one of {SHOCK_KINDS}")
-        check(isinstance(self.shock_step, int) and self.shock_step >= 0, "stress.shock_step", self.shock_step,
-              "a non-negative integer")
-        check(isinstance(self.shock_factor, (int, float)) and 0 < self.shock_factor
-              and math.isfinite(self.shock_factor), "stress.shock_factor", self.shock_factor,
-              "a positive finite factor")
         check(isinstance(self.recovery_smoothing, int) and self.recovery_smoothing > 0,
               "stress.recovery_smoothing", self.recovery_smoothing, "a positive integer")
         check(len(self.precisions) > 0 and self.precisions[0] == "fp32"

@@ -74,15 +74,16 @@ from stability.record.build import (
     stop_case,
 )
 from stability.record.identity import (
-    IDENTITY_IGNORED_SECTIONS,
-    IDENTITY_IGNORES,
+    FIELDS_ABOUT,
     case_key,
+    case_name,
     comparable_config,
     config_diff,
     config_fingerprint,
     device_kind,
     record_device,
     record_draw,
+    resume_config,
 )
 from stability.record.io import clean, read_record, record_filename, where, write_json, write_record
 from stability.record.schema import (
@@ -109,16 +110,16 @@ from stability.record.summary import (
 from stability.record.validate import validate_record
 
 __all__ = [
-    "CASE_RESULTS", "IDENTITY_IGNORED_SECTIONS", "IDENTITY_IGNORES", "PURPOSES", "REFERENCE_ARM",
-    "SCHEMA_VERSION", "SERIES_KEYS", "UNFINISHED", "USABLE", "ArmRecord", "CaseRecord", "PairedFigure",
-    "RecordError", "Status", "add_arm", "add_event", "add_figures", "add_precision_stats", "add_probes",
-    "add_tracking_seconds", "append_step", "arm_names", "case_key", "case_timing", "clean", "clear_tracking",
+    "CASE_RESULTS", "FIELDS_ABOUT", "PURPOSES", "REFERENCE_ARM", "SCHEMA_VERSION",
+    "SERIES_KEYS", "UNFINISHED", "USABLE", "ArmRecord", "CaseRecord", "PairedFigure", "RecordError", "Status",
+    "add_arm", "add_event", "add_figures", "add_precision_stats", "add_probes", "add_tracking_seconds",
+    "append_step", "arm_names", "case_key", "case_name", "case_timing", "clean", "clear_tracking",
     "comparable_config", "config_diff", "config_fingerprint", "describe_arm", "device_kind", "ensure_id",
-    "env_info", "final_figures", "finish_case", "finish_status", "git_info", "library_version",
-    "mark_case_killed", "mark_completed", "mark_diverged", "mark_error", "mark_killed", "mark_running",
-    "name_run", "new_arm_record", "new_case_record", "note_attempts", "note_resumed", "note_run", "note_skipped",
-    "note_wall_seconds", "paired_summary", "read_record", "record_device", "record_draw", "record_filename",
+    "env_info", "final_figures", "finish_case", "finish_status", "git_info", "library_version", "mark_case_killed",
+    "mark_completed", "mark_diverged", "mark_error", "mark_killed", "mark_running", "name_run", "new_arm_record",
+    "new_case_record", "note_attempts", "note_resumed", "note_run", "note_skipped", "note_wall_seconds",
+    "paired_summary", "read_record", "record_device", "record_draw", "record_filename", "resume_config",
     "set_arm_timing", "set_case_result", "set_checkpoint_dir", "set_corpus", "set_extrapolation", "set_paired",
     "set_quant", "set_ray", "set_record_path", "set_replay_bundles", "set_tracking", "set_unit", "spike_score",
-    "start_timing", "stop_case", "usable_value", "validate_record", "where", "write_json", "write_record",
+    "start_timing", "stop_case", "usable_value", "validate_record", "where", "write_json", "write_record"
 ]

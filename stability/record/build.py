@@ -201,7 +201,7 @@ def set_unit(arm: ArmRecord, unit_id: str, name: str, attempt: int, pid: int) ->
 
 # ----------------------------------------------------------------------------- a case (stability.cases)
 
-def new_case_record(config, schedule: str, description: str = "", stress: str = "pair",
+def new_case_record(config, schedule: str, description: str = "", stress: str = "standard",
                     purpose: str = "regression") -> CaseRecord:
     """An empty case record for an ``ExperimentConfig``: arms are appended as they finish."""
     if purpose not in PURPOSES:

@@ -2,8 +2,11 @@
 the device kind and the rounding draw.
 
     case_key(record)                 "smoke/standard": what the merge check compares record to baseline by
-    comparable_config(config)        the flattened config without the fields allowed to differ
-    config_fingerprint(config)       16 hex digits of that
+    case_name(record)                the stress case a record measured ("standard", "lr_sweep" ...)
+    FIELDS_ABOUT                     what the config fields that may differ are about (keeping, draw, ...)
+    comparable_config(config)        the flattened config without what may differ between compared records
+    resume_config(config)            ... between an interrupted run and the command continuing it
+    config_fingerprint(config)       16 hex digits of the comparable config
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from stability.config import flatten
+from stability.config import flat_names, flatten
 from stability.record.schema import CaseRecord
 
 
@@ -20,36 +23,82 @@ def case_key(record: CaseRecord) -> str:
     return f"{record.get('name')}/{record.get('schedule')}"
 
 
-IDENTITY_IGNORES = ("seeds", "run.seed", "run.device", "name", "preset", "run.replicate", "replicates")
-IDENTITY_IGNORED_SECTIONS = ("run.checkpoint.",)   # how a run is kept, never what it measures
+STANDARD = "standard"
+# what records written before the plain pair was called "standard" say under "stress"
+OLD_CASE_NAMES = {"pair": STANDARD}
+
+
+def case_name(record: CaseRecord) -> str:
+    """The stress case a record measured: its "stress" value, the name ``stability stress`` takes; an older
+    record's "pair" (or none) is "standard"."""
+    stress = record.get("stress") or STANDARD
+    return OLD_CASE_NAMES.get(stress, stress)
+
+
+# What the config fields that may differ between two records are about: how a run is kept, which draw it
+# is, where it runs, what it is called. A key ending in "." stands for every field under it. Every other
+# field is about what is measured: two records that differ in one measured different things.
+FIELDS_ABOUT = {
+    "run.checkpoint.": "keeping",      # checkpoints and replay bundles: never change a figure
+    "seeds": "draw",                   # the seeds of the initialisation and data order
+    "run.seed": "draw",
+    "run.replicate": "draw",           # the rounding draw (0: the reference runs)
+    "replicates": "draw",              # how many rounding draws a baseline takes
+    "run.device": "place",             # where the run trains ("cuda:1": its kind is compared by the check)
+    "name": "naming",
+    "preset": "naming",
+}
+# the views: which of these may differ ...
+RESUMING = ("keeping",)                             # between an interrupted run and the command continuing it
+COMPARING = ("keeping", "draw", "place", "naming")  # between records the merge check compares
+
+
+def about(key: str) -> str:
+    """What the flattened config field ``key`` is about ("keeping", "draw", "place", "naming"; "measure" for
+    every field ``FIELDS_ABOUT`` does not name)."""
+    for field, what in FIELDS_ABOUT.items():
+        if key == field or (field.endswith(".") and key.startswith(field)):
+            return what
+    return "measure"
 
 
 def _field_defaults() -> dict:
     """Every config field at its dataclass default, flattened (dotted keys)."""
     from stability.config import ExperimentConfig, to_dict
 
-    return flatten(to_dict(ExperimentConfig()))
+    return flat_names(flatten(to_dict(ExperimentConfig())))
+
+
+def config_view(config: dict, may_differ: tuple[str, ...]) -> dict:
+    """The flattened config (dotted keys, sorted, tuples as lists) without the fields about ``may_differ``.
+
+    A field the config lacks (a record or baseline written before the field existed) counts as its
+    default: new fields default to the behaviour the code had before them. The stress schedules' settings
+    go by their flat names (``stress.ramp_end_lr`` for ``stress.ramp.end_lr``: ``stability.config.FLAT_NAMES``),
+    the names older records and the committed baselines hold, so that they keep matching."""
+    flat = {**_field_defaults(), **flat_names(flatten(config or {}))}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(flat.items()) if about(k) not in may_differ}
 
 
 def comparable_config(config: dict) -> dict:
-    """The flattened config without the fields allowed to differ between comparable records.
+    """What must be equal for the merge check to compare two records (``config_view`` of ``COMPARING``)."""
+    return config_view(config, COMPARING)
 
-    A field the config lacks (a record or baseline written before the field existed) counts as its
-    default: new fields default to the behaviour the code had before them."""
-    flat = {**_field_defaults(), **flatten(config or {})}
-    flat = {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
-    return {k: v for k, v in sorted(flat.items())
-            if k not in IDENTITY_IGNORES and not k.startswith(IDENTITY_IGNORED_SECTIONS)}
+
+def resume_config(config: dict) -> dict:
+    """What must be equal for a command to continue an interrupted run (``config_view`` of ``RESUMING``)."""
+    return config_view(config, RESUMING)
 
 
 def config_fingerprint(config: dict) -> str:
     return hashlib.sha256(json.dumps(comparable_config(config), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def config_diff(expected: dict, actual: dict, limit: int = 4) -> str:
-    """A readable list of the first fields that differ between two flattened configs."""
+def config_diff(expected: dict, actual: dict, limit: int = 4, names: tuple[str, str] = ("baseline", "record")) -> str:
+    """A readable list of the first fields that differ between two flattened configs, each value named by
+    ``names`` (expected's, actual's)."""
     keys = sorted(set(expected) | set(actual))
-    diffs = [f"{k}: baseline {expected.get(k, '<absent>')!r}, record {actual.get(k, '<absent>')!r}"
+    diffs = [f"{k}: {names[0]} {expected.get(k, '<absent>')!r}, {names[1]} {actual.get(k, '<absent>')!r}"
              for k in keys if expected.get(k, "<absent>") != actual.get(k, "<absent>")]
     more = f" and {len(diffs) - limit} more" if len(diffs) > limit else ""
     return "; ".join(diffs[:limit]) + more if diffs else "no field differs"

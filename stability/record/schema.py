@@ -553,7 +553,7 @@ class CaseRecord(TypedDict, total=False):
     name: Required[str]
     preset: Required[str]
     schedule: Required[str]
-    stress: str                       # the stress case ("pair": the plain pair)
+    stress: str                       # the stress case ("standard": the plain pair; "pair" in older records)
     purpose: Purpose
     description: str
     status: Status

@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from stability.config import flatten
-from stability.record import Status, case_key, write_json
+from stability.record import Status, case_key, case_name, write_json
 from stability.track.store import open_client, sqlite_path, store_lock
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -153,12 +153,6 @@ def describe(record: dict) -> str:
     if fault.get("kind") not in (None, "none"):
         parts.append(f"fault {fault.get('kind')} at step {fault.get('step')}")
     return "; ".join(str(p) for p in parts).replace("\n", " ")
-
-
-def case_name(record: dict) -> str:
-    """The stress case a record measured: its stress kind ("standard" for a plain pair)."""
-    stress = record.get("stress") or "pair"
-    return "standard" if stress == "pair" else str(stress)
 
 
 def run_name(record: dict) -> str:

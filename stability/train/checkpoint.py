@@ -20,7 +20,6 @@ a process killed while writing leaves the previous checkpoint. Loading uses ``we
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -40,12 +39,6 @@ def code_version() -> str:
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
-
-
-def run_fingerprint(run_config: dict, schedule: str) -> str:
-    """Identity of one run (its whole RunConfig and schedule): a checkpoint resumes only the run it came from."""
-    text = json.dumps({"run": run_config, "schedule": schedule}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def rng_states(device: torch.device) -> dict:

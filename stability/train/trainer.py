@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from stability.config import RunConfig
+from stability.config.schedules import Standard
 from stability.data import Corpus, eval_batches, load_corpus, probe_batch
 from stability.model.build import build_model
 from stability.model.rounding import perturb_rounding
@@ -63,7 +64,6 @@ from stability.train.evaluate import evaluate
 from stability.train.monitor import Monitor
 from stability.train.optimizer import make_optimizer
 from stability.train.reducer import reducer_for
-from stability.train.schedules import Standard
 from stability.train.state import TrainState
 from stability.train.step import Parts, train_step
 
