@@ -139,8 +139,9 @@ def test_the_install_step_brings_the_test_extra_with_pyyaml(workflow):
 
 # ----------------------------------------------------------------------------- the CPU job, end to end
 
-def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(tmp_path):
-    """A fresh copy, the job's run: steps as written (the install step replaced by prepare_venv)."""
+def test_the_cpu_job_passes_on_unchanged_code_twice_and_its_summary_holds_the_table(tmp_path):
+    """A fresh copy, the job's run: steps as written (the install step replaced by prepare_venv); then the
+    job once more on the same copy: unchanged code passes every time, with the stated false-alarm rate."""
     copy = fresh_copy(tmp_path / "copy")
     job = run_job(WORKFLOW, "stress-cpu", copy, install=prepare_venv)
     assert job.passed, job.log()
@@ -149,6 +150,9 @@ def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(tm
     assert job.steps["check"].outputs == {"code": "0"}
     assert "### Stability check: :white_check_mark: PASS" in job.summary
     assert "| smoke/standard | gated | heldout_loss |" in job.summary       # the regression table
+    assert "alpha = 0.01" in job.summary
     result = json.loads((copy / "reports" / "check.json").read_text())
-    assert result["exit_code"] == 0 and len(result["rows"]) > 100
+    assert result["exit_code"] == 0 and result["alpha"] == 0.01 and result["rows_judged"] > 100
     assert (copy / "reports" / "report.html").is_file()
+    again = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None)
+    assert again.passed and again.steps["check"].outputs == {"code": "0"}, again.log()
