@@ -179,7 +179,7 @@ def test_a_killed_rank_stops_the_job_and_the_record_keeps_the_steps_so_far(tmp_p
     kill_at = 5
     result = torchrun("-m", "stability.cli", "run", "--preset", "smoke", "--set", "seeds=0", "--set", f"steps={STEPS}",
                       "--set", "fault.kind=kill", "--set", "fault.rank=1", "--set", f"fault.step={kill_at}",
-                      "--out", str(tmp_path / "runs"), "--no-track", "--quiet", timeout=180)
+                      "--out", str(tmp_path / "runs"), "--no-track", "--quiet", timeout=600)
     assert result.returncode != 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     (path,) = [p for p in run_dir.glob("*.json") if p.name != "manifest.json"]

@@ -100,7 +100,7 @@ def test_report_renders_in_headless_chromium_with_loaded_figures_and_table(writt
     flags = CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
     url = paths["html"].resolve().as_uri()
     dom = subprocess.run([browser, *flags, "--dump-dom", url], check=False, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=600)
     assert dom.returncode == 0, dom.stderr[-2000:]
     images = re.findall(r"<img[^>]*class=\"plot\"[^>]*>", dom.stdout)
     assert len(images) == 6 and all('data-loaded="true"' in img for img in images), images[:1]
@@ -108,7 +108,7 @@ def test_report_renders_in_headless_chromium_with_loaded_figures_and_table(writt
     assert re.search(r"<table class=\"summary\">.*heldout_loss", dom.stdout, re.DOTALL)
     shot = tmp_path / "shot.png"
     run = subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1200,1600", url],
-                         check=False, capture_output=True, text=True, timeout=120)
+                         check=False, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and shot.read_bytes().startswith(PNG_MAGIC), run.stderr[-2000:]
     import matplotlib.image
 

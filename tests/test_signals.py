@@ -29,7 +29,7 @@ CONFIG = {"seeds": "0", "steps": STEPS, "probes.every": 80, "probes.eval_batches
           "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,
           "data.builtin_bytes": 100_000, "checkpoint.every": 40, "stress.threads": 1}
 SETS = [arg for key, value in CONFIG.items() for arg in ("--set", f"{key}={value}")]
-TIMEOUT_S = 240
+TIMEOUT_S = 600
 
 
 def start(args: list[str], cwd: Path) -> subprocess.Popen:

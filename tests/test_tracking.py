@@ -26,7 +26,7 @@ from stability.cli import main
 from stability.record import Status, write_record
 from stability.track import runs as tracking
 
-SERVER_START_TIMEOUT_S = 150
+SERVER_START_TIMEOUT_S = 600
 TINY_RUN = {"seeds": "0", "steps": 12, "probes.every": 6, "probes.eval_batches": 1, "model.d_model": 32,
             "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,
             "data.builtin_bytes": 100_000}
