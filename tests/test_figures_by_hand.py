@@ -38,6 +38,7 @@ from stability.record import (
 )
 from stability.record.stats import (
     T_975,
+    holm,
     paired_difference,
     sample_std,
     sign_flip_p_value,
@@ -517,13 +518,14 @@ def test_paired_summary_by_hand():
     """heldout_loss baseline 1, 2, 3 and gated 2, 4, 6 in seeds 0-2: the interval of differences 1, 2, 3
     (2 +- 4.303 / sqrt(3)), p 0.25. Seed 3 has no gated arm: left out. accuracy is missing in the gated
     arm of seed 1: pairs of seeds 0 and 2 only (differences 0.1 and 0.3). A figure outside the table
-    ("comment", named before the figures after it) and one that no arm measured (f_attn_mean None
-    everywhere) get no row; the rows come in name order."""
-    arms = [paired_arm("baseline", s, heldout_loss=float(s + 1), accuracy=0.5, f_attn_mean=None, comment=1.0)
-            for s in range(4)]
-    arms += [paired_arm("gated", 0, heldout_loss=2.0, accuracy=0.6, f_attn_mean=None, z_note=2.0),
-             paired_arm("gated", 1, heldout_loss=4.0, f_attn_mean=None),
-             paired_arm("gated", 2, heldout_loss=6.0, accuracy=0.8, f_attn_mean=None)]
+    ("comment", named before the figures after it), a detail kept beside the figures (loss_spikes, 2 in
+    every arm: a count, never paired) and one that no arm measured (f_attn_mean None everywhere) get no
+    row; the rows come in name order."""
+    arms = [paired_arm("baseline", s, heldout_loss=float(s + 1), accuracy=0.5, f_attn_mean=None, comment=1.0,
+                       loss_spikes=2) for s in range(4)]
+    arms += [paired_arm("gated", 0, heldout_loss=2.0, accuracy=0.6, f_attn_mean=None, z_note=2.0, loss_spikes=2),
+             paired_arm("gated", 1, heldout_loss=4.0, f_attn_mean=None, loss_spikes=2),
+             paired_arm("gated", 2, heldout_loss=6.0, accuracy=0.8, f_attn_mean=None, loss_spikes=2)]
     summary = paired_summary(arms)
     assert list(summary) == ["gated"] and list(summary["gated"]) == ["accuracy", "heldout_loss"]
     loss = summary["gated"]["heldout_loss"]
@@ -574,9 +576,12 @@ def draws(**seeds) -> dict:
 
 def test_the_one_sided_t_tail_by_hand():
     """P(T > t): 1/2 at 0; with 1 df (Cauchy) 1/2 - atan(t)/pi: 1/4 at 1; 1 minus the upper tail below 0;
-    far out, where the two-sided mass rounds a hair above 1 (12 df at t = 520), 0 and never negative."""
+    with 2 df (1 - t / sqrt(t^2 + 2)) / 2: at t = 0.5, sqrt(2.25) = 1.5, so (1 - 1/3) / 2 = 1/3 (a t
+    between 0 and 1 is an upper tail below 1/2, not its complement 2/3); far out, where the two-sided mass
+    rounds a hair above 1 (12 df at t = 520), 0 and never negative."""
     assert t_upper_tail(0.0, 5) == pytest.approx(0.5)
     assert t_upper_tail(1.0, 1) == pytest.approx(0.25) and t_upper_tail(-1.0, 1) == pytest.approx(0.75)
+    assert t_upper_tail(0.5, 2) == pytest.approx(1 / 3) and t_upper_tail(-0.5, 2) == pytest.approx(2 / 3)
     assert t_upper_tail(3.0, 2) == pytest.approx((1 - 3 / math.sqrt(11)) / 2)
     assert 1 - t_two_sided_mass(520, 12) < 0 and t_upper_tail(520, 12) == 0.0
 
@@ -686,6 +691,16 @@ def test_rows_of_one_case_by_hand():
                     ("gated", "heldout_loss", "regressed", 0.0, "no finite value now in seed(s) 1"),
                     ("gated", "accuracy", "new", None, "no finite baseline value"),
                     ("gated-baseline", "heldout_loss", "regressed", 0.0, "no finite value now in seed(s) 1")]
+
+
+def test_holm_rejects_a_p_exactly_at_its_threshold():
+    """Holm rejects the i-th smallest p (from 0) while p <= alpha / (m - i), equality included. alpha 0.05,
+    m = 2: 0.025 = 0.05 / 2 (halving is exact in binary, so the two are the same double) is rejected,
+    then 0.05 = 0.05 / 1 is too; 0.0250001 is not, and stops the second. One p of 0.01 at alpha 0.01: 0.01
+    / 1, rejected."""
+    assert holm([0.05, 0.025], 0.05) == [True, True]
+    assert holm([0.05, 0.0250001], 0.05) == [False, False]
+    assert holm([0.01], 0.01) == [True]
 
 
 def test_decide_by_hand():

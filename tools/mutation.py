@@ -117,6 +117,13 @@ EQUIVALENTS: tuple[Equivalent, ...] = (
     Equivalent("stats", "t_two_sided_mass", "term, total = 1.0, 1.0 if df > 1 else 0.0",
                "term, total = 1.0, 1.0 if df > 2 else 0.0",
                "the line is in the branch of odd df, where df > 1 and df > 2 are the same test"),
+    Equivalent("stats", "t_upper_tail", "return tail if t >= 0 else 1 - tail", "return tail if t > 0 else 1 - tail",
+               "the branches differ only at t = 0, where the two-sided mass is exactly 0 (theta = atan(0) = 0), so "
+               "tail is exactly 0.5 and 1 - tail is the same 0.5"),
+    Equivalent("stats", "t_quantile", "while 1 - t_two_sided_mass(high, df) > 2 * tail:",
+               "while 1 - t_two_sided_mass(high, df) >= 2 * tail:",
+               "differs only when the tail at a power of two equals the target exactly; the bracket then doubles "
+               "once more, still holds the root, and 200 halvings narrow it to the same value"),
     Equivalent("stats", "t_quantile", "low, high = 0.0, 1.0", "low, high = 0.0, 2.0",
                "the bracket only has to hold the root: 200 halvings narrow either one to the same value"),
     Equivalent("stats", "t_quantile", "high *= 2", "high *= 3",
