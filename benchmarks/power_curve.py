@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,11 +48,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
     parser.add_argument("--dials", help="comma-separated e values, largest first (default: the preset's grid)")
-    parser.add_argument("--work", default="/tmp/stability-power", help="where the patched copies are made")
+    parser.add_argument("--work", help="where the patched copies are made (default: a new temporary folder)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
     args = parser.parse_args()
     dials = [float(v) for v in args.dials.split(",")] if args.dials else list(DEFAULT_DIALS[args.scale])
-    work = Path(args.work) / args.scale
+    work = Path(args.work or tempfile.mkdtemp(prefix="stability-power-")) / args.scale
     work.mkdir(parents=True, exist_ok=True)
     zoo.KEPT = ROOT / "reports" / "power"
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")

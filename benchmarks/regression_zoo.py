@@ -27,6 +27,7 @@ import json
 import lzma
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from xml.etree import ElementTree
@@ -171,7 +172,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
     parser.add_argument("--entries", help="comma-separated entry names (default: unchanged and every entry)")
-    parser.add_argument("--work", default="/tmp/stability-zoo", help="where the patched copies are made")
+    parser.add_argument("--work", help="where the patched copies are made (default: a new temporary folder)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
     parser.add_argument("--out", help="Markdown table (default reports/zoo-<scale>.md)")
     args = parser.parse_args()
@@ -180,7 +181,7 @@ def main() -> int:
     unknown = sorted(set(wanted) - {e.name for e in everything})
     if unknown:
         parser.error(f"unknown zoo entries {unknown}")
-    work = Path(args.work) / args.scale
+    work = Path(args.work or tempfile.mkdtemp(prefix="stability-zoo-")) / args.scale
     work.mkdir(parents=True, exist_ok=True)
     if not args.rejudge:
         for entry in (e for e in everything if e.name in wanted):
