@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -274,6 +275,51 @@ def test_a_new_store_another_process_creates_at_the_same_moment_is_waited_for(tm
     client = _client(uri)
     experiment = client.create_experiment("after-the-race")
     assert client.create_run(experiment).info.status == "RUNNING"
+
+
+def _half_made(path, *tables):
+    """A SQLite file as a creator that died mid-migration leaves it: a version row no migration knows, a
+    leftover ``_alembic_tmp_`` table, and ``tables`` (name -> rows)."""
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        connection.execute("INSERT INTO alembic_version VALUES ('0000deadbeef')")
+        connection.execute("CREATE TABLE _alembic_tmp_latest_metrics (key VARCHAR(250))")
+        for table, rows in tables:
+            connection.execute(f"CREATE TABLE {table} (id INTEGER)")
+            connection.executemany(f"INSERT INTO {table} VALUES (?)", [(i,) for i in range(rows)])
+
+
+def test_a_store_a_dead_creator_left_half_made_and_empty_is_made_again(tmp_path):
+    """The race's worst outcome, made on purpose: the other creator failed mid-migration, nobody writes the
+    file any more, and plain MLflow cannot open it. It holds nothing (no run, only the Default
+    experiment), so the harness makes it again and opens it."""
+    from stability.track.store import open_client
+
+    db = tmp_path / "half.db"
+    _half_made(db, ("runs", 0), ("experiments", 1))
+    with pytest.raises(Exception, match="0000deadbeef"):
+        _client(f"sqlite:///{db}").search_experiments()
+    client = open_client(f"sqlite:///{db}")
+    experiment = client.create_experiment("after-the-repair")
+    assert client.create_run(experiment).info.status == "RUNNING"
+
+
+@pytest.mark.parametrize("tables", [(("runs", 1), ("experiments", 1)), (("runs", 0), ("experiments", 2)),
+                                    (("runs", 0), ("users", 0))], ids=["a-run", "an-experiment", "foreign-table"])
+def test_a_broken_store_that_holds_anything_is_never_touched(tmp_path, tables):
+    """A run, an experiment of the user's or a table MLflow does not make: the error is raised and every
+    table keeps its rows (MLflow's own failed attempts may have added empty tables; nothing is dropped)."""
+    from stability.track.store import open_client
+
+    db = tmp_path / "held.db"
+    _half_made(db, *tables)
+    with pytest.raises(Exception, match="0000deadbeef"):
+        open_client(f"sqlite:///{db}")
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT version_num FROM alembic_version").fetchall() == [("0000deadbeef",)]
+        assert connection.execute("SELECT COUNT(*) FROM _alembic_tmp_latest_metrics").fetchone() == (0,)
+        for table, rows in tables:
+            assert connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (rows,)
 
 
 def test_a_run_and_mlflow_server_started_at_once_on_a_new_store(tmp_path):

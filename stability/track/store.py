@@ -11,9 +11,12 @@ it, and MLflow's schema creation is not safe against a second creator: one of th
 migration error (a table that already exists, a duplicate column, an alembic version row that
 moved). ``open_client`` outlasts that race: after a failure it waits until the database file has
 stopped changing (the other creator finished or gave up), then opens the store again, which
-completes the schema from where it stands. It gives up when a second attempt fails with nobody
-else having touched the file (a broken or foreign store: waiting would not help), or after
-``CREATE_LIMIT_S``.
+completes the schema from where it stands. A creator that failed in the middle of a migration can
+leave the schema half made (a ``_alembic_tmp_*`` table of SQLite's copy-and-rename migrations, a
+version row ahead of the tables); when a second attempt fails with nobody else touching the file and
+the store holds nothing (no run, no experiment besides MLflow's Default, only MLflow's own tables),
+its tables are dropped under the lock and the schema made again. A store that holds anything, or a file that is not an
+MLflow store, is never touched: the error is raised (as after ``CREATE_LIMIT_S``).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ def open_client(uri: str, limit: float = CREATE_LIMIT_S):
         return MlflowClient(tracking_uri=uri)
     deadline = time.monotonic() + limit
     alone = 0          # failed attempts in a row with nobody else changing the file
+    remade = False     # a half-made empty store is made again once at most
     while True:
         try:
             with store_lock(uri):
@@ -86,7 +90,44 @@ def open_client(uri: str, limit: float = CREATE_LIMIT_S):
                 raise
             alone = 0 if _wait_until_quiet(db, min(deadline, time.monotonic() + QUIET_LIMIT_S)) else alone + 1
             if alone >= 2:
-                raise
+                if remade:
+                    raise
+                with store_lock(uri):
+                    remade = _clear_if_half_made(db)
+                if not remade:
+                    raise
+                alone = 0
+
+
+def _clear_if_half_made(db: Path) -> bool:
+    """Drop every table of the SQLite file ``db`` when it is an MLflow store that holds nothing: an
+    ``alembic_version`` table, only MLflow's own tables (or ``_alembic_tmp_*`` leftovers of a migration),
+    no run, no experiment but MLflow's Default. The file stays (other processes and MLflow's cached
+    engine keep the same file); the next open creates the schema afresh. True when cleared; False (file
+    untouched) otherwise."""
+    import sqlite3
+
+    import mlflow.store.model_registry.dbmodels.models  # registers the registry's tables
+    import mlflow.store.tracking.dbmodels.models  # noqa: F401  (registers the tracking tables)
+    from mlflow.store.db.base_sql_model import Base
+
+    known = set(Base.metadata.tables) | {"alembic_version"}
+    try:
+        with contextlib.closing(sqlite3.connect(db)) as connection:
+            tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            if "alembic_version" not in tables or any(
+                    t not in known and not t.startswith("_alembic_tmp_") for t in tables):
+                return False
+            for table, most in (("runs", 0), ("experiments", 1)):
+                if table in tables and connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] > most:
+                    return False
+            connection.execute("PRAGMA foreign_keys = OFF")
+            for table in tables:
+                connection.execute(f'DROP TABLE IF EXISTS "{table}"')
+            connection.commit()
+    except sqlite3.Error:
+        return False
+    return True
 
 
 def _wait_until_quiet(db: Path, until: float) -> bool:
