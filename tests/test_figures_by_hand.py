@@ -730,6 +730,21 @@ def test_leave_out_by_hand():
     assert drawn["c"]["arms"]["gated"] == {"status": {"0": {"1": "diverged"}}, "diverged_at_step": {"0": {"1": 5}},
                                            "figures": {"x": {"0": {"1": 2.0}}}}
     assert drawn["c"]["fingerprint"] == "f"
+    unnamed = {"cases": baseline["cases"]}   # a baseline that does not list its draws: none listed after
+    assert reg.leave_out(unnamed, 1)[0]["draws"] == []
+
+
+def test_paired_values_need_both_arms():
+    """gated - baseline per seed (and draw) where both arms hold the figure: seed 0 only (seed 1 has no
+    baseline value). A case without the baseline arm, or an arm without figures, pairs nothing."""
+    arms = {"baseline": {"figures": {"x": {"0": 1.0}}}, "gated": {"figures": {"x": {"0": 3.0, "1": 4.0}}}}
+    assert reg._paired(arms, "gated", "x", nested=False) == {"0": 2.0}
+    nested = {"baseline": {"figures": {"x": {"0": {"0": 1.0, "1": 2.0}}}},
+              "gated": {"figures": {"x": {"0": {"0": 3.0, "1": None, "2": 9.0}}}}}
+    assert reg._paired(nested, "gated", "x", nested=True) == {"0": {"0": 2.0, "1": None}}
+    assert reg._paired({"gated": arms["gated"]}, "gated", "x", nested=False) == {}
+    assert reg._paired({"baseline": {}, "gated": arms["gated"]}, "gated", "x", nested=False) == {}
+    assert reg._paired({"baseline": arms["baseline"], "gated": {}}, "gated", "x", nested=False) == {}
 
 
 def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case():
