@@ -1,0 +1,142 @@
+"""Would a test that pools the job's rows see what Holm misses? A permutation test on kept zoo jobs.
+
+    python benchmarks/pooled_rows.py --scale ci --entries rope_on_queries_only,rmsnorm_divide_by_sqrt
+
+The check judges every row on its own and controls the family-wise rate with Holm, which is blind to
+a change that moves many rows a little. A pooled statistic adds the rows' evidence; its null
+distribution is unknown (the rows are strongly dependent) but can be had exactly by permutation. If the
+change is harmless, the job's run of a seed is one more rounding draw of that seed: exchangeable with
+the seed's baseline runs. So for each of the (D + 1)^S arrangements (S seeds, D baseline draws each;
+which run of each seed plays "the change", the others the baseline) the rows are judged as
+``stability check`` judges them, and pooled:
+
+* ``fisher``: the sum over rows of -log p (Fisher's combination, here calibrated by permutation);
+* ``min p``: the smallest p (the row Holm looks at first; its permutation p is the Westfall-Young
+  single-step test, which uses the rows' dependence instead of Holm's worst case).
+
+The permutation p is the share of arrangements whose statistic is at least the observed one: exact
+under exchangeability, and never below 1 / (D + 1)^S (1/216 at 3 seeds and 5 draws), so 1% is within
+reach. The whole of one arrangement is one job's draw: a seed's run is exchanged in every case and arm
+at once, which keeps the dependence between cases that share a config. Nothing is asserted here;
+tests/test_pooled_rows.py checks the arrangement logic on hand-made records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from stability.check.regression import (
+    CheckResult,
+    _single_draw,
+    case_values,
+    judge_cases,
+    load_baseline,
+    regression_records,
+)
+
+JOB = "job"   # the draw label of the judged job's runs among the baseline's
+
+
+def pooled_cases(baseline: dict, records: list[dict]) -> dict:
+    """The baseline's cases with the job's run of each seed added as draw ``JOB`` (cases, arms and seeds
+    that both hold)."""
+    current = case_values(regression_records(records)[0])
+    cases = {}
+    for key, base in baseline["cases"].items():
+        if key not in current:
+            continue
+        job = _single_draw(current[key], key)
+        arms = {}
+        for arm, entry in base["arms"].items():
+            if arm not in job:
+                continue
+            seeds = [s for s in entry["status"] if s in job[arm]["status"]]
+
+            def add(per_seed: dict, values: dict, seeds: list = seeds) -> dict:
+                return {s: {**per_seed.get(s, {}), **({JOB: values[s]} if s in values else {})} for s in seeds}
+            names = set(entry["figures"]) | set(job[arm]["figures"])
+            arms[arm] = {"status": add(entry["status"], job[arm]["status"]),
+                         "diverged_at_step": add(entry["diverged_at_step"], job[arm]["diverged_at_step"]),
+                         "figures": {n: add(entry["figures"].get(n, {}), job[arm]["figures"].get(n, {}))
+                                     for n in names}}
+        cases[key] = {**base, "arms": arms}
+    return cases
+
+
+def arrange(cases: dict, chosen: dict[str, str]) -> tuple[dict, dict]:
+    """(baseline cases without the chosen runs, the chosen runs as a one-draw job): ``chosen`` maps each
+    seed to the draw that plays the change."""
+    kept, drawn = {}, {}
+    for key, case in cases.items():
+        kept_arms, drawn_arms = {}, {}
+        for arm, entry in case["arms"].items():
+            def split(per_seed: dict) -> tuple[dict, dict]:
+                rest = {s: {d: v for d, v in draws.items() if d != chosen[s]} for s, draws in per_seed.items()}
+                one = {s: {chosen[s]: draws[chosen[s]]} for s, draws in per_seed.items() if chosen[s] in draws}
+                return rest, one
+            parts = {field: split(entry[field]) for field in ("status", "diverged_at_step")}
+            figures = {name: split(values) for name, values in entry["figures"].items()}
+            kept_arms[arm] = {**{f: rest for f, (rest, _) in parts.items()},
+                              "figures": {n: rest for n, (rest, _) in figures.items()}}
+            drawn_arms[arm] = {**{f: one for f, (_, one) in parts.items()},
+                               "figures": {n: one for n, (_, one) in figures.items() if one}}
+        kept[key], drawn[key] = {**case, "arms": kept_arms}, {**case, "arms": drawn_arms}
+    return kept, drawn
+
+
+def judged_p(cases: dict, chosen: dict[str, str]) -> list[float]:
+    """The p-value of every judged row with ``chosen`` as the change (the check's rows, before Holm)."""
+    kept, drawn = arrange(cases, chosen)
+    result = CheckResult()
+    judge_cases(result, drawn, kept, {})
+    return [row.p for row in result.rows if row.p is not None]
+
+
+def statistics(ps: list[float]) -> dict[str, float]:
+    logs = [-math.log(max(p, 1e-300)) for p in ps]
+    return {"fisher": sum(logs), "min p": max(logs, default=0.0)}
+
+
+def permutation_test(baseline: dict, records: list[dict]) -> dict:
+    """Each statistic's observed value and permutation p, and the number of arrangements."""
+    cases = pooled_cases(baseline, records)
+    seeds = sorted({s for case in cases.values() for arm in case["arms"].values() for s in arm["status"]}, key=int)
+    labels = [str(d) for d in baseline["draws"]] + [JOB]
+    observed = statistics(judged_p(cases, {s: JOB for s in seeds}))
+    null = [statistics(judged_p(cases, dict(zip(seeds, combo))))
+            for combo in itertools.product(labels, repeat=len(seeds))]
+    return {"arrangements": len(null), "observed": observed,
+            "p": {k: sum(s[k] >= observed[k] for s in null) / len(null) for k in observed}}
+
+
+def main() -> int:
+    import regression_zoo as zoo
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", default="ci", choices=("smoke", "ci"))
+    parser.add_argument("--entries", required=True, help="comma-separated names of kept zoo jobs")
+    args = parser.parse_args()
+    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
+    print("| entry | kind | arrangements | Fisher sum of -log p | its permutation p | smallest p | "
+          "its permutation p |\n|---|---|---|---|---|---|---|")
+    for name in args.entries.split(","):
+        document = zoo.read_kept(args.scale, name)
+        if document is None:
+            parser.error(f"no kept job {name!r} at {args.scale} (run benchmarks/regression_zoo.py first)")
+        out = permutation_test(baseline, document["records"])
+        kind = "harmful" if document["harmful"] else "harmless"
+        print(f"| `{name}` | {kind} | {out['arrangements']} | {out['observed']['fisher']:.1f} | "
+              f"{out['p']['fisher']:.3f} | {math.exp(-out['observed']['min p']):.2g} | {out['p']['min p']:.3f} |",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
