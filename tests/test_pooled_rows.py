@@ -14,15 +14,17 @@ import pooled_rows
 
 from stability.check import regression as reg
 
+RECORD = pair_record(seeds=(0, 1, 2))   # a smoke pair of three seeds; its baseline: it and 4 replicates
+
 
 @pytest.fixture(scope="module")
 def record():
-    return pair_record(seeds=(0, 1, 2))
+    return RECORD
 
 
 @pytest.fixture(scope="module")
-def baseline(record):
-    return reg.make_baseline(with_replicates(record), commit="abc123")
+def baseline():
+    return reg.make_baseline(with_replicates(RECORD))
 
 
 def test_the_job_playing_the_change_gives_the_checks_own_rows(record, baseline):
