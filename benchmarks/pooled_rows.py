@@ -39,6 +39,7 @@ from stability.check.regression import (
     judge_cases,
     load_baseline,
     regression_records,
+    split_runs,
 )
 
 JOB = "job"   # the draw label of the judged job's runs among the baseline's
@@ -72,23 +73,8 @@ def pooled_cases(baseline: dict, records: list[dict]) -> dict:
 
 def arrange(cases: dict, chosen: dict[str, str]) -> tuple[dict, dict]:
     """(baseline cases without the chosen runs, the chosen runs as a one-draw job): ``chosen`` maps each
-    seed to the draw that plays the change."""
-    kept, drawn = {}, {}
-    for key, case in cases.items():
-        kept_arms, drawn_arms = {}, {}
-        for arm, entry in case["arms"].items():
-            def split(per_seed: dict) -> tuple[dict, dict]:
-                rest = {s: {d: v for d, v in draws.items() if d != chosen[s]} for s, draws in per_seed.items()}
-                one = {s: {chosen[s]: draws[chosen[s]]} for s, draws in per_seed.items() if chosen[s] in draws}
-                return rest, one
-            parts = {field: split(entry[field]) for field in ("status", "diverged_at_step")}
-            figures = {name: split(values) for name, values in entry["figures"].items()}
-            kept_arms[arm] = {**{f: rest for f, (rest, _) in parts.items()},
-                              "figures": {n: rest for n, (rest, _) in figures.items()}}
-            drawn_arms[arm] = {**{f: one for f, (_, one) in parts.items()},
-                               "figures": {n: one for n, (_, one) in figures.items() if one}}
-        kept[key], drawn[key] = {**case, "arms": kept_arms}, {**case, "arms": drawn_arms}
-    return kept, drawn
+    seed to the draw that plays the change (the split of ``stability baseline calibrate``, per seed)."""
+    return split_runs(cases, chosen.__getitem__)
 
 
 def judged_p(cases: dict, chosen: dict[str, str]) -> list[float]:

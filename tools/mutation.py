@@ -61,7 +61,7 @@ TARGETS = {
     "regression": Target("stability/check/regression.py",
                          ("figure_value", "case_values", "_mean", "_tail", "seed_noise", "welch_dof", "judge",
                           "_single_draw", "_paired", "_divergence_notes", "_rows_of_case", "_row", "decide",
-                          "leave_out"),
+                          "split_runs", "leave_out"),
                          ("tests/test_regression.py", HAND)),
     "record": Target("stability/record/summary.py",
                      ("spike_score", "final_figures", "_finite_mean", "usable_value", "arm_names", "paired_summary"),

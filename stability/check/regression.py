@@ -664,17 +664,16 @@ def decide(result: CheckResult) -> None:
 
 # ----------------------------------------------------------------------------- calibration
 
-def leave_out(baseline: dict, draw: int) -> tuple[dict, dict]:
-    """(the baseline without ``draw``, the values of ``draw`` as a one-draw case set): a draw judged as if
-    it were a change, against the others."""
+def split_runs(cases: dict, chosen) -> tuple[dict, dict]:
+    """(the cases without the chosen runs, the chosen runs as a one-draw case set): ``chosen(seed)`` is the
+    draw (a string key) that plays the change at that seed."""
     kept_cases, drawn_cases = {}, {}
-    key_draw = str(draw)
-    for key, case in baseline["cases"].items():
+    for key, case in cases.items():
         kept_arms, drawn_arms = {}, {}
         for arm, entry in case["arms"].items():
             def split(per_seed):
-                kept = {s: {d: v for d, v in draws.items() if d != key_draw} for s, draws in per_seed.items()}
-                drawn = {s: {key_draw: draws[key_draw]} for s, draws in per_seed.items() if key_draw in draws}
+                kept = {s: {d: v for d, v in draws.items() if d != chosen(s)} for s, draws in per_seed.items()}
+                drawn = {s: {chosen(s): draws[chosen(s)]} for s, draws in per_seed.items() if chosen(s) in draws}
                 return kept, drawn
             status_kept, status_drawn = split(entry["status"])
             step_kept, step_drawn = split(entry["diverged_at_step"])
@@ -685,6 +684,13 @@ def leave_out(baseline: dict, draw: int) -> tuple[dict, dict]:
                                "figures": {n: d for n, (_, d) in figures.items() if d}}
         kept_cases[key] = {**case, "arms": kept_arms}
         drawn_cases[key] = {**case, "arms": drawn_arms}
+    return kept_cases, drawn_cases
+
+
+def leave_out(baseline: dict, draw: int) -> tuple[dict, dict]:
+    """(the baseline without ``draw``, the values of ``draw`` as a one-draw case set): a draw judged as if
+    it were a change, against the others."""
+    kept_cases, drawn_cases = split_runs(baseline["cases"], lambda _seed: str(draw))
     return {**baseline, "cases": kept_cases, "draws": [d for d in baseline.get("draws", []) if d != draw]}, \
         drawn_cases
 
