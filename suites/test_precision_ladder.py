@@ -32,6 +32,16 @@ def rungs_of(record):
     return [p for p in record[KIND]["precisions"] if p != "fp32"]
 
 
+def unhandled_events(record, precision, arm, seed):
+    """The non-finite events of one rung's run that its recipe did not handle. fp16 trains under
+    torch.amp.GradScaler, whose design is to meet gradient overflow, skip that step and lower the scale;
+    such an event (non-finite gradients, step skipped) is the recipe working. Any other event (a
+    non-finite loss or activation, or a non-finite step that was taken) is not."""
+    run = next(r for r in record[KIND]["runs"]
+               if r["precision"] == precision and r["arm"] == arm and r["seed"] == seed)
+    return [e for e in run["events"] if not (precision == "fp16" and e["what"] == "grad" and e["skipped"])]
+
+
 @pytest.fixture(scope="module")
 def record(stress_record, report_figures):
     record = stress_record(KIND)
@@ -83,8 +93,9 @@ class TestInvariants:
 
     @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8", "mxfp8", "mxfp4"])
     def test_low_precision_within_gap_of_fp32(self, record, precision):
-        """At the reference LR the rung trains without divergence or non-finite events, and its
-        held-out loss stays within the stated gap of fp32 (module constants), per arm."""
+        """At the reference LR the rung trains without divergence or non-finite events other than the
+        gradient overflows fp16's loss scaler skips, and its held-out loss stays within the stated gap
+        of fp32 (module constants), per arm."""
         if precision not in rungs_of(record):
             pytest.skip(f"{precision} is not on this preset's ladder")
         for name in ("baseline", "gated"):
@@ -93,7 +104,7 @@ class TestInvariants:
             for arm in arms:
                 final = arm["final"]
                 assert not final[f"diverged_{precision}"], (name, arm["seed"], precision)
-                assert final[f"nonfinite_events_{precision}"] == 0, (name, arm["seed"], precision)
+                assert not unhandled_events(record, precision, name, arm["seed"]), (name, arm["seed"], precision)
                 gap = final[f"loss_gap_{precision}"]
                 assert gap is not None and abs(gap) <= MAX_SEED_LOSS_GAP, \
                     f"{name} seed {arm['seed']}: {precision} loss gap {gap} beyond {MAX_SEED_LOSS_GAP}"
