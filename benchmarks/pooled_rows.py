@@ -91,9 +91,12 @@ def statistics(ps: list[float]) -> dict[str, float]:
 
 
 def permutation_test(baseline: dict, records: list[dict]) -> dict:
-    """Each statistic's observed value and permutation p, and the number of arrangements."""
+    """Each statistic's observed value and permutation p, and the number of arrangements; a job that
+    shares no seed with the baseline (another seed set) has nothing to exchange: 0 arrangements, no p."""
     cases = pooled_cases(baseline, records)
     seeds = sorted({s for case in cases.values() for arm in case["arms"].values() for s in arm["status"]}, key=int)
+    if not seeds:
+        return {"arrangements": 0, "observed": None, "p": None}
     labels = [str(d) for d in baseline["draws"]] + [JOB]
     observed = statistics(judged_p(cases, {s: JOB for s in seeds}))
     null = [statistics(judged_p(cases, dict(zip(seeds, combo))))
@@ -118,6 +121,9 @@ def main() -> int:
             parser.error(f"no kept job {name!r} at {args.scale} (run benchmarks/regression_zoo.py first)")
         out = permutation_test(baseline, document["records"])
         kind = "harmful" if document["harmful"] else "harmless"
+        if not out["arrangements"]:
+            print(f"| `{name}` | {kind} | 0 (no seed in common with the baseline) | - | - | - | - |", flush=True)
+            continue
         print(f"| `{name}` | {kind} | {out['arrangements']} | {out['observed']['fisher']:.1f} | "
               f"{out['p']['fisher']:.3f} | {math.exp(-out['observed']['min p']):.2g} | {out['p']['min p']:.3f} |",
               flush=True)

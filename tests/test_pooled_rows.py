@@ -58,3 +58,8 @@ def test_a_clear_regression_ranks_first_of_all_arrangements(record, baseline):
 def test_a_new_rounding_draw_is_not_singled_out(record, baseline):
     out = pooled_rows.permutation_test(baseline, [replicate(record, 9)])
     assert min(out["p"].values()) > 0.05, out
+
+
+def test_a_job_of_other_seeds_has_nothing_to_arrange(baseline):
+    out = pooled_rows.permutation_test(baseline, [pair_record(seeds=(3, 4, 5))])
+    assert out == {"arrangements": 0, "observed": None, "p": None}
