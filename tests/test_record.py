@@ -316,3 +316,53 @@ def test_the_case_of_a_record_is_named_as_stability_stress_names_it():
     assert case_name(pair_record()) == "standard" and new_case_record(resolve("smoke"), "standard")["stress"] == "standard"
     assert case_name({**pair_record(), "stress": "pair"}) == "standard" and case_name({"name": "x"}) == "standard"
     assert case_name({**pair_record(), "stress": "shock"}) == "shock"
+
+
+# ----------------------------------------------------------------------------- a NaN is a result
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny trained pair with quantization and extrapolation figures, as the pipeline wrote it."""
+    torch.set_num_threads(1)
+    config = resolve("smoke", {**TINY, **CASE_SETTINGS["standard"]})
+    record = run_recorded("standard", config, tmp_path_factory.mktemp("nan"), track=False, plots=False)
+    return read_record(record["record_path"])
+
+
+def _number_paths(value, path=()):
+    """The paths of every number (float) in a JSON document."""
+    if isinstance(value, float):
+        yield path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _number_paths(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _number_paths(item, (*path, index))
+
+
+def test_a_nan_or_inf_in_any_number_of_a_record_is_written_and_read_back_as_null(trained, tmp_path):
+    """Wherever a run puts a number (the LR of a step, a norm, a figure, a timing), a NaN or Inf there is a
+    result: the record is written (as strict JSON, null) and read back, never refused. Every number of a
+    trained record, each poisoned in turn with NaN, +Inf or -Inf."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    paths = sorted(set(_number_paths({k: v for k, v in trained.items() if not k.startswith("_")})), key=str)
+    assert len(paths) > 500 and any(p[:1] == ("arms",) and "lr" in p for p in paths)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.sampled_from(paths), st.sampled_from([float("nan"), float("inf"), float("-inf")]))
+    def poisoned_is_kept(path, value):
+        record = copy.deepcopy({k: v for k, v in trained.items() if not k.startswith("_")})
+        holder = record
+        for key in path[:-1]:
+            holder = holder[key]
+        holder[path[-1]] = value
+        back = read_record(write_record(record, tmp_path))
+        for key in path:
+            back = back[key]
+        assert back is None
+    poisoned_is_kept()
+    lr = ("arms", 0, "series", "lr", 3)
+    assert lr in paths

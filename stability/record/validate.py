@@ -4,7 +4,9 @@
 
 Walks the record along the schema's types: every key must be one its entry declares (an unknown key
 at any level is an error), every value of its type, every key of a ``final`` or ``paired`` table a
-figure of ``stability.record.figures`` and every figure value a number, true/false or null. The first
+figure of ``stability.record.figures`` and every figure value a number, true/false or null. A number
+(``float``) may always be null: the JSON of a NaN or an Inf, which a run may produce anywhere (a NaN
+learning rate, an overflowing norm) and which is a result to keep, never a reason to refuse the record. The first
 problem is a RecordError (exit 2) naming the record, the key's path (``arms[1].final.heldout_loss``)
 and what was expected. Keys starting with "_" at the top (``_path``) are notes in memory, never checked.
 """
@@ -136,7 +138,7 @@ def _check(value, kind, path: str, where: str) -> None:
 def _plain(kind) -> frozenset | None:
     """The Python types a plain ``kind`` (numbers, flags, strings, null and their unions) accepts; None for
     any other kind."""
-    types_of = {float: {int, float}, int: {int}, bool: {bool}, str: {str}, type(None): {type(None)}}
+    types_of = {float: {int, float, type(None)}, int: {int}, bool: {bool}, str: {str}, type(None): {type(None)}}
     options = typing.get_args(kind) if typing.get_origin(kind) in (Union, types.UnionType) else (kind,)
     if not all(option in types_of for option in options):
         return None
@@ -144,14 +146,14 @@ def _plain(kind) -> frozenset | None:
 
 
 def _is(value, kind) -> bool:
-    """``value`` is a plain value of ``kind``: a number for float (an int too), one of a Literal's or an
-    Enum's values, a bool only for bool."""
+    """``value`` is a plain value of ``kind``: a number or null for float (an int too; null is a NaN or
+    Inf), one of a Literal's or an Enum's values, a bool only for bool."""
     if typing.get_origin(kind) is Literal:
         return value in typing.get_args(kind)
     if isinstance(kind, type) and issubclass(kind, Enum):
         return value in {member.value for member in kind}
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is float:   # null: a NaN or Inf, written as JSON
+        return value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind is type(None):
