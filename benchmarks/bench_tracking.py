@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from stability.cases.pipeline import report_artifacts
+    from stability.check import baseline as baselines
     from stability.check import regression
     from stability.record import clean, read_record
     from stability.record.rundir import load_records
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
                 f"{args.repeats})", statistics.median(times))
 
         records = [_jittered(record, i) for i in range(100)]
-        baseline = regression.make_baseline([_replicate(r, draw) for r in records for draw in (0, 1, 2)])
+        baseline = baselines.make_baseline([_replicate(r, draw) for r in records for draw in (0, 1, 2)])
         check_times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()

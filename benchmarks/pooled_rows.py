@@ -32,15 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from stability.check.regression import (
-    CheckResult,
-    _single_draw,
-    case_values,
-    judge_cases,
-    load_baseline,
-    regression_records,
-    split_runs,
-)
+from stability.check.baseline import case_values, load_baseline, regression_records
+from stability.check.calibration import split_runs
+from stability.check.regression import CheckResult, judge_cases, single_draw
 
 JOB = "job"   # the draw label of the judged job's runs among the baseline's
 
@@ -53,7 +47,7 @@ def pooled_cases(baseline: dict, records: list[dict]) -> dict:
     for key, base in baseline["cases"].items():
         if key not in current:
             continue
-        job = _single_draw(current[key], key)
+        job = single_draw(current[key], key)
         arms = {}
         for arm, entry in base["arms"].items():
             if arm not in job:

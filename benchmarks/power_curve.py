@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import regression_zoo as zoo
 from _zoo import Entry
 
-from stability.check.regression import load_baseline
+from stability.check.baseline import load_baseline
 
 DRAWS = (101, 102, 103)
 DEFAULT_DIALS = {"smoke": (2.0, 1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01), "ci": (2.0, 1.0, 0.5, 0.2, 0.1, 0.05)}

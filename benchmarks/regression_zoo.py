@@ -38,12 +38,18 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import seed_spread_rule
 from _workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
-from _zoo import HELD_OUT, ZOO, Entry
+from _zoo import FAILURES, HELD_OUT, HELD_OUT_PRIMARY, ZOO, Entry
 
-from stability.check.regression import check, load_baseline
+from stability.check.baseline import load_baseline
+from stability.check.calibration import margin
+from stability.check.regression import check
 from stability.record.rundir import load_records
 
 UNCHANGED = Entry("unchanged", False, "the code as it is", ())
+GROUPS = (("first entries", [UNCHANGED, *ZOO]),
+          ("entries held out from the replicate rule", list(HELD_OUT)),
+          ("entries held out from the primary-family rule", list(HELD_OUT_PRIMARY)),
+          ("failures the verdict must not pass", list(FAILURES)))
 KEPT = ROOT / "reports" / "zoo"
 DROPPED = ("series", "probes", "precision_stats", "events")   # per-step and per-snapshot detail: never judged
 
@@ -115,9 +121,11 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
 
 
 def judged(document: dict, baseline: dict) -> dict:
-    """Both rules on one kept job: failed or not, and what each named."""
+    """Both rules on one kept job: failed or not, and what each named (the check: its failed outcomes, its
+    regressed primary rows, its errors; the margin of its closest primary row)."""
     result = check(document["records"], baseline)
-    new = [f"{r.case.split('/', 1)[1]} {r.arm} {r.figure}" for r in result.regressed]
+    new = [f"{o.case.split('/', 1)[1]} {o.arm} seed {o.seed} {o.figure}" for o in result.outcomes]
+    new += [f"{r.case.split('/', 1)[1]} {r.arm} {r.figure}" for r in result.regressed]
     strongest = min(result.regressed, key=lambda r: r.p, default=None)
     old = [name.split("/", 1)[1] for name in seed_spread_rule.judge(document["records"], baseline)]
     other = bool(document["stress_failures"]) or document["kernel_exit"] not in (0, None)
@@ -125,8 +133,8 @@ def judged(document: dict, baseline: dict) -> dict:
             "stress_failures": document["stress_failures"], "kernel_exit": document["kernel_exit"],
             "check_exit": result.exit_code, "errors": result.errors, "regressed": new,
             "strongest": (f"z {strongest.z:.3g}, p {strongest.p:.2g}" if strongest else ""),
-            "failed": other or result.exit_code != 0, "old_regressed": old, "old_failed": other or bool(old),
-            "seconds": document["seconds"]}
+            "margin": f"{margin(result):.3g}", "failed": other or result.exit_code != 0,
+            "old_regressed": old, "old_failed": other or bool(old), "seconds": document["seconds"]}
 
 
 def verdict(row: dict, failed: bool) -> str:
@@ -145,26 +153,28 @@ def _counts(rows: list[dict], key: str) -> str:
 def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> str:
     lines = [f"## Regression zoo at `{scale}`", "",
              (f"Baseline `reports/baselines/{scale}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, draws "
-              f"{baseline.get('draws')}). Check: replicate noise, Holm at alpha = 0.01 over the job's rows. Earlier "
-              f"rule: seed-spread bands, k = 3, every row on its own (benchmarks/seed_spread_rule.py). A job fails on "
-              f"a stress test, the kernel step or the check."), "",
+              f"{baseline.get('draws')}). Check: outcomes seed by seed, the primary family by Holm at alpha = 0.01 "
+              f"(replicate noise), inputs that fail closed. Earlier rule: seed-spread bands, k = 3, every row on its "
+              f"own (benchmarks/seed_spread_rule.py). A job fails on a stress test, the kernel step or the check. "
+              f"Margin: m x the smallest primary p / alpha (under 1: the check failed the job)."), "",
              "| entries | check | earlier rule |", "|---|---|---|"]
     for title, rows in groups:
         lines.append(f"| {title} | {_counts(rows, 'failed')} | {_counts(rows, 'old_failed')} |")
     for title, rows in groups:
         lines += ["", f"### {title}", "",
-                  ("| entry | kind | change | check | figures the check named | strongest | earlier rule | "
-                   "stress tests / kernel step failed | minutes |"), "|---|---|---|---|---|---|---|---|---|"]
+                  ("| entry | kind | change | check | what the check named | strongest | margin | earlier rule | "
+                   "stress tests / kernel step failed | minutes |"), "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             named = r["regressed"]
-            shown = ", ".join(named[:5]) + (f" (+{len(named) - 5} more)" if len(named) > 5 else "")
             kind = "harmful" if r["harmful"] else ("reference" if r["entry"] == "unchanged" else "harmless")
             other = [n.rsplit("::", 1)[-1] for n in r["stress_failures"]]
             if r["kernel_exit"] not in (0, None):
                 other.append(f"kernel exit {r['kernel_exit']}")
             old = verdict(r, r["old_failed"]) + (f" ({len(r['old_regressed'])} rows)" if r["old_regressed"] else "")
-            lines.append(f"| `{r['entry']}` | {kind} | {r['what']} | {verdict(r, r['failed'])} | {shown or '-'} | "
-                         f"{r['strongest'] or '-'} | {old} | {', '.join(other) or '-'} | {r['seconds'] / 60:.1f} |")
+            named = ", ".join(named[:5]) + (f" (+{len(named) - 5} more)" if len(named) > 5 else "")
+            lines.append(f"| `{r['entry']}` | {kind} | {r['what']} | {verdict(r, r['failed'])} | "
+                         f"{named or '; '.join(e[:120] for e in r['errors']) or '-'} | {r['strongest'] or '-'} | "
+                         f"{r['margin']} | {old} | {', '.join(other) or '-'} | {r['seconds'] / 60:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -176,7 +186,7 @@ def main() -> int:
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
     parser.add_argument("--out", help="Markdown table (default reports/zoo-<scale>.md)")
     args = parser.parse_args()
-    everything = [UNCHANGED, *ZOO, *HELD_OUT]
+    everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *FAILURES]
     wanted = args.entries.split(",") if args.entries else [e.name for e in everything]
     unknown = sorted(set(wanted) - {e.name for e in everything})
     if unknown:
@@ -190,7 +200,7 @@ def main() -> int:
             print(f"  kept {keep(args.scale, document)} ({document['seconds'] / 60:.1f} min)", flush=True)
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
     groups = []
-    for title, entries in (("first entries", [UNCHANGED, *ZOO]), ("held-out entries", list(HELD_OUT))):
+    for title, entries in GROUPS:
         rows = []
         for entry in entries:
             document = read_kept(args.scale, entry.name)

@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import regression_zoo as zoo
 
-from stability.check.regression import _paired, _single_draw, case_values, load_baseline
+from stability.check.baseline import case_values, load_baseline
+from stability.check.regression import paired_values, single_draw
 from stability.record import REFERENCE_ARM
 from stability.record import figures as fig
 
@@ -44,7 +45,7 @@ def rows_of(arms: dict, nested: bool):
             if fig.better(name) is not None:
                 out[(arm, name)] = values
                 if arm != REFERENCE_ARM:
-                    out[(f"{arm}-{REFERENCE_ARM}", name)] = _paired(arms, arm, name, nested)
+                    out[(f"{arm}-{REFERENCE_ARM}", name)] = paired_values(arms, arm, name, nested)
     return out
 
 
@@ -77,7 +78,7 @@ def entry_u(document: dict, baseline: dict) -> list[float | None]:
         base = baseline["cases"].get(key)
         if base is None:
             continue
-        current = rows_of(_single_draw(case, key), False)
+        current = rows_of(single_draw(case, key), False)
         for row, per_seed in rows_of(base["arms"], True).items():
             for seed, draws in per_seed.items():
                 values = [v for v in draws.values() if v is not None]

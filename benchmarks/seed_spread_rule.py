@@ -16,13 +16,8 @@ from __future__ import annotations
 
 import math
 
-from stability.check.regression import (
-    _paired,
-    _single_draw,
-    case_values,
-    paired_arm,
-    regression_records,
-)
+from stability.check.baseline import case_values, regression_records
+from stability.check.regression import paired_arm, paired_values, single_draw
 from stability.record import REFERENCE_ARM, Status, arm_names
 from stability.record import figures as fig
 from stability.record.stats import sample_std, t_quantile_for_z
@@ -69,13 +64,13 @@ def _reference(arm: dict) -> dict:
 
 def judge(records: list[dict], baseline: dict) -> list[str]:
     """The rows the seed-spread rule calls regressed ("case arm figure"); empty: the job passes."""
-    records, _ = regression_records(records)
+    records = regression_records(records)[0]
     regressed = []
     for key, case in sorted(case_values(records).items()):
         base = baseline["cases"].get(key)
         if base is None:
             continue
-        current = _single_draw(case, key)
+        current = single_draw(case, key)
         reference = {arm: _reference(entry) for arm, entry in base["arms"].items()}
         for arm in arm_names([{"arm": a} for a in {**reference, **current}]):
             b, c = reference.get(arm), current.get(arm)
@@ -91,7 +86,7 @@ def judge(records: list[dict], baseline: dict) -> list[str]:
             if arm == REFERENCE_ARM:
                 continue
             for name in names:
-                base_d, cur_d = _paired(reference, arm, name, False), _paired(current, arm, name, False)
+                base_d, cur_d = paired_values(reference, arm, name, False), paired_values(current, arm, name, False)
                 if compare(base_d, cur_d, name) == "regressed":
                     regressed.append(f"{key} {paired_arm(arm)} {name}")
     return regressed

@@ -186,13 +186,13 @@ HELD_OUT_PRIMARY = (
                   "gain = (1.0 + self.weight if self.plus_one else self.weight).to(x.dtype)")),)),
     Entry("causal_mask_explicit", False, "SDPA given an explicit lower-triangular mask instead of is_causal=True", (
         ("stability/model/attention.py", SDPA_CALL,
-         "    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()\n"
-         "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)"),)),
+         ("    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()\n"
+          "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)")),)),
     Entry("loss_sum_then_divide", False, "the loss as the summed cross-entropy divided by the token count", (
         ("stability/model/lm.py",
          "return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))",
-         "return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), "
-         "reduction=\"sum\") / targets.numel()"),)),
+         ("return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), "
+          "reduction=\"sum\") / targets.numel()")),)),
     Entry("rmsnorm_gain_first", False, "RMSNorm multiplies by the gain before the reciprocal root mean square", (
         ("stability/model/attention.py", RMSNORM_FORWARD, """\
         x32 = x.float()

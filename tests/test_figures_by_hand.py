@@ -26,6 +26,8 @@ from stability.cases.stress import (
     update_before,
 )
 from stability.check import regression as reg
+from stability.check.baseline import case_values
+from stability.check.calibration import arrangements, split_runs
 from stability.check.claims import claim_rows, claims_table, held_out
 from stability.config import ConfigError, resolve
 from stability.config.schedules import BatchRamp, ExponentialRamp, Shock, Standard, lr_scale, warmup_cosine
@@ -615,82 +617,72 @@ def test_one_row_paired_by_hand():
     assert stats == {"baseline": pytest.approx(3.25), "current": pytest.approx(3.65), "delta": pytest.approx(0.4),
                      "floor": pytest.approx(0.02), "noise": pytest.approx(math.sqrt(0.02)), "se": pytest.approx(se),
                      "z": pytest.approx(0.38 / se), "p": pytest.approx(t_upper_tail(0.38 / se, 2)),
-                     "mode": "paired n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2)),
-                     "lost": []}
+                     "mode": "n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2))}
     better = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss")
     assert better["z"] == pytest.approx(-0.62 / se) and better["p_improved"] == pytest.approx(t_upper_tail(0.58 / se, 2))
     higher = reg.judge(draws(s0=[0.5, 0.5], s1=[0.6, 0.6]), {"0": 0.4, "1": 0.5}, "accuracy", quantum=0.01)
     assert higher["delta"] == pytest.approx(-0.1) and higher["floor"] == pytest.approx(0.005)
-    assert higher["se"] == pytest.approx(math.sqrt(2 * 1e-4 * 1.5) / 2) and higher["mode"] == "paired n=2 df=inf"
+    assert higher["se"] == pytest.approx(math.sqrt(2 * 1e-4 * 1.5) / 2) and higher["mode"] == "n=2 df=inf"
     assert higher["z"] == pytest.approx(0.095 / higher["se"])
     assert higher["p"] == pytest.approx(0.5 * math.erfc(0.095 / higher["se"] / math.sqrt(2)))
 
 
 def test_one_row_tolerances_and_seeds_left_out_by_hand():
     """A tolerance floor replaces the table's; rel_floor 0.5 of the baseline 3.25 gives 1.625. A current
-    seed the baseline lacks is left out of the pair, with a note; seeds without a baseline value at all
-    make the row unpaired."""
+    seed the baseline lacks is left out of the row (the case notes it); with no seed in common there is
+    nothing to judge (the check refuses such a job before any row)."""
     base = draws(s0=[3.0, 3.2], s1=[3.3, 3.5])
     assert reg.judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"floor": 1.0})["floor"] == 1.0
     assert reg.judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"rel_floor": 0.5})["floor"] == \
         pytest.approx(1.625)
     extra = reg.judge(base, {"0": 3.5, "1": 3.8, "7": 9.0}, "heldout_loss")
-    assert extra["mode"] == "paired n=2 df=2" and extra["delta"] == pytest.approx(0.4)
-    assert extra["note"] == "seed(s) 7 not in the baseline: left out"
+    assert extra["mode"] == "n=2 df=2" and extra["delta"] == pytest.approx(0.4)
+    assert extra["current"] == pytest.approx(3.65)
+    other = reg.judge(base, {"5": 3.5, "6": 3.8}, "heldout_loss")
+    assert (other["baseline"], other["p"], other["mode"]) == (pytest.approx(3.25), None, "")
 
 
-def test_one_row_unpaired_by_hand():
-    """Baseline seed means 3.1 and 3.4 (std 0.21213, 1 df); now seeds 5, 6 at 3.5, 3.8: delta 3.65 - 3.25
-    = 0.4, se 0.21213 * sqrt(1/2 + 1/2) = 0.21213, z (0.4 - 0.02) / se. The quantum raises a smaller
-    spread: seed means 3.0 and 3.0 with quantum 0.1 give se 0.1."""
-    stats = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"5": 3.5, "6": 3.8}, "heldout_loss")
-    spread = math.sqrt(0.045)
-    assert (stats["mode"], stats["delta"], stats["se"], stats["noise"]) == (
-        "unpaired 2/2 df=1", pytest.approx(0.4), pytest.approx(spread), pytest.approx(spread))
-    assert stats["p"] == pytest.approx(t_upper_tail(0.38 / spread, 1))
-    flat = reg.judge(draws(s0=[3.0], s1=[3.0]), {"5": 3.5}, "heldout_loss", quantum=0.1)
-    assert flat["se"] == pytest.approx(0.1 * math.sqrt(1 / 2 + 1)) and flat["noise"] == 0.1
-
-
-def test_a_figure_new_missing_or_lost_by_hand():
-    """No finite baseline value: nothing to judge ("no finite baseline value" when the records have one).
-    A seed the baseline had, now None: lost. No current value at all: no statistics."""
+def test_a_figure_new_or_gone_by_hand():
+    """No finite baseline value: nothing to judge. No current value at any seed: no statistics (the
+    outcome rule fails the job for a value gone non-finite). One seed's value only: that seed judged."""
     assert reg.judge(draws(s0=[None]), {"0": 3.0}, "heldout_loss") == {
         "baseline": None, "current": 3.0, "delta": None, "floor": None, "noise": None, "se": None, "z": None,
-        "p": None, "mode": "", "note": "no finite baseline value", "p_improved": None, "lost": []}
-    assert reg.judge(draws(s0=[None]), {}, "heldout_loss")["note"] == ""
+        "p": None, "mode": "", "note": "", "p_improved": None}
     gone = reg.judge(draws(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": None, "1": None}, "heldout_loss")
-    assert (gone["baseline"], gone["current"], gone["lost"], gone["p"]) == (3.0, None, ["0", "1"], None)
+    assert (gone["baseline"], gone["current"], gone["p"]) == (3.0, None, None)
     half = reg.judge(draws(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": 3.0, "1": None}, "heldout_loss")
-    assert half["lost"] == ["1"] and half["mode"] == "paired n=1 df=inf" and half["se"] == 0.0
+    assert half["mode"] == "n=1 df=inf" and half["se"] == 0.0
     assert half["z"] == -math.inf and half["p"] == 1.0 and half["p_improved"] == 1.0
     jump = reg.judge(draws(s0=[3.0, 3.0]), {"0": 3.5}, "heldout_loss")
     assert (jump["z"], jump["p"]) == (math.inf, 0.0)
 
 
 def test_rows_of_one_case_by_hand():
-    """Arms baseline and gated, two seeds of two draws, and an arm only in the baseline (a note).
-    baseline: heldout_loss 3.0 everywhere, unchanged: ok. gated: seed 1 lost its held-out loss (a
-    completed run, so the value went non-finite): regressed with p = 0; accuracy only now: new.
-    Paired gated - baseline: heldout_loss lost in seed 1 too; accuracy has no baseline arm value: no row."""
+    """Arms baseline and gated, two seeds of two draws; arm "new" only in the job (a note). baseline:
+    heldout_loss 3.0 everywhere, unchanged: ok. gated: seed 1's held-out loss went non-finite in a completed
+    run: a failed outcome naming case, arm and seed, and its row judges seed 0 alone; accuracy only now:
+    new. Paired gated - baseline: heldout_loss from seed 0; accuracy has no baseline arm value: no row."""
     done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
-    base = {"config": {}, "steps": 10, "arms": {
+    base = {"config": {}, "steps": 10, "stress": "standard", "arms": {
         "baseline": {"status": done, "diverged_at_step": {}, "figures": {"heldout_loss": draws(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
-        "gated": {"status": done, "diverged_at_step": {}, "figures": {"heldout_loss": draws(s0=[2.9, 2.9], s1=[2.9, 2.9])}},
-        "old": {"status": done, "diverged_at_step": {}, "figures": {}}}}
+        "gated": {"status": done, "diverged_at_step": {}, "figures": {"heldout_loss": draws(s0=[2.9, 2.9], s1=[2.9, 2.9])}}}}
     now = {"0": {"0": "completed"}, "1": {"0": "completed"}}
     case = {"config": {}, "steps": 10, "arms": {
         "baseline": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 3.0}, "1": {"0": 3.0}}}},
         "gated": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 2.9}, "1": {"0": None}},
-                                                                      "accuracy": {"0": {"0": 0.6}}}}}}
+                                                                      "accuracy": {"0": {"0": 0.6}}}},
+        "new": {"status": now, "diverged_at_step": {}, "figures": {}}}}
     result = reg.CheckResult()
-    reg._rows_of_case(result, "c/standard", base, case, {})
-    assert result.notes == ["case c/standard: arm old is only in the baseline: not compared"]
-    rows = [(r.arm, r.figure, r.verdict, r.p, r.note) for r in result.rows]
-    assert rows == [("baseline", "heldout_loss", "ok", 1.0, ""),
-                    ("gated", "heldout_loss", "regressed", 0.0, "no finite value now in seed(s) 1"),
-                    ("gated", "accuracy", "new", None, "no finite baseline value"),
-                    ("gated-baseline", "heldout_loss", "regressed", 0.0, "no finite value now in seed(s) 1")]
+    reg.rows_of_case(result, "c/standard", base, case, {})
+    assert result.notes == ["case c/standard: arm new is not in the baseline (new arm): not compared"]
+    assert [o.reason for o in result.outcomes] == [
+        ("case c/standard arm gated seed 1: heldout_loss is non-finite now; finite in every one of the 2 "
+         "baseline runs of this seed")]
+    rows = [(r.arm, r.figure, r.verdict, r.p, r.tier, r.mode) for r in result.rows]
+    assert rows == [("baseline", "heldout_loss", "ok", 1.0, "primary", "n=2 df=inf"),
+                    ("gated", "heldout_loss", "ok", 1.0, "primary", "n=1 df=inf"),
+                    ("gated", "accuracy", "new", None, "advisory", ""),
+                    ("gated-baseline", "heldout_loss", "ok", 1.0, "primary", "n=1 df=inf")]
 
 
 def test_holm_rejects_a_p_exactly_at_its_threshold():
@@ -704,47 +696,49 @@ def test_holm_rejects_a_p_exactly_at_its_threshold():
 
 
 def test_decide_by_hand():
-    """Holm at alpha 0.05 over the four rows with a p (0.01, 0.03, 0.3 and a lost value's 0): 0 <= 0.05/4,
-    0.01 <= 0.05/3 rejected, 0.03 > 0.05/2 is not and stops it. Improved: p_improved <= alpha / rows =
-    0.0125 (0.001 is, 0.02 is not); a row without a p is not judged."""
-    def row(p, p_improved=None, verdict="ok"):
-        return reg.Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, verdict,
-                       p_improved=p_improved)
-    result = reg.CheckResult(alpha=0.05, rows=[row(0.01), row(0.03, 0.001), row(0.3, 0.02), row(None),
-                                               row(0.0, verdict="regressed")])
+    """Primary rows: Holm at alpha 0.05 over the four with a p (0.01, 0.03, 0.3, 0): 0 <= 0.05/4, 0.01 <=
+    0.05/3 rejected, 0.03 > 0.05/2 is not and stops it. Improved: p_improved <= alpha / rows = 0.0125
+    (0.001 is, 0.02 is not); a row without a p is not judged. Advisory rows: Holm over their own family
+    marks "worse" (0.001 <= 0.05/2), never "regressed", and the job passes on them alone."""
+    def row(p, p_improved=None, tier="primary"):
+        return reg.Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok",
+                       p_improved=p_improved, tier=tier)
+    result = reg.CheckResult(alpha=0.05, rows=[row(0.01), row(0.03, 0.001), row(0.3, 0.02), row(None), row(0.0)])
     reg.decide(result)
     assert [r.verdict for r in result.rows] == ["regressed", "improved", "ok", "ok", "regressed"]
+    advisory = reg.CheckResult(alpha=0.05, rows=[row(0.001, tier="advisory"), row(0.4, tier="advisory")])
+    reg.decide(advisory)
+    assert [r.verdict for r in advisory.rows] == ["worse", "ok"] and advisory.exit_code == 0
 
 
-def test_leave_out_by_hand():
+def test_split_runs_by_hand():
     """Draw 1 out of a baseline of draws 0, 1, 2: the kept baseline has 0 and 2, the drawn case only 1."""
     arm = {"status": {"0": {"0": "completed", "1": "diverged", "2": "completed"}},
            "diverged_at_step": {"0": {"0": None, "1": 5, "2": None}},
            "figures": {"x": {"0": {"0": 1.0, "1": 2.0, "2": 3.0}}, "y": {"0": {"0": 1.0}}}}
     baseline = {"draws": [0, 1, 2], "cases": {"c": {"fingerprint": "f", "arms": {"gated": arm}}}}
-    kept, drawn = reg.leave_out(baseline, 1)
-    assert kept["draws"] == [0, 2]
-    assert kept["cases"]["c"]["arms"]["gated"] == {
+    kept, drawn = split_runs(baseline["cases"], lambda seed: "1")
+    assert kept["c"]["arms"]["gated"] == {
         "status": {"0": {"0": "completed", "2": "completed"}}, "diverged_at_step": {"0": {"0": None, "2": None}},
         "figures": {"x": {"0": {"0": 1.0, "2": 3.0}}, "y": {"0": {"0": 1.0}}}}
     assert drawn["c"]["arms"]["gated"] == {"status": {"0": {"1": "diverged"}}, "diverged_at_step": {"0": {"1": 5}},
                                            "figures": {"x": {"0": {"1": 2.0}}}}
     assert drawn["c"]["fingerprint"] == "f"
-    unnamed = {"cases": baseline["cases"]}   # a baseline that does not list its draws: none listed after
-    assert reg.leave_out(unnamed, 1)[0]["draws"] == []
+    assert list(arrangements({"draws": [0, 1], "cases": {"c": {"arms": {"g": {"status": {"0": {}, "1": {}}}}}}})) \
+        == [{"0": "0", "1": "0"}, {"0": "0", "1": "1"}, {"0": "1", "1": "0"}, {"0": "1", "1": "1"}]
 
 
 def test_paired_values_need_both_arms():
     """gated - baseline per seed (and draw) where both arms hold the figure: seed 0 only (seed 1 has no
     baseline value). A case without the baseline arm, or an arm without figures, pairs nothing."""
     arms = {"baseline": {"figures": {"x": {"0": 1.0}}}, "gated": {"figures": {"x": {"0": 3.0, "1": 4.0}}}}
-    assert reg._paired(arms, "gated", "x", nested=False) == {"0": 2.0}
+    assert reg.paired_values(arms, "gated", "x", nested=False) == {"0": 2.0}
     nested = {"baseline": {"figures": {"x": {"0": {"0": 1.0, "1": 2.0}}}},
               "gated": {"figures": {"x": {"0": {"0": 3.0, "1": None, "2": 9.0}}}}}
-    assert reg._paired(nested, "gated", "x", nested=True) == {"0": {"0": 2.0, "1": None}}
-    assert reg._paired({"gated": arms["gated"]}, "gated", "x", nested=False) == {}
-    assert reg._paired({"baseline": {}, "gated": arms["gated"]}, "gated", "x", nested=False) == {}
-    assert reg._paired({"baseline": arms["baseline"], "gated": {}}, "gated", "x", nested=False) == {}
+    assert reg.paired_values(nested, "gated", "x", nested=True) == {"0": {"0": 2.0, "1": None}}
+    assert reg.paired_values({"gated": arms["gated"]}, "gated", "x", nested=False) == {}
+    assert reg.paired_values({"baseline": {}, "gated": arms["gated"]}, "gated", "x", nested=False) == {}
+    assert reg.paired_values({"baseline": arms["baseline"], "gated": {}}, "gated", "x", nested=False) == {}
 
 
 def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case():
@@ -753,19 +747,19 @@ def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case(
     replicate of seed 1 is another draw of it, not a repeat."""
     first, second = pair_record(seeds=(0,)), pair_record(seeds=(1,))
     first["id"], second["id"] = "first", "second"
-    cases = reg.case_values([first, second, replicate(second, 3)])
+    cases = case_values([first, second, replicate(second, 3)])
     assert cases["smoke/standard"]["records"] == ["first", "second", "secondd3"]
     assert sorted(cases["smoke/standard"]["arms"]["gated"]["status"]["1"]) == ["0", "3"]
     assert cases["smoke/standard"]["steps"] == 60 and cases["smoke/standard"]["stress"] == "standard"
     older = {**first, "stress": "pair"}   # written before the plain pair was called "standard": the same case
-    assert reg.case_values([older])["smoke/standard"]["stress"] == "standard"
+    assert case_values([older])["smoke/standard"]["stress"] == "standard"
     other = {**pair_record(seeds=(2,), steps=31), "id": "third"}
     with pytest.raises(RecordError) as error:
-        reg.case_values([first, second, other])
+        case_values([first, second, other])
     assert str(error.value) == ("record #3 (smoke/standard, id third): case smoke/standard appears with two different "
                                 "configs among the records (run.steps: baseline 60, record 31)")
     with pytest.raises(RecordError) as error:
-        reg.case_values([first, second, {**second, "id": "again"}])
+        case_values([first, second, {**second, "id": "again"}])
     assert str(error.value) == ("record #3 (smoke/standard, id again): case smoke/standard arm baseline seed 1 draw 0 "
                                 "appears twice among the records (pass one run directory, or records of distinct seeds)")
 

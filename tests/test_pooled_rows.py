@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import pooled_rows
 
 from stability.check import regression as reg
+from stability.check.baseline import make_baseline
 
 RECORD = pair_record(seeds=(0, 1, 2))   # a smoke pair of three seeds; its baseline: it and 4 replicates
 
@@ -24,7 +25,7 @@ def record():
 
 @pytest.fixture(scope="module")
 def baseline():
-    return reg.make_baseline(with_replicates(RECORD))
+    return make_baseline(with_replicates(RECORD))
 
 
 def test_the_job_playing_the_change_gives_the_checks_own_rows(record, baseline):

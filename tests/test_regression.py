@@ -1,15 +1,18 @@
-"""Properties of the merge check (stability/check/regression.py, `stability check`, `stability baseline ...`):
-noise from rounding replicates, floors and resolution, one family-wise verdict per job, unusable input."""
+"""Properties of the merge check (stability/check/regression.py, baseline.py, calibration.py; `stability check`,
+`stability baseline ...`): noise from rounding replicates, floors and resolution, the primary family judged at
+the job's rate and advisory rows that never fail it, outcomes seed by seed, inputs that fail closed, the
+calibration over every arrangement of a baseline's draws."""
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 
 import pytest
 from _stability_records import edited, pair_record, replicate, with_replicates
 
+from stability.check import baseline as baselines
+from stability.check import calibration as cal
 from stability.check import regression as reg
 from stability.cli import main
 from stability.record import RecordError, paired_summary
@@ -23,7 +26,7 @@ def record():
 
 @pytest.fixture(scope="module")
 def baseline(record):
-    return reg.make_baseline(with_replicates(record), commit="abc123")
+    return baselines.make_baseline(with_replicates(record), commit="abc123")
 
 
 def _write(path, record):
@@ -52,7 +55,7 @@ def _base(values: dict[str, list[float]]) -> dict:
 # ----------------------------------------------------------------------------- the baseline
 
 def test_baseline_holds_every_seeds_reference_and_replicates(record, baseline):
-    assert baseline["schema_version"] == reg.BASELINE_SCHEMA_VERSION == 3
+    assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 4
     assert (baseline["preset"], baseline["device"], baseline["commit"]) == ("smoke", "cpu", "abc123")
     assert baseline["draws"] == [0, 1, 2, 3, 4]
     gated = baseline["cases"]["smoke/standard"]["arms"]["gated"]
@@ -64,9 +67,17 @@ def test_baseline_holds_every_seeds_reference_and_replicates(record, baseline):
 
 def test_a_baseline_needs_three_seeds_and_two_replicates_per_seed(record):
     with pytest.raises(RecordError, match="at least 3 seeds"):
-        reg.make_baseline(with_replicates(pair_record(seeds=(0, 1))))
+        baselines.make_baseline(with_replicates(pair_record(seeds=(0, 1))))
     with pytest.raises(RecordError, match="at least 2 replicates"):
-        reg.make_baseline(with_replicates(record, draws=(1,)))
+        baselines.make_baseline(with_replicates(record, draws=(1,)))
+
+
+def test_a_baseline_of_a_tree_with_uncommitted_changes_is_refused_unless_allowed(record):
+    dirty = [{**r, "git": {**r["git"], "dirty": True}} for r in with_replicates(record)]
+    with pytest.raises(RecordError, match="uncommitted changes .* --allow-dirty"):
+        baselines.make_baseline(dirty)
+    made = baselines.make_baseline(dirty, allow_dirty=True)
+    assert made["dirty"] is True and made["commit"] == record["git"]["commit"]
 
 
 def test_replicates_are_not_taken_for_repeats_of_one_run(record):
@@ -88,7 +99,7 @@ def test_a_row_by_hand_paired_welch_degrees_of_freedom():
     stats = reg.judge(base, {"0": 3.230, "1": 3.280, "2": 3.180}, "heldout_loss")
     assert stats["delta"] == pytest.approx(0.03) and stats["floor"] == pytest.approx(0.02)
     assert stats["se"] == pytest.approx(0.001) and stats["z"] == pytest.approx(10.0)
-    assert stats["mode"] == "paired n=3 df=12"
+    assert stats["mode"] == "n=3 df=12"
     assert stats["p"] == pytest.approx(t_upper_tail(10.0, 12))
     inside = reg.judge(base, {"0": 3.201, "1": 3.251, "2": 3.151}, "heldout_loss")
     assert inside["z"] == pytest.approx(-19.0) and inside["p"] > 0.999
@@ -109,7 +120,20 @@ def test_one_chaotic_seed_gets_its_own_degrees_of_freedom():
     freedom (not 6), so a move there is judged against a heavy-tailed t."""
     base = _base({"0": [0.14, 0.18, 0.16], "1": [0.13, 0.13, 0.13], "2": [0.15, 0.15, 0.15]})
     stats = reg.judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4)
-    assert stats["mode"].startswith("paired n=3 df=2")
+    assert stats["mode"].startswith("n=3 df=2")
+    assert reg.judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4,
+                     dof_rule="min")["mode"] == "n=3 df=2"
+
+
+def test_the_conservative_rule_takes_the_fewest_degrees_of_freedom_of_any_seed():
+    """Three seeds of five runs (4 df each) with equal spreads: Welch gives 12, the "min" rule 4, so the
+    same z has a larger p under "min"."""
+    base = _base({s: [m, m + 0.002, m - 0.002, m + 0.001, m - 0.001] for s, m in (("0", 3.2), ("1", 3.25),
+                                                                                  ("2", 3.15))})
+    current = {"0": 3.23, "1": 3.28, "2": 3.18}
+    welch, low = (reg.judge(base, current, "heldout_loss", dof_rule=rule) for rule in ("welch", "min"))
+    assert welch["mode"] == "n=3 df=12" and low["mode"] == "n=3 df=4" and welch["z"] == low["z"]
+    assert low["p"] == pytest.approx(t_upper_tail(low["z"], 4)) and low["p"] > welch["p"]
 
 
 def test_a_figure_identical_in_every_run_is_judged_at_its_resolution():
@@ -138,12 +162,12 @@ def test_the_resolution_of_each_kind_of_figure():
     assert quantum("heldout_loss", config, 60) == 0.0
 
 
-def test_other_seeds_are_judged_against_the_seed_to_seed_spread():
-    base = _base({"0": [3.20, 3.20, 3.20], "1": [3.21, 3.21, 3.21], "2": [3.19, 3.19, 3.19]})
-    stats = reg.judge(base, {"3": 3.25, "4": 3.25, "5": 3.25}, "heldout_loss")
-    assert stats["mode"] == "unpaired 3/3 df=2"
-    assert stats["se"] == pytest.approx(0.01 * math.sqrt(2 / 3))
-    assert stats["p"] == pytest.approx(t_upper_tail((0.05 - 0.02) / (0.01 * math.sqrt(2 / 3)), 2))
+def test_a_job_of_other_seeds_is_refused_naming_the_seeds(baseline):
+    """Each seed is paired with its own baseline runs; a job of seeds 3, 4, 5 has nothing to pair with:
+    exit 2 with the seeds, never a comparison against the seed-to-seed spread that can catch nothing."""
+    result = reg.check([pair_record(seeds=(3, 4, 5))], baseline)
+    assert result.exit_code == 2
+    assert "the job's seeds 3, 4, 5 are not the baseline's 0, 1, 2" in result.errors[0]
 
 
 # ----------------------------------------------------------------------------- the job's verdict
@@ -161,22 +185,58 @@ def test_one_bad_seed_is_caught(record, baseline):
     assert row.verdict == "regressed" and row.z > 10
 
 
-def test_direction_accuracy_drop_regresses_and_rise_improves(record, baseline):
-    assert _row(reg.check([edited(record, "gated", "accuracy", add=-0.05)], baseline), "gated",
-                "accuracy").verdict == "regressed"
+def test_direction_accuracy_drop_is_worse_and_rise_improves(record, baseline):
+    """Accuracy is advisory: a drop is shown as worse and does not fail the job; a rise improves."""
+    drop = reg.check([edited(record, "gated", "accuracy", add=-0.05)], baseline)
+    assert _row(drop, "gated", "accuracy").verdict == "worse" and drop.exit_code == 0
     assert _row(reg.check([edited(record, "gated", "accuracy", add=0.05)], baseline), "gated",
                 "accuracy").verdict == "improved"
+
+
+def test_only_the_primary_family_fails_a_job(record, baseline):
+    """The declared family (stability.record.figures.PRIMARY) is what the verdict rests on: held-out loss
+    of the plain pair is primary (a move fails the job), F-Attn is advisory (the same size of move is shown
+    as worse, exit 0); the method line counts both."""
+    from stability.record.figures import PRIMARY
+
+    assert reg.in_primary_family("standard", "gated", "heldout_loss")
+    assert reg.in_primary_family("standard", "gated-baseline", "m_act_max")
+    assert not reg.in_primary_family("standard", "gated", "f_attn_mean")
+    assert not reg.in_primary_family("lr_sweep", "gated", "heldout_loss")
+    assert any(p.case == "precision_ladder" and p.arms == "arms" for p in PRIMARY)
+    assert not reg.in_primary_family("precision_ladder", "gated-baseline", "loss_gap_fp16")
+    primary = reg.check([edited(record, "gated", "heldout_loss", add=0.3)], baseline)
+    assert primary.exit_code == 1 and _row(primary, "gated", "heldout_loss").tier == "primary"
+    advisory = reg.check([edited(record, "baseline", "f_attn_mean", add=0.3)], baseline)
+    row = _row(advisory, "baseline", "f_attn_mean")
+    assert advisory.exit_code == 0 and row.tier == "advisory" and row.verdict == "worse" and row.z > 5
+    assert f"{advisory.judged} primary rows, {advisory.advisory} advisory rows" in advisory.method()
+    assert 0 < advisory.judged < 20 < advisory.advisory
+
+
+def test_the_same_runs_judged_in_two_cases_count_once(record, baseline):
+    """A second case holding the same runs (the sweep's reference runs are the plain pair's) gives rows
+    with the same values: they are marked duplicate and leave the family; a primary row keeps the
+    judgement."""
+    twin = {**copy.deepcopy(record), "name": "twin", "id": "twin"}
+    twin_base = baselines.make_baseline(with_replicates(record) + with_replicates(twin))
+    result = reg.check([record, twin], twin_base)
+    pairs = [(r.case, r.tier) for r in result.rows if r.arm == "gated" and r.figure == "heldout_loss"]
+    assert sorted(tier for _, tier in pairs) == ["duplicate", "primary"], pairs
+    duplicate = next(r for r in result.rows if r.tier == "duplicate" and r.figure == "heldout_loss")
+    assert duplicate.note.startswith("the same runs as ") and result.exit_code == 0
+    assert result.judged == reg.check([record], baseline).judged
 
 
 def test_the_gate_stopping_to_help_is_caught_in_the_paired_difference(record, baseline):
     """M-Act of the gated arm at the baseline's level: the paired row gated - baseline regresses."""
     flat = copy.deepcopy(record)
-    ref = {a["seed"]: a["final"]["m_act_mean"] for a in flat["arms"] if a["arm"] == "baseline"}
+    ref = {a["seed"]: a["final"]["m_act_max"] for a in flat["arms"] if a["arm"] == "baseline"}
     for arm in flat["arms"]:
         if arm["arm"] == "gated":
-            arm["final"]["m_act_mean"] = ref[arm["seed"]]
+            arm["final"]["m_act_max"] = ref[arm["seed"]]
     result = reg.check([flat], baseline)
-    assert _row(result, "gated-baseline", "m_act_mean").verdict == "regressed"
+    assert _row(result, "gated-baseline", "m_act_max").verdict == "regressed"
 
 
 def test_holm_keeps_the_family_wise_rate(record, baseline):
@@ -184,65 +244,148 @@ def test_holm_keeps_the_family_wise_rate(record, baseline):
     assert holm([0.01, 0.011, 0.012], 0.05) == [True, True, True]
     assert holm([], 0.01) == []
     result = reg.CheckResult(alpha=0.05)
-    result.rows = [reg.Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok")
-                   for p in (0.001, 0.04, 0.03, 0.5)]
+    result.rows = [reg.Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok",
+                           tier="primary") for p in (0.001, 0.04, 0.03, 0.5)]
     reg.decide(result)
-    assert [r.verdict for r in result.rows] == ["regressed", "ok", "ok", "ok"]
+    assert [r.verdict for r in result.rows] == ["regressed", "ok", "ok", "ok"] and result.exit_code == 1
 
 
 def test_a_row_below_alpha_alone_is_not_a_regression_of_the_job(record, baseline):
-    """p = 0.004 < alpha but far above alpha / rows: the job passes."""
+    """p = 0.004 < alpha but above alpha / primary rows: the job passes."""
     result = reg.check([record], baseline)
-    result.rows[0].p = 0.004
+    result.primary[0].p = 0.004
     for row in result.rows:
         row.verdict = "ok"
     reg.decide(result)
     assert result.exit_code == 0 and 0.004 > 0.01 / result.judged
 
 
-def test_figures_of_a_diverged_arm_are_left_out_and_divergence_is_judged(record, baseline):
-    broken = copy.deepcopy(record)
-    arm = next(a for a in broken["arms"] if a["arm"] == "gated" and a["seed"] == 1)
-    arm.update(status="diverged", diverged_at_step=10)
-    arm["final"].update(diverged=True, divergence_step=10, heldout_loss=9.0)
-    result = reg.check([broken], baseline)
+def _diverged(record, arm_name, seed, step, **final):
+    out = copy.deepcopy(record)
+    arm = next(a for a in out["arms"] if a["arm"] == arm_name and a["seed"] == seed)
+    arm.update(status="diverged", diverged_at_step=step)
+    arm["final"].update(diverged=True, divergence_step=step, **final)
+    out["paired"] = paired_summary(out["arms"])
+    return out
+
+
+def test_a_new_divergence_fails_the_job_naming_case_arm_seed_and_step(record, baseline):
+    """Seed 1 of the gated arm diverges at step 10 where every baseline run of that seed completed: one
+    failed outcome naming all of it; its evaluation figures are left out of the rows, not averaged."""
+    result = reg.check([_diverged(record, "gated", 1, 10, heldout_loss=9.0)], baseline)
+    assert result.exit_code == 1 and [o.figure for o in result.outcomes] == ["diverged"]
+    reason = result.outcomes[0].reason
+    assert reason.startswith("case smoke/standard arm gated seed 1: diverged = ") and "step 10" in reason
+    assert "every one of the 5 baseline runs of this seed was clean" in reason
+    assert "failed: case smoke/standard arm gated seed 1" in result.table()
     assert _row(result, "gated", "heldout_loss").current == pytest.approx(
         sum(a["final"]["heldout_loss"] for a in record["arms"] if a["arm"] == "gated" and a["seed"] != 1) / 2)
-    assert _row(result, "gated", "divergence_step").verdict == "regressed"
-    assert any("seed 1 diverged at step 10" in note for note in result.notes)
 
 
-def test_a_finite_baseline_figure_turning_non_finite_in_a_completed_arm_regresses(record, baseline):
+def test_a_divergence_the_baseline_seed_also_showed_is_judged_by_the_explicit_rule(record):
+    """Two of seed 1's five baseline runs diverged: the job's divergence there is no new outcome, and the
+    verdict says how that seed's evaluation figures are judged (left out when its run diverged too,
+    against the three completed runs when it completed)."""
+    runs = with_replicates(record)
+    runs[1], runs[2] = (_diverged(r, "gated", 1, 12) for r in runs[1:3])
+    mixed = baselines.make_baseline(runs)
+    diverged = reg.check([_diverged(record, "gated", 1, 11)], mixed)
+    assert diverged.exit_code == 0 and not diverged.outcomes
+    assert any("seed 1: 2 of 5 baseline runs diverged; this run diverged as they did" in n for n in diverged.notes)
+    completed = reg.check([record], mixed)
+    assert any("judged against the 3 completed ones" in n for n in completed.notes)
+
+
+def test_a_finite_baseline_figure_turning_non_finite_or_absent_fails_the_job(record, baseline):
+    """A NaN is a result: M-Act max finite in every baseline run of seed 0 and null now (the JSON of a NaN)
+    fails the job, and so does a figure the job no longer reports."""
     result = reg.check([_set(record, "gated", "m_act_max", [None, 30.0, 30.0])], baseline)
-    row = _row(result, "gated", "m_act_max")
-    assert row.verdict == "regressed" and row.p == 0.0 and "seed(s) 0" in row.note
+    assert result.exit_code == 1
+    assert [(o.arm, o.seed, o.figure) for o in result.outcomes] == [("gated", "0", "m_act_max")]
+    assert "m_act_max is non-finite now; finite in every one of the 5 baseline runs" in result.outcomes[0].reason
+    gone = copy.deepcopy(record)
+    del next(a for a in gone["arms"] if a["arm"] == "baseline" and a["seed"] == 2)["final"]["max_attn_logit"]
+    absent = reg.check([gone], baseline)
+    assert absent.exit_code == 1 and "max_attn_logit is absent now" in absent.outcomes[0].reason
+
+
+def test_an_unhandled_non_finite_value_fails_where_every_baseline_run_was_clean(record):
+    """``nonfinite_unhandled`` is an outcome: 0 in every baseline run, 1 in the job's run of seed 2."""
+    runs = [_set(r, arm, "nonfinite_unhandled", [0, 0, 0]) for r in with_replicates(record)
+            for arm in ("baseline",)]
+    runs = [_set(r, "gated", "nonfinite_unhandled", [0, 0, 0]) for r in runs]
+    base = baselines.make_baseline(runs)
+    job = _set(_set(record, "baseline", "nonfinite_unhandled", [0, 0, 0]), "gated", "nonfinite_unhandled", [0, 0, 1])
+    result = reg.check([job], base)
+    assert result.exit_code == 1 and [(o.arm, o.seed) for o in result.outcomes] == [("gated", "2")]
+    clean = _set(_set(record, "baseline", "nonfinite_unhandled", [0, 0, 0]), "gated", "nonfinite_unhandled", [0, 0, 0])
+    assert reg.check([clean], base).exit_code == 0
+
+
+def test_a_handled_overflow_is_not_an_unhandled_event():
+    from stability.record.summary import handled
+
+    assert handled({"what": "grad", "skipped": True})
+    assert not handled({"what": "grad", "skipped": False}) and not handled({"what": "loss", "skipped": True})
 
 
 # ----------------------------------------------------------------------------- calibration
 
-def test_each_draw_judged_against_the_others_passes_on_a_clean_baseline(baseline):
-    results = reg.null_jobs(baseline)
-    assert [r.exit_code for r in results] == [0] * 5
-    assert results[2].notes[0] == "draw 2 judged against the other draws" and results[2].draws == [0, 1, 3, 4]
+def test_every_arrangement_of_a_clean_baseline_passes(baseline):
+    """5 draws of 3 seeds: 125 arrangements, each judged by the check's own code against the other draws;
+    none fails, and the margin is large."""
+    curve = cal.calibrate(baseline)
+    assert curve["arrangements"] == 125 and (curve["seeds"], curve["draws"]) == (3, 5)
+    assert curve["failed"] == [0, 0, 0, 0] and curve["margin"] >= cal.MIN_MARGIN
+    assert cal.acceptable(curve) is None
+    chosen = {"0": "2", "1": "0", "2": "4"}
+    result = cal.judge_arrangement(baseline, chosen)
+    assert result.draws == [1, 3] and result.exit_code == 0 and result.judged > 0
 
 
 def test_calibration_shows_a_draw_that_is_not_a_rounding_change(record):
-    """A "replicate" whose held-out loss is 10% worse is no rounding change: judged against the others it
-    fails, and `stability baseline calibrate` says so with exit 1."""
+    """A "replicate" of seed 0 whose held-out loss is 10% worse is no rounding change: the 25 arrangements
+    where it plays the change fail (20%, above the diagonal at every alpha); the baseline is not
+    acceptable. The same draw 10% worse at every seed fails one arrangement (the one choosing it at every
+    seed: 0.8%, under the diagonal), and its margin refuses the baseline."""
     records = with_replicates(record)
+    one = copy.deepcopy(records[3])
+    arm = next(a for a in one["arms"] if a["arm"] == "baseline" and a["seed"] == 0)
+    arm["final"]["heldout_loss"] *= 1.1
+    curve = cal.calibrate(baselines.make_baseline(records[:3] + [one] + records[4:]))
+    assert curve["failed"] == [25, 25, 25, 25] and curve["margin"] < 1e-6
+    assert "25 of 125 arrangements fail at alpha 0.01" in cal.acceptable(curve)
     records[3] = edited(records[3], "baseline", "heldout_loss", factor=1.1)
-    failed = [r for r in reg.null_jobs(reg.make_baseline(records)) if r.exit_code]
-    assert [r.notes[0] for r in failed] == ["draw 3 judged against the other draws"]
+    curve = cal.calibrate(baselines.make_baseline(records))
+    assert curve["failed"] == [1, 1, 1, 1] and curve["closest"]["arrangement"] == {"0": "3", "1": "3", "2": "3"}
+    assert curve["margin"] < 1 and cal.acceptable(curve).startswith(f"margin {curve['margin']:.3g} under 5")
 
 
 def test_cli_calibrate_exit_codes(tmp_path, record, baseline, capsys):
-    reg.write_baseline(baseline, tmp_path / "b.json")
+    baselines.write_baseline(baseline, tmp_path / "b.json")
     assert main(["baseline", "calibrate", str(tmp_path / "b.json")]) == 0
-    assert "0 of 5 rounding draws" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "125 arrangements" in out and "alpha 0.01" in out and "margin" in out
     records = with_replicates(record)
-    records[2] = edited(records[2], "gated", "accuracy", add=-0.1)
-    reg.write_baseline(reg.make_baseline(records), tmp_path / "bad.json")
+    records[2] = edited(records[2], "gated", "heldout_loss", add=0.5)
+    baselines.write_baseline(baselines.make_baseline(records), tmp_path / "bad.json")
     assert main(["baseline", "calibrate", str(tmp_path / "bad.json")]) == 1
+    assert "calibration fails" in capsys.readouterr().err
+
+
+def test_baseline_update_refuses_a_baseline_whose_calibration_fails(tmp_path, record, capsys):
+    """Nothing is written unless --accept-calibration; then every check that uses it warns."""
+    records = with_replicates(record)
+    records[2] = edited(records[2], "gated", "heldout_loss", add=0.5)
+    paths = [_write(tmp_path / f"r{i}.json", r) for i, r in enumerate(records)]
+    out = tmp_path / "b.json"
+    assert main(["baseline", "update", *paths, "--out", str(out)]) == 2
+    assert "baseline not written: its calibration fails" in capsys.readouterr().err and not out.exists()
+    assert main(["baseline", "update", *paths, "--out", str(out), "--accept-calibration"]) == 0
+    made = baselines.load_baseline(out)
+    assert made["calibration"]["accepted_anyway"] and made["calibration"]["arrangements"] == 125
+    result = reg.check([record], made)
+    assert any("calibration failed" in w for w in result.warnings) and "warning:" in result.table()
 
 
 # ----------------------------------------------------------------------------- unusable input
@@ -271,7 +414,7 @@ def test_fault_selfcheck_and_claim_records_never_enter_a_check_or_a_baseline(rec
         result = reg.check([record, other], baseline)
         assert result.exit_code == 0 and any(f"1 {purpose} record" in n for n in result.notes)
         with pytest.raises(RecordError, match="no regression records"):
-            reg.make_baseline([other])
+            baselines.make_baseline([other])
 
 
 def test_the_same_case_arm_seed_and_draw_twice_is_unusable(record, baseline):
@@ -287,13 +430,38 @@ def test_another_preset_config_or_schedule_is_unusable_and_named(record, baselin
     assert schedule.exit_code == 2 and "schedule differs" in schedule.errors[0]
 
 
-def test_a_killed_record_is_unusable(baseline):
+def test_a_killed_or_unfinished_record_is_unusable(record, baseline):
     assert reg.check([pair_record(status="killed")], baseline).exit_code == 2
+    running = reg.check([{**record, "status": "running"}], baseline)
+    assert running.exit_code == 2 and "the case is 'running'" in running.errors[0]
+
+
+def test_a_job_missing_a_seed_an_arm_or_a_case_fails_closed(record, baseline):
+    """What the baseline judged and the job lacks is exit 2 with the reason, never a pass on what is left."""
+    no_seed = {**copy.deepcopy(record), "arms": [a for a in record["arms"] if a["seed"] != 2]}
+    result = reg.check([no_seed], baseline)
+    assert result.exit_code == 2 and "seed(s) 2 of the baseline are not in the job's records" in result.errors[0]
+    no_arm = {**copy.deepcopy(record), "arms": [a for a in record["arms"] if a["arm"] != "gated"]}
+    result = reg.check([no_arm], baseline)
+    assert result.exit_code == 2 and "arm(s) gated of the baseline are not in the job's records" in result.errors[0]
+    two_cases = baselines.make_baseline(with_replicates(record) + with_replicates(pair_record(name="extra")))
+    result = reg.check([record], two_cases)
+    assert result.exit_code == 2 and "no record of the baseline's case(s) extra/standard" in result.errors[0]
 
 
 def test_a_new_case_is_noted_not_a_regression(record, baseline):
     result = reg.check([record, pair_record(name="extra")], baseline)
     assert result.exit_code == 0 and any("new case" in n for n in result.notes)
+
+
+def test_cases_narrow_the_baseline_on_purpose_and_say_so(record):
+    """`--cases standard` judges the baseline's plain pair only; the verdict names what it left out."""
+    extra = {**pair_record(name="extra"), "stress": "shock"}
+    two = baselines.make_baseline(with_replicates(record) + with_replicates(extra))
+    result = reg.check([record], two, cases=["standard"])
+    assert result.exit_code == 0 and any("left out on purpose: extra/standard" in n for n in result.notes)
+    wrong = reg.check([record], two, cases=["nosuch"])
+    assert wrong.exit_code == 2 and "nosuch not in the baseline" in wrong.errors[0]
 
 
 def test_tolerances_override_floors_and_reject_unknown_names(tmp_path, record, baseline):
@@ -310,13 +478,13 @@ def test_tolerances_override_floors_and_reject_unknown_names(tmp_path, record, b
 
 def test_load_baseline_rejects_missing_corrupt_and_an_older_schema(tmp_path, baseline):
     with pytest.raises(RecordError, match="does not exist"):
-        reg.load_baseline(tmp_path / "none.json")
+        baselines.load_baseline(tmp_path / "none.json")
     (tmp_path / "c.json").write_text("{")
     with pytest.raises(RecordError, match="not valid JSON"):
-        reg.load_baseline(tmp_path / "c.json")
-    _write(tmp_path / "v2.json", {**baseline, "schema_version": 2})
+        baselines.load_baseline(tmp_path / "c.json")
+    _write(tmp_path / "v3.json", {**baseline, "schema_version": 3})
     with pytest.raises(RecordError, match="rounding replicates"):
-        reg.load_baseline(tmp_path / "v2.json")
+        baselines.load_baseline(tmp_path / "v3.json")
 
 
 def test_alpha_must_be_a_rate(record, baseline):
@@ -330,26 +498,28 @@ def test_alpha_must_be_a_rate(record, baseline):
 def test_cli_check_states_its_false_alarm_rate_and_the_evidence(tmp_path, record, capsys):
     paths = [_write(tmp_path / f"r{i}.json", r) for i, r in enumerate(with_replicates(record))]
     assert main(["baseline", "update", *paths, "--out", str(tmp_path / "b.json")]) == 0
-    assert "0 of 5 rounding draws" in capsys.readouterr().out
+    assert "125 arrangements" in capsys.readouterr().out
     assert main(["check", "--baseline", str(tmp_path / "b.json"), paths[0]]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "false-alarm rate alpha = 0.01" in out
-    worse = _write(tmp_path / "worse.json", edited(record, "baseline", "f_attn_mean", add=0.3))
+    worse = _write(tmp_path / "worse.json", edited(record, "baseline", "max_attn_logit", add=3.0))
     assert main(["check", "--baseline", str(tmp_path / "b.json"), worse, "--alpha", "0.05",
                  "--json", str(tmp_path / "c.json")]) == 1
     out = capsys.readouterr().out
-    assert "alpha = 0.05" in out and "regressed: smoke/standard baseline f_attn_mean (z " in out
+    assert "alpha = 0.05" in out and "regressed: smoke/standard baseline max_attn_logit (z " in out
     header = next(line for line in out.splitlines() if line.startswith("case"))
-    assert all(word in header.split() for word in ("floor", "noise", "z", "p"))
+    assert all(word in header.split() for word in ("tier", "floor", "noise", "z", "p"))
     document = json.loads((tmp_path / "c.json").read_text())
-    assert document["alpha"] == 0.05 and document["method"] == reg.METHOD and document["rows_judged"] > 50
+    assert document["alpha"] == 0.05 and document["method"] == reg.METHOD and 0 < document["rows_judged"] < 20
+    assert document["rows_advisory"] > 30 and document["calibration"]["arrangements"] == 125
+    assert {"case": "standard", "figure": "heldout_loss", "arms": "all"}.items() <= document["primary_family"][0].items()
     row = next(r for r in document["rows"] if r["verdict"] == "regressed")
-    assert row["figure"] == "f_attn_mean" and row["p"] < 1e-6 and row["z"] > 5
+    assert row["figure"] == "max_attn_logit" and row["tier"] == "primary" and row["p"] < 1e-6 and row["z"] > 5
 
 
 def test_cli_bad_inputs_exit_2_with_a_message(tmp_path, record, baseline, capsys):
     base = tmp_path / "b.json"
-    reg.write_baseline(baseline, base)
+    baselines.write_baseline(baseline, base)
     truncated = tmp_path / "trunc.json"
     truncated.write_text(json.dumps(record)[:500])
     assert main(["check", "--baseline", str(base), str(truncated)]) == 2
@@ -371,19 +541,19 @@ def test_baseline_update_default_name_is_preset_and_device(tmp_path, record, mon
     monkeypatch.chdir(tmp_path)
     paths = [_write(tmp_path / f"r{i}.json", r) for i, r in enumerate(with_replicates(record))]
     assert main(["baseline", "update", *paths, "--commit", "feedbeef"]) == 0
-    assert reg.load_baseline(tmp_path / "reports" / "baselines" / "smoke-cpu.json")["commit"] == "feedbeef"
-    assert reg.default_baseline_path("full", "cuda:3").name == "full-cuda.json"
+    assert baselines.load_baseline(tmp_path / "reports" / "baselines" / "smoke-cpu.json")["commit"] == "feedbeef"
+    assert baselines.default_baseline_path("full", "cuda:3").name == "full-cuda.json"
 
 
 def test_markdown_summary_states_alpha_and_names_the_row(tmp_path, record, baseline, monkeypatch):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    reg.write_baseline(baseline, tmp_path / "b.json")
+    baselines.write_baseline(baseline, tmp_path / "b.json")
     worse = _write(tmp_path / "w.json", edited(record, "gated", "m_act_max", factor=3.0))
     assert main(["check", "--baseline", str(tmp_path / "b.json"), worse]) == 1
     text = summary.read_text()
     assert "REGRESSED" in text and "| smoke/standard | gated | m_act_max |" in text
-    assert "alpha = 0.01" in text and "| case | arm | figure | better | baseline | current | delta | floor |" in text
+    assert "alpha = 0.01" in text and "| case | arm | figure | tier | baseline | current | delta | floor |" in text
 
 
 # ----------------------------------------------------------------------------- run directories
@@ -399,10 +569,10 @@ def _session(root, name, records):
 
 def test_check_reads_the_newest_run_directory_only(tmp_path, record, baseline, capsys):
     runs = tmp_path / "runs"
-    worse = edited(record, "gated", "m_act_mean", factor=5.0)
+    worse = edited(record, "gated", "m_act_max", factor=5.0)
     _session(runs, "20260101T000000-pytest-aaaaaa", [worse])
     _session(runs, "20260102T000000-pytest-bbbbbb", [record])
-    reg.write_baseline(baseline, tmp_path / "b.json")
+    baselines.write_baseline(baseline, tmp_path / "b.json")
     assert main(["check", "--baseline", str(tmp_path / "b.json"), str(runs)]) == 0   # the older, worse one unread
     assert main(["check", "--baseline", str(tmp_path / "b.json"), str(runs / "20260101T000000-pytest-aaaaaa")]) == 1
     capsys.readouterr()
@@ -411,7 +581,32 @@ def test_check_reads_the_newest_run_directory_only(tmp_path, record, baseline, c
 
 
 def test_no_run_directory_with_records_is_unusable_input(tmp_path, baseline):
-    reg.write_baseline(baseline, tmp_path / "b.json")
+    baselines.write_baseline(baseline, tmp_path / "b.json")
     (tmp_path / "runs" / "20260101T000000-run-cccccc").mkdir(parents=True)
     (tmp_path / "runs" / "20260101T000000-run-cccccc" / "manifest.json").write_text("{}")
     assert main(["check", "--baseline", str(tmp_path / "b.json"), str(tmp_path / "runs")]) == 2
+
+
+def test_the_suites_outcome_is_part_of_the_one_verdict(tmp_path, record, baseline, capsys):
+    """`--junit`: a failed test of the job's suites fails the check too (exit 1, one line naming it), so the
+    check's exit, its table and the job summary agree; an unreadable JUnit file cannot be judged (exit 2)."""
+    baselines.write_baseline(baseline, tmp_path / "b.json")
+    good = _write(tmp_path / "r.json", record)
+    passed = tmp_path / "passed.xml"
+    passed.write_text('<testsuites><testsuite><testcase classname="suites.test_standard" name="test_a"/>'
+                      '<testcase classname="suites.test_standard" name="test_b"><skipped/></testcase>'
+                      '</testsuite></testsuites>')
+    failed = tmp_path / "failed.xml"
+    failed.write_text('<testsuites><testsuite><testcase classname="suites.test_standard.TestInvariants" '
+                      'name="test_record_written_then_tracked"><failure message="AssertionError: not tracked&#10;'
+                      'more">trace</failure></testcase></testsuite></testsuites>')
+    common = ["check", "--baseline", str(tmp_path / "b.json"), good, "--json", str(tmp_path / "c.json")]
+    assert main([*common, "--junit", str(passed)]) == 0
+    capsys.readouterr()
+    assert main([*common, "--junit", str(passed), "--junit", str(failed)]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSED" in out and ("failed: test suites.test_standard.TestInvariants::test_record_written_then_tracked "
+                                   "failed: AssertionError: not tracked") in out
+    assert json.loads((tmp_path / "c.json").read_text())["suite_failures"][0].startswith("test suites.")
+    assert main([*common, "--junit", str(tmp_path / "none.xml")]) == 2
+    assert "the suites' outcome" in capsys.readouterr().out

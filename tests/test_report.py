@@ -12,6 +12,7 @@ import pytest
 from _stability_records import edited, pair_record, with_replicates
 
 from stability.check import regression as reg
+from stability.check.baseline import make_baseline, write_baseline
 from stability.cli import main
 from stability.record import paired_summary
 from stability.report import html as report
@@ -35,8 +36,8 @@ def records():
 @pytest.fixture(scope="module")
 def written(records, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "report.html"
-    baseline = reg.make_baseline(with_replicates(records[0]))
-    result = reg.check([edited(records[0], "gated", "m_act_mean", factor=3.0)], baseline)
+    baseline = make_baseline(with_replicates(records[0]))
+    result = reg.check([edited(records[0], "gated", "m_act_max", factor=3.0)], baseline)
     return report.write_report(records, out, result), result
 
 
@@ -78,7 +79,7 @@ def test_cli_report_writes_html_and_markdown_and_rejects_bad_records(tmp_path, r
     good = tmp_path / "r.json"
     good.write_text(json.dumps(records[0], allow_nan=False))
     base = tmp_path / "b.json"
-    reg.write_baseline(reg.make_baseline(with_replicates(records[0])), base)
+    write_baseline(make_baseline(with_replicates(records[0])), base)
     assert main(["report", str(good), "--out", str(tmp_path / "out" / "report.html"), "--baseline", str(base)]) == 0
     assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "report.md").is_file()
     assert "PASS" in capsys.readouterr().out

@@ -352,7 +352,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None
     """The same run (reference LR, Standard schedule) at every precision of ``stress.precisions``.
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
-    ``nonfinite_events_<p>``, ``diverged_<p>``, ``overflow_fraction_<p>``, ``underflow_fraction_<p>``,
+    ``nonfinite_events_<p>``, ``nonfinite_unhandled_<p>``, ``diverged_<p>``, ``overflow_fraction_<p>``, ``underflow_fraction_<p>``,
     ``loss_scale_drops_<p>`` and ``loss_spike_score_<p>``. ``record["precision_ladder"]`` holds the
     rungs, per rung the library, version and recipe that trained it (``sources``), the rungs skipped
     with their reason (torchao not installed), and a summary of every run."""
@@ -385,6 +385,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None
                         f"loss_gap_{p}": (loss - ref_loss) if _finite(loss) and _finite(ref_loss) and
                         rec["status"] == Status.COMPLETED else None,
                         f"nonfinite_events_{p}": final.get("nonfinite_events"),
+                        f"nonfinite_unhandled_{p}": final.get("nonfinite_unhandled"),
                         f"diverged_{p}": rec["status"] != Status.COMPLETED,
                         f"overflow_fraction_{p}": final.get("overflow_fraction"),
                         f"underflow_fraction_{p}": final.get("underflow_fraction"),

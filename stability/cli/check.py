@@ -29,7 +29,7 @@ def read_inputs(args) -> tuple[list[dict], list[str]]:
 
 def baseline_from_mlflow(branch: str, tracking_uri: str | None, preset: str | None, device: str | None) -> dict:
     """A baseline from the JSON records of the latest parent run per case tagged git.branch=BRANCH."""
-    from stability.check.regression import make_baseline
+    from stability.check.baseline import make_baseline
     from stability.track.runs import fetch_records
 
     try:
@@ -59,7 +59,8 @@ def write_step_summary(text: str, path: str | None = None) -> Path | None:
 
 def cmd_check(args) -> int:
     """Table on stdout, Markdown to $GITHUB_STEP_SUMMARY / --markdown; exit 0 ok, 1 regressed, 2 unusable."""
-    from stability.check.regression import CheckResult, check, load_baseline, load_tolerances
+    from stability.check.baseline import load_baseline
+    from stability.check.regression import CheckResult, check, load_tolerances, suite_failures
 
     try:
         records, notes = read_inputs(args)
@@ -72,7 +73,9 @@ def cmd_check(args) -> int:
             baseline = load_baseline(args.baseline)
         else:
             raise RecordError("give --baseline PATH (e.g. reports/baselines/smoke-cpu.json) or --from-mlflow BRANCH")
-        result = check(records, baseline, tolerances, alpha=args.alpha)
+        cases = [c for c in args.cases.split(",") if c] if args.cases else None
+        result = check(records, baseline, tolerances, alpha=args.alpha, cases=cases)
+        result.suite_failures = suite_failures(args.junit or [])
         result.notes[:0] = notes
     except RecordError as error:
         result = CheckResult(errors=[str(error)])
@@ -87,44 +90,58 @@ def cmd_check(args) -> int:
 
 
 def cmd_baseline_update(args) -> int:
-    from stability.check.regression import default_baseline_path, make_baseline, write_baseline
+    """Write a baseline from the records of a run directory, calibrated: refused (exit 2, nothing written)
+    when its calibration crosses the diagonal or its margin is under the minimum, unless
+    --accept-calibration (then every check that uses it warns)."""
+    from stability.check.baseline import default_baseline_path, make_baseline, write_baseline
+    from stability.check.calibration import acceptable, calibrate, curve_lines
 
     records, notes = read_inputs(args)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    baseline = make_baseline(records, commit=args.commit or git_info().get("commit"))
+    baseline = make_baseline(records, commit=args.commit or git_info().get("commit"), allow_dirty=args.allow_dirty)
     out = Path(args.out) if args.out else default_baseline_path(baseline["preset"], baseline["device"],
                                                                  baseline_dir(args))
-    write_baseline(baseline, out)
     cases = ", ".join(f"{key} (seeds {max(len(a['status']) for a in case['arms'].values())})"
                       for key, case in baseline["cases"].items())
-    print(f"baseline written: {out} (preset {baseline['preset']}, device {baseline['device']}, commit "
-          f"{str(baseline['commit'])[:12]}, draws {baseline['draws']}: the reference and "
-          f"{len(baseline['draws']) - 1} rounding replicates per seed; cases: {cases})")
-    print_calibration(baseline, args.alpha)
+    print(f"baseline of preset {baseline['preset']}, device {baseline['device']}, commit "
+          f"{str(baseline['commit'])[:12]}{' (uncommitted changes: --allow-dirty)' if baseline['dirty'] else ''}, "
+          f"draws {baseline['draws']}: the reference and {len(baseline['draws']) - 1} rounding replicates per seed; "
+          f"cases: {cases}")
+    curve = calibrate(baseline, alphas=calibration_alphas(args.alpha))
+    print("\n".join(curve_lines(curve)))
+    reason = acceptable(curve)
+    baseline["calibration"] = {**curve, "accepted_anyway": bool(reason), "reason": reason}
+    if reason and not args.accept_calibration:
+        raise RecordError(f"baseline not written: its calibration fails: {reason}; the rule's false-alarm rate "
+                          f"on these draws is not what it states (write it anyway with --accept-calibration)")
+    if reason:
+        print(f"warning: calibration fails ({reason}); written anyway (--accept-calibration): every check that "
+              f"uses this baseline says so", file=sys.stderr)
+    write_baseline(baseline, out)
+    print(f"baseline written: {out}")
     return 0
 
 
-def print_calibration(baseline: dict, alpha: float) -> int:
-    """Judge each draw of the baseline against the others and print how many such harmless jobs failed."""
-    from stability.check.regression import null_jobs
+def calibration_alphas(alpha: float) -> tuple[float, ...]:
+    """The alphas a calibration is judged at: the check's own first, then the standard ones."""
+    from stability.check.calibration import ALPHAS
 
-    results = null_jobs(baseline, alpha)
-    failed = [r for r in results if r.exit_code != 0]
-    for result in results:
-        worst = min((r for r in result.rows if r.p is not None), key=lambda r: r.p, default=None)
-        print(f"  {result.notes[0]}: {result.verdict} ({result.judged} rows"
-              + (f"; smallest p {worst.p:.2g}: {worst.case} {worst.arm} {worst.figure}" if worst else "") + ")")
-    print(f"calibration: {len(failed)} of {len(results)} rounding draws, each judged against the others, failed "
-          f"the check at alpha = {alpha:g}")
-    return len(failed)
+    return (alpha, *[a for a in ALPHAS if a != alpha])
 
 
 def cmd_baseline_calibrate(args) -> int:
-    from stability.check.regression import load_baseline
+    """Judge every arrangement of a baseline's draws: the false-alarm curve and the margin; exit 1 when
+    the curve crosses the diagonal or the margin is under the minimum."""
+    from stability.check.baseline import load_baseline
+    from stability.check.calibration import acceptable, calibrate, curve_lines
 
-    failed = print_calibration(load_baseline(args.baseline), args.alpha)
-    return 1 if failed else 0
+    curve = calibrate(load_baseline(args.baseline), alphas=calibration_alphas(args.alpha))
+    print("\n".join(curve_lines(curve)))
+    reason = acceptable(curve)
+    if reason:
+        print(f"error: calibration fails: {reason}", file=sys.stderr)
+    return 1 if reason else 0
 
 
 def baseline_dir(args) -> Path:
@@ -185,6 +202,12 @@ def add_parsers(sub) -> None:
                      help="take the baseline from the latest parent runs tagged git.branch=BRANCH")
     chk.add_argument("--tracking-uri", help="MLflow tracking URI for --from-mlflow")
     chk.add_argument("--tolerances", help="JSON or TOML overrides {figure: {floor, rel_floor}}")
+    chk.add_argument("--junit", action="append", metavar="XML",
+                     help="a JUnit XML file of the job's test steps (repeatable): a failed test fails the verdict too, "
+                          "so the check's exit, its table and the job summary are the job's one verdict")
+    chk.add_argument("--cases", metavar="NAMES",
+                     help="judge only these stress cases of the baseline (comma-separated, e.g. standard); by default "
+                          "every case the baseline holds must be in the records")
     add_alpha(chk, DEFAULT_ALPHA)
     chk.add_argument("--markdown", help="also append the Markdown summary here (default $GITHUB_STEP_SUMMARY)")
     chk.add_argument("--json", help="write the verdict rows as JSON here")
@@ -210,6 +233,7 @@ def add_parsers(sub) -> None:
     make.add_argument("--commit", help="commit the baseline comes from (default: git HEAD)")
     make.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     add_alpha(make, DEFAULT_ALPHA)
+    add_baseline_flags(make)
     make.set_defaults(func=cmd_baseline_make)
     upd = base_sub.add_parser("update", help="write a baseline from the records of a run directory (its reference "
                                              "runs and their rounding replicates)")
@@ -218,11 +242,20 @@ def add_parsers(sub) -> None:
                                    "baselines directory, reports/baselines without settings)")
     upd.add_argument("--commit", help="commit the baseline comes from (default: git HEAD)")
     add_alpha(upd, DEFAULT_ALPHA)
+    add_baseline_flags(upd)
     upd.set_defaults(func=cmd_baseline_update)
-    cal = base_sub.add_parser("calibrate", help="judge each draw of a baseline against the others (its false alarms)")
+    cal = base_sub.add_parser("calibrate", help="judge every arrangement of a baseline's draws as a harmless job (its "
+                                                "false-alarm curve and margin)")
     cal.add_argument("baseline", help="baseline JSON")
     add_alpha(cal, DEFAULT_ALPHA)
     cal.set_defaults(func=cmd_baseline_calibrate)
+
+
+def add_baseline_flags(parser) -> None:
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write a baseline of records trained from a tree with uncommitted changes")
+    parser.add_argument("--accept-calibration", action="store_true",
+                        help="write the baseline although its calibration fails (every check then warns)")
 
 
 def add_alpha(parser, default: float) -> None:

@@ -6,14 +6,16 @@ from stability.cli.check import add_record_arguments, read_inputs
 
 
 def cmd_report(args) -> int:
-    from stability.check.regression import check, load_baseline, load_tolerances
+    from stability.check.baseline import load_baseline
+    from stability.check.regression import check, load_tolerances
     from stability.report.html import write_report
 
     records, notes = read_inputs(args)
     result = None
     if args.baseline:
         tolerances = load_tolerances(args.tolerances) if args.tolerances else None
-        result = check(records, load_baseline(args.baseline), tolerances)
+        cases = [c for c in args.cases.split(",") if c] if args.cases else None
+        result = check(records, load_baseline(args.baseline), tolerances, cases=cases)
         result.notes[:0] = notes
     paths = write_report(records, args.out, result)
     print(f"report: {paths['html']} (Markdown {paths['markdown']}, {len(paths['plots'])} plot(s))")
@@ -28,4 +30,5 @@ def add_parsers(sub) -> None:
     rep.add_argument("--out", default="reports/report.html", help="HTML file (Markdown twin next to it, .md)")
     rep.add_argument("--baseline", help="also show the regression verdicts against this baseline")
     rep.add_argument("--tolerances", help="tolerance overrides for the verdicts (JSON or TOML)")
+    rep.add_argument("--cases", metavar="NAMES", help="judge only these stress cases of the baseline (comma-separated)")
     rep.set_defaults(func=cmd_report)

@@ -48,6 +48,7 @@ class Figure:
     floor: float = 0.0
     rel_floor: float = 0.0
     quantum: str | None = None
+    outcome: bool = False
 
     def __post_init__(self) -> None:
         if self.better not in (None, "lower", "higher"):
@@ -58,6 +59,12 @@ class Figure:
             raise ValueError(f"figure {self.name}: a detail is never judged: expected better=None")
         if self.quantum not in QUANTA:
             raise ValueError(f"figure {self.name}: quantum={self.quantum!r}, expected one of {QUANTA}")
+        if self.outcome and self.better is None:
+            raise ValueError(f"figure {self.name}: an outcome is judged: expected better='lower' or 'higher'")
+
+    def clean(self, value) -> bool:
+        """Whether an outcome's value is its best one (0 / false for "lower", true for "higher")."""
+        return bool(value) if self.better == "higher" else not value
 
     @property
     def needs_completed_arm(self) -> bool:
@@ -89,10 +96,13 @@ FIGURES: dict[str, Figure] = _table(
     Figure("grad_spike_score", "lower", "% of steps", "steps whose gradient norm is >= k std above the rolling mean",
            kind="peak", floor=2.0, quantum="step_pct"),
     Figure("nonfinite_events", "lower", "count", "steps with a NaN/Inf loss or gradient", kind="run", floor=0.5, quantum="count"),
+    Figure("nonfinite_unhandled", "lower", "count", "steps with a NaN/Inf loss or gradient that the precision recipe "
+           "did not handle (a gradient overflow fp16's loss scaler skipped is handled)", kind="run", quantum="count",
+           outcome=True),
     Figure("skipped_steps", "lower", "count", "optimizer steps skipped (fp16 loss-scale overflow)", kind="run",
            floor=0.5, rel_floor=0.1, quantum="count"),
     Figure("diverged", "lower", "fraction of seeds", "the arm stopped on a non-finite or exploding loss",
-           kind="run", floor=0.25, quantum="seed"),
+           kind="run", floor=0.25, quantum="seed", outcome=True),
     Figure("divergence_step", "higher", "step",
            "step at which the arm diverged (the run length when it did not)", kind="run", floor=2.0,
            rel_floor=0.1, quantum="step"),
@@ -106,6 +116,15 @@ FIGURES: dict[str, Figure] = _table(
            floor=2.0, rel_floor=0.5, quantum="count"),
     Figure("max_update_norm", "lower", "L2 norm", "largest global optimiser update norm ||W_after - W_before||",
            kind="peak", floor=0.05, rel_floor=0.5),
+    # the trajectory summarised where rounding does not scramble it (stability.record.summary)
+    Figure("early_loss", "lower", "nats/token", "mean training loss over the early horizon (the first tenth of "
+           "the planned steps)", kind="run", rel_floor=0.0005),
+    Figure("early_grad_norm", "lower", "L2 norm", "mean global gradient norm (before clipping) over the early "
+           "horizon", kind="run", rel_floor=0.002),
+    Figure("late_loss", "lower", "nats/token", "mean training loss over the last quarter of the steps trained",
+           kind="peak", floor=0.02, rel_floor=0.005),
+    Figure("late_grad_norm", "lower", "L2 norm", "median global gradient norm over the last quarter of the steps "
+           "trained", kind="peak", rel_floor=0.05),
     # heavy probes of the final model (probe batch, explicit attention path)
     Figure("m_act_mean", "lower", "|activation|",
            "max |value| of each block's residual output, mean over layers (Qiu et al. Table 4)", floor=1.0,
@@ -171,8 +190,10 @@ FIGURES: dict[str, Figure] = _table(
     Figure("loss_gap_*", "lower", "nats/token", "held-out loss at this precision minus fp32",
            floor=0.05, rel_floor=0.25),
     Figure("nonfinite_events_*", "lower", "count", "non-finite steps at this precision", kind="run", floor=0.5, quantum="count"),
+    Figure("nonfinite_unhandled_*", "lower", "count", "non-finite steps at this precision that its recipe did not "
+           "handle", kind="run", quantum="count", outcome=True),
     Figure("diverged_*", "lower", "fraction of seeds", "the run at this precision diverged", kind="run",
-           floor=0.25, quantum="seed"),
+           floor=0.25, quantum="seed", outcome=True),
     Figure("overflow_fraction_*", "lower", "fraction", "values beyond this precision's range", kind="run",
            floor=0.001),
     Figure("underflow_fraction_*", "lower", "fraction", "non-zero values flushed to zero at this precision",
@@ -249,3 +270,43 @@ def quantum(name: str, config: dict, steps: int) -> float:
     if kind == "head":
         return 1.0 / (config.get("run.model.n_heads", 1) * config.get("run.model.n_layers", 1))
     return 100.0 / max(1, steps)   # "step_pct"
+
+
+# ----------------------------------------------------------------------------- the merge check's primary family
+
+@dataclass(frozen=True)
+class Primary:
+    """Rows of the merge check's primary family: figure ``figure`` (a name or a family pattern) of stress
+    case ``case``, for ``arms``: "all" (each arm and each paired difference arm - baseline), "arms" (each
+    arm) or "paired" (the differences only)."""
+
+    case: str
+    figure: str
+    arms: str = "all"
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.arms not in ("all", "arms", "paired"):
+            raise ValueError(f"primary row {self.case}/{self.figure}: arms={self.arms!r}, expected 'all', 'arms' "
+                             f"or 'paired'")
+        if figure(self.figure) is None or figure(self.figure).better is None or figure(self.figure).outcome:
+            raise ValueError(f"primary row {self.case}/{self.figure}: expected a judged figure of the table that "
+                             f"is not an outcome (outcomes are judged seed by seed)")
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+PRIMARY: tuple[Primary, ...] = (
+    Primary("standard", "heldout_loss", why="the trained model got worse, or the gate stopped helping"),
+    Primary("standard", "early_loss", arms="arms", why="training got worse over the early horizon"),
+    Primary("standard", "early_grad_norm", arms="arms", why="gradients grew over the early horizon"),
+    Primary("standard", "late_grad_norm", arms="arms", why="gradients grew late in training"),
+    Primary("standard", "m_act_max", why="massive activations grew (Qiu et al. Table 4)"),
+    Primary("standard", "max_attn_logit", why="attention logits grew (Wortsman et al. 2023)"),
+    Primary("lr_sweep", "lr_sensitivity", why="the loss depends more on the learning rate (Wortsman et al. 2023)"),
+    Primary("lr_ramp", "ramp_divergence_lr", arms="arms", why="the LR range test diverges at a lower learning rate"),
+    Primary("precision_ladder", "loss_gap_*", arms="arms", why="low-precision training loses more against fp32"),
+    Primary("shock", "shock_peak_excess", arms="arms", why="an LR shock throws the loss further up"),
+    Primary("batch_ramp", "heldout_loss", arms="arms", why="the model trained with growing batches got worse"),
+)

@@ -23,9 +23,41 @@ def _finite_mean(values) -> float:
     return sum(finite) / len(finite) if finite else float("nan")
 
 
+def early_horizon(steps_planned: int) -> int:
+    """The steps of the early horizon: the first tenth of the planned run (at least one step). Over it a
+    change of rounding has not yet grown: rounding replicates of a 300-step run agree to about 1e-6 in
+    loss and gradient norm there, and drift apart completely by the end."""
+    return max(1, steps_planned // 10)
+
+
+def _median(values) -> float:
+    finite = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not finite:
+        return float("nan")
+    middle = len(finite) // 2
+    return finite[middle] if len(finite) % 2 else (finite[middle - 1] + finite[middle]) / 2
+
+
+def trajectory_figures(series: dict, steps_planned: int) -> dict[str, float]:
+    """Summaries of the trajectory that a change of rounding does not scramble: the mean loss and mean
+    gradient norm over the early horizon, the mean loss and median gradient norm over the last quarter of
+    the steps trained (a window instead of one step's value)."""
+    losses, grads = series["loss"], series["grad_norm"]
+    early = early_horizon(steps_planned)
+    late = len(losses) - max(1, len(losses) // 4)
+    return {"early_loss": _finite_mean(losses[:early]), "early_grad_norm": _finite_mean(grads[:early]),
+            "late_loss": _finite_mean(losses[late:]), "late_grad_norm": _median(grads[late:])}
+
+
 def spike_score(flags: list[bool]) -> float:
     """Percentage of steps flagged as spikes (0 for no steps)."""
     return 100.0 * sum(flags) / len(flags) if flags else 0.0
+
+
+def handled(event: dict) -> bool:
+    """A non-finite event the precision recipe handled: a gradient overflow whose optimiser step was
+    skipped (fp16's loss scaler meets it, skips the step and lowers the scale, as designed)."""
+    return event.get("what") == "grad" and bool(event.get("skipped"))
 
 
 def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
@@ -43,10 +75,12 @@ def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
         "loss_spikes": sum(series["loss_spike"]),
         "grad_spikes": sum(series["grad_spike"]),
         "nonfinite_events": len(arm["events"]),
+        "nonfinite_unhandled": sum(not handled(event) for event in arm["events"]),
         "skipped_steps": sum(series["skipped"]),
         "max_grad_norm": max(finite_grads, default=float("nan")),
         "diverged": diverged,
         "divergence_step": arm["diverged_at_step"] if diverged else steps_planned,
+        **trajectory_figures(series, steps_planned),
     }
     if "update_norm" in series:  # records written before the update-norm probe have none
         finite_updates = [v for v in series["update_norm"] if v is not None and math.isfinite(v)]

@@ -416,13 +416,14 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
         cls = {0: "ok", 1: "regressed", 2: "regressed"}[result.exit_code]
         h += ["<h2 id='regression'>Regression check</h2>",
               f"<p class='{cls}'>{html.escape(result.summary_line())}</p>"]
-        h += [f"<p class='regressed'>error: {html.escape(e)}</p>" for e in result.errors]
+        h += [f"<p>{html.escape(result.method())}</p>"]
+        h += [f"<p class='regressed'>{html.escape(line)}</p>" for line in result.failure_lines()]
+        h += [f"<p>warning: {html.escape(w)}</p>" for w in result.warnings]
         h += [f"<p>note: {html.escape(n)}</p>" for n in result.notes]
-        changed = [r for r in result.rows if r.verdict != "ok"]
-        if changed:
-            h += ["<h3>Figures outside their band</h3>", _html_table(_verdict_rows(result, changed), "changed")]
-        elif result.rows:
-            h.append("<p class='ok'>every figure is within its band</p>")
+        shown = result.shown(only_changed=True)
+        if shown:
+            h += ["<h3>The primary family, and the advisory rows that moved</h3>",
+                  _html_table(_verdict_rows(result, shown), "changed")]
         if result.rows:
             h += [f"<details><summary>all {len(result.rows)} figures</summary>",
                   _html_table(_verdict_rows(result), "verdicts"), "</details>"]

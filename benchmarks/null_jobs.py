@@ -1,0 +1,124 @@
+"""False alarms of the merge gate, measured: the CPU job of unchanged code under fresh rounding draws.
+
+    python benchmarks/null_jobs.py --scale smoke --draws 5-64        # 60 jobs: train, keep, judge
+    python benchmarks/null_jobs.py --scale ci --draws 5-14
+    python benchmarks/null_jobs.py --scale smoke --rejudge           # judge the kept records again
+
+A *null job* is the ``stress-cpu`` job of ``.github/workflows/stability.yml`` run on the code as it is, with
+every run trained as rounding replicate N (``--replicate N``: each initial parameter moved by one rounding
+step, ``stability.model.rounding``) for an N the baseline does not hold (its draws are 0-4). Such a job is
+a harmless change by construction: each of its runs is one more draw of what the baseline measured. The
+job fails when a stress test, the kernel step or ``stability check`` fails; every failure is a false alarm.
+With n jobs and k failures the exact (Clopper-Pearson) 95% upper bound of the false-alarm rate is stated;
+0 of 60 bounds it below 4.9%.
+
+Records are kept like the zoo's (``reports/null/<scale>/draw<N>.json.xz``: the regression records without
+their per-step series, which the check never reads, the failed stress tests, the kernel step's exit, the
+job's time) so that ``--rejudge`` judges them again without training. The table goes to
+``reports/null-<scale>.md``. Nothing is asserted here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import regression_zoo as zoo
+
+from stability.check.baseline import load_baseline
+
+
+def draws_of(text: str) -> list[int]:
+    """"5-64" or "5,7,9" -> the draw numbers."""
+    out = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out += list(range(int(low), int(high or low) + 1))
+    return out
+
+
+def upper_bound(failed: int, jobs: int, confidence: float = 0.95) -> float:
+    """The exact one-sided upper confidence bound of a binomial rate (Clopper-Pearson), by bisection."""
+    if jobs == 0:
+        return 1.0
+    if failed >= jobs:
+        return 1.0
+
+    def tail(rate):   # P(X <= failed) under rate
+        return sum(math.comb(jobs, k) * rate ** k * (1 - rate) ** (jobs - k) for k in range(failed + 1))
+    low, high = 0.0, 1.0
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if tail(middle) > 1 - confidence else (low, middle)
+    return high
+
+
+def table(rows: list[dict], scale: str, baseline: dict) -> str:
+    failed = [r for r in rows if r["failed"]]
+    minutes = [r["seconds"] / 60 for r in rows]
+    lines = [f"## Null jobs at `{scale}`", "",
+             (f"The CPU job of unchanged code, each run a fresh rounding draw the baseline does not hold "
+              f"(`--replicate N`), judged against `reports/baselines/{scale}-cpu.json` (commit "
+              f"`{str(baseline.get('commit'))[:12]}`, draws {baseline.get('draws')}). A job fails on a stress test, "
+              f"the kernel step or the check; every failure is a false alarm."), "",
+             "| jobs | failed | false-alarm rate | 95% upper bound (exact) | minutes per job: median (range) |",
+             "|---|---|---|---|---|",
+             (f"| {len(rows)} | {len(failed)} | {len(failed) / max(1, len(rows)):.1%} | "
+              f"{upper_bound(len(failed), len(rows)):.1%} | "
+              + (f"{statistics.median(minutes):.1f} ({min(minutes):.1f}-{max(minutes):.1f}) |" if minutes else "- |")),
+             "", "| draw | verdict | what failed | smallest primary margin | minutes |", "|---|---|---|---|---|"]
+    for r in rows:
+        what = r["regressed"] + [f"stress: {n.rsplit('::', 1)[-1]}" for n in r["stress_failures"]] + r["errors"]
+        if r["kernel_exit"] not in (0, None):
+            what.append(f"kernel exit {r['kernel_exit']}")
+        lines.append(f"| {r['entry']} | {'FAILED' if r['failed'] else 'passed'} | {'; '.join(what) or '-'} | "
+                     f"{r['margin']} | {r['seconds'] / 60:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
+    parser.add_argument("--draws", default="5-64", help="rounding draws to run, e.g. 5-64 or 5,6,7 (never 0-4)")
+    parser.add_argument("--work", help="where the copies are made (default: a new temporary folder)")
+    parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
+    parser.add_argument("--out", help="Markdown table (default reports/null-<scale>.md)")
+    args = parser.parse_args()
+    zoo.KEPT = ROOT / "reports" / "null"
+    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
+    draws = draws_of(args.draws)
+    held = set(baseline.get("draws") or [])
+    if held & set(draws):
+        parser.error(f"draws {sorted(held & set(draws))} are the baseline's own: a null job needs a fresh draw")
+    work = Path(args.work or tempfile.mkdtemp(prefix="stability-null-")) / args.scale
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for draw in draws:
+        name = f"draw{draw}"
+        document = zoo.read_kept(args.scale, name)
+        if document is None and not args.rejudge:
+            print(f"{name}: running the CPU job at {args.scale} ...", flush=True)
+            document = zoo.run_entry(zoo.UNCHANGED, args.scale, work, env={"PYTEST_ADDOPTS": f"--replicate {draw}"},
+                                     name=name)
+            zoo.keep(args.scale, document)
+        if document is None:
+            continue
+        rows.append(zoo.judged(document, baseline))
+        print(f"{name}: {'FAILED' if rows[-1]['failed'] else 'passed'} {rows[-1]['regressed'][:3]} "
+              f"({document['seconds'] / 60:.1f} min)", flush=True)
+    text = table(rows, args.scale, baseline)
+    out = Path(args.out) if args.out else ROOT / "reports" / f"null-{args.scale}.md"
+    out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""A regression baseline: every seed's reference run and rounding replicates of the stress cases.
+
+    baseline = make_baseline(records)          # from the records of one run directory (one preset, device)
+    write_baseline(baseline, path); load_baseline(path)
+
+A baseline (``reports/baselines/<preset>-<device>.json``) holds, per stress case (its key
+``<preset>/<name>[-<schedule>]``), arm, seed and judged figure, the value of the seed's reference run
+(draw 0) and of its *replicates*: runs of the same code, config and seed whose initial parameters differ
+by one rounding step (``run.replicate``; ``stability.model.rounding``). Training is chaotic, so a
+harmless change of rounding moves a figure about as much as the replicates differ: their spread is the
+noise of the check (``stability.check.regression``). Besides the values it records the commit it was
+made from (a tree with uncommitted changes is refused unless ``allow_dirty``: nobody could say which
+code it describes) and, once judged, its calibration (``stability.check.calibration``).
+
+This module reads JSON only: no torch, no MLflow.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from pathlib import Path
+
+from stability.record import (
+    USABLE,
+    RecordError,
+    Status,
+    case_key,
+    case_name,
+    comparable_config,
+    config_diff,
+    config_fingerprint,
+    device_kind,
+    record_device,
+    record_draw,
+    validate_record,
+    where,
+    write_json,
+)
+from stability.record import figures as fig
+
+BASELINE_SCHEMA_VERSION = 4
+MIN_SEEDS = 3
+MIN_DRAWS = 3          # per arm and seed: the reference and at least two replicates
+
+
+def default_baseline_path(preset: str, device: str, directory: str | Path = "reports/baselines") -> Path:
+    return Path(directory) / f"{preset}-{device_kind(device)}.json"
+
+
+# ----------------------------------------------------------------------------- records -> cases
+
+def regression_records(records: list[dict]) -> tuple[list[dict], list[str], list[str]]:
+    """(the records a check or a baseline may use: purpose "regression"; notes on the records of other
+    purposes, which are never compared; errors: records a crash or a stop left unfinished, which cannot
+    be judged)."""
+    used, notes, errors = [], [], []
+    left: dict[str, int] = {}
+    for index, record in enumerate(records):
+        purpose = record.get("purpose", "regression")
+        if purpose != "regression":
+            left[purpose] = left.get(purpose, 0) + 1
+        elif record.get("status") in (Status.RUNNING, Status.KILLED):
+            errors.append(f"{where(record, index)}: the case is {record.get('status')!r} (interrupted, or its "
+                          f"process died): its figures cannot be judged; finish it with `stability stress "
+                          f"--resume` or run the job again")
+        else:
+            used.append(record)
+    notes += [f"left out {n} {purpose} record(s): only purpose 'regression' is compared"
+              for purpose, n in sorted(left.items())]
+    return used, notes, errors
+
+
+def _check_usable(record: dict, index: int) -> None:
+    validate_record(record, where(record, index))
+    for arm in record["arms"]:
+        if arm["status"] not in USABLE:
+            reason = f" ({arm.get('stop_reason')})" if arm.get("stop_reason") else ""
+            raise RecordError(f"{where(record, index)}: arm {arm['arm']}/seed {arm['seed']} has status "
+                              f"{arm['status']!r}{reason}: only completed or diverged arms can be compared; "
+                              f"rerun the case")
+
+
+def figure_value(record: dict, index: int, arm: dict, name: str) -> float | None:
+    """A final figure as a float (None: non-finite, written as null); RecordError for a value that is not
+    a number or a figure the table does not know (unusable input, never a regression)."""
+    value = arm["final"][name]
+    if fig.figure(name) is None:
+        raise RecordError(f"{where(record, index)}: arm {arm['arm']}/seed {arm['seed']} holds figure {name!r}, "
+                          f"which the figure table (stability.record.figures) does not know: expected a figure "
+                          f"of the table, or an entry for it there")
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)):
+        raise RecordError(f"{where(record, index)}: arm {arm['arm']}/seed {arm['seed']} figure {name}={value!r} "
+                          f"is not a number ({type(value).__name__}): expected a number, true/false or null")
+    return float(value) if math.isfinite(value) else None
+
+
+def case_values(records: list[dict]) -> dict[str, dict]:
+    """{case key: {"name", "schedule", "stress", "steps", "fingerprint", "config", "records",
+                   "arms": {arm: {"status": {seed: {draw: status}}, "diverged_at_step": {seed: {draw: step}},
+                                  "figures": {figure: {seed: {draw: value or None}}}}}}}.
+
+    Seeds and draws are strings (JSON keys). A judged figure is held for every run that reports it; an
+    evaluation or peak figure (``Figure.needs_completed_arm``) of a run that did not complete is not (it
+    describes a broken model or the size of its explosion). None is a figure that is non-finite."""
+    cases: dict[str, dict] = {}
+    for index, record in enumerate(records):
+        _check_usable(record, index)
+        key = case_key(record)
+        fingerprint = config_fingerprint(record["config"])
+        run = record["config"].get("run") or {}
+        steps = run.get("steps", 1)
+        if record.get("stress") == "precision_ladder":
+            steps = (record["config"].get("stress") or {}).get("ladder_steps") or steps
+        case = cases.setdefault(key, {"name": record["name"], "schedule": record["schedule"],
+                                      "stress": case_name(record), "steps": steps, "fingerprint": fingerprint,
+                                      "config": comparable_config(record["config"]), "records": [], "arms": {}})
+        if case["fingerprint"] != fingerprint:
+            raise RecordError(f"{where(record, index)}: case {key} appears with two different configs among the "
+                              f"records ({config_diff(case['config'], comparable_config(record['config']))})")
+        case["records"].append(record.get("id"))
+        draw = str(record_draw(record))
+        for arm in record["arms"]:
+            entry = case["arms"].setdefault(arm["arm"], {"status": {}, "diverged_at_step": {}, "figures": {}})
+            seed = str(arm["seed"])
+            if draw in entry["status"].setdefault(seed, {}):
+                raise RecordError(f"{where(record, index)}: case {key} arm {arm['arm']} seed {seed} draw {draw} "
+                                  f"appears twice among the records (pass one run directory, or records of "
+                                  f"distinct seeds)")
+            entry["status"][seed][draw] = arm["status"]
+            entry["diverged_at_step"].setdefault(seed, {})[draw] = arm.get("diverged_at_step")
+            for name in arm.get("final") or {}:
+                value = figure_value(record, index, arm, name)
+                table_entry = fig.figure(name)
+                if table_entry.better is None:
+                    continue
+                if table_entry.needs_completed_arm and arm["status"] != Status.COMPLETED:
+                    continue
+                entry["figures"].setdefault(name, {}).setdefault(seed, {})[draw] = value
+    return cases
+
+
+# ----------------------------------------------------------------------------- the document
+
+def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int = MIN_SEEDS,
+                  min_draws: int = MIN_DRAWS, allow_dirty: bool = False) -> dict:
+    """A baseline document from the regression records of one preset and device, holding every seed's
+    reference run and replicates; RecordError otherwise (too few seeds or replicates, records of a tree
+    with uncommitted changes unless ``allow_dirty``, unfinished records)."""
+    records, _, errors = regression_records(records)
+    if errors:
+        raise RecordError(errors[0])
+    if not records:
+        raise RecordError("no regression records to make a baseline from (fault, self-check and claim records "
+                          "are never used)")
+    presets = {r.get("preset") for r in records}
+    if len(presets) > 1:
+        raise RecordError(f"the records come from several presets {sorted(map(str, presets))}: a baseline holds "
+                          f"one preset; pass the records of one preset")
+    devices = {record_device(r) for r in records}
+    if len(devices) > 1:
+        raise RecordError(f"the records come from several devices {sorted(devices)}: a baseline holds one")
+    dirty = sorted({(r.get("git") or {}).get("commit") or "unknown" for r in records
+                    if (r.get("git") or {}).get("dirty")})
+    if dirty and not allow_dirty:
+        raise RecordError(f"the records were trained from a tree with uncommitted changes (commit "
+                          f"{', '.join(c[:12] for c in dirty)}, dirty): nobody could say which code the baseline "
+                          f"describes; commit the changes and make it again, or pass --allow-dirty")
+    cases = case_values(records)
+    for key, case in cases.items():
+        for arm, entry in case["arms"].items():
+            if len(entry["status"]) < min_seeds:
+                raise RecordError(f"case {key} arm {arm} has {len(entry['status'])} seed(s) "
+                                  f"({sorted(entry['status'])}): a baseline needs at least {min_seeds} seeds per "
+                                  f"case; run with --set seeds=0,1,2")
+            for seed, draws in entry["status"].items():
+                if len(draws) < min_draws:
+                    raise RecordError(f"case {key} arm {arm} seed {seed} has {len(draws)} run(s) (draws "
+                                      f"{sorted(draws, key=int)}): a baseline needs the reference and at least "
+                                      f"{min_draws - 1} replicates to know its noise; make it with `stability "
+                                      f"baseline make` or run the suites with --replicates N")
+    draws = sorted({int(d) for case in cases.values() for arm in case["arms"].values()
+                    for per_seed in arm["status"].values() for d in per_seed})
+    git = records[-1].get("git") or {}
+    return {
+        "schema_version": BASELINE_SCHEMA_VERSION, "kind": "stability-baseline",
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "preset": presets.pop(), "device": devices.pop(), "min_seeds": min_seeds, "draws": draws,
+        "commit": commit if commit is not None else git.get("commit"), "branch": git.get("branch"),
+        "dirty": bool(dirty), "cases": dict(sorted(cases.items())),
+    }
+
+
+def validate_baseline(baseline, where_: str) -> dict:
+    if not isinstance(baseline, dict) or baseline.get("kind") != "stability-baseline":
+        raise RecordError(f"{where_} is not a stability baseline (no kind='stability-baseline'); make one "
+                          f"with `stability baseline make`")
+    version = baseline.get("schema_version")
+    if version != BASELINE_SCHEMA_VERSION:
+        raise RecordError(f"{where_} has schema_version={version!r}: this version of stability reads baseline "
+                          f"schema_version={BASELINE_SCHEMA_VERSION} (the reference runs, their rounding "
+                          f"replicates and the calibration); make it again with `stability baseline make`")
+    for key in ("preset", "device", "cases"):
+        if key not in baseline:
+            raise RecordError(f"{where_} has no {key!r} field (truncated?)")
+    for name, case in baseline["cases"].items():
+        if not isinstance(case, dict) or not isinstance(case.get("arms"), dict) or "fingerprint" not in case:
+            raise RecordError(f"{where_}: case {name!r} lacks 'arms' or 'fingerprint'")
+    return baseline
+
+
+def load_baseline(path) -> dict:
+    """Read and validate a baseline file; RecordError (exit 2) with a clear message otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecordError(f"baseline {str(path)!r} does not exist; create it with `stability baseline make "
+                          f"--out {path}`")
+    try:
+        baseline = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RecordError(f"baseline {str(path)!r} is not valid JSON (corrupt or truncated?): {error}") from None
+    return validate_baseline(baseline, f"baseline {str(path)!r}")
+
+
+def write_baseline(baseline: dict, path: str | Path) -> Path:
+    return write_json(Path(path), baseline)

@@ -1,0 +1,151 @@
+"""The false-alarm rate of the merge check, measured on a baseline's own draws.
+
+    curve = calibrate(baseline)        # every arrangement judged; the curve and the margin
+    baseline["calibration"] = curve
+
+Under a harmless change the job's run of seed s is one more rounding draw of that seed, exchangeable with
+the baseline's draws of s. So every way of choosing one draw per seed to play "the change", judged by the
+check's own code against the remaining draws, is a harmless job: with D draws and S seeds there are D^S
+such arrangements (5^3 = 125 for the committed baselines), and the fraction of them that fail is the
+check's false-alarm rate on this baseline, measured (each one judged against one draw fewer than a real
+job has, so slightly pessimistic). ``calibrate`` gives that fraction at each alpha of ``ALPHAS``, the
+*margin* of the closest arrangement (m x its smallest primary p / alpha, with m its primary rows: how far
+below the Holm threshold it stayed; 0 when a per-seed outcome failed it), and which row came closest.
+
+``acceptable(curve)`` is the rule a new baseline must pass (``stability baseline make``): the curve at or
+under the diagonal (at most alpha of the arrangements fail at each alpha) and a margin of at least
+``MIN_MARGIN``.
+
+This module reads JSON only: no torch, no MLflow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from stability.check.baseline import validate_baseline
+from stability.check.regression import (
+    DEFAULT_ALPHA,
+    DOF_RULE,
+    CheckResult,
+    decide,
+    judge_cases,
+    resolve_tolerances,
+)
+
+ALPHAS = (0.01, 0.02, 0.05, 0.10)
+MIN_MARGIN = 5.0
+
+
+def split_runs(cases: dict, chosen) -> tuple[dict, dict]:
+    """(the cases without the chosen runs, the chosen runs as a one-draw case set): ``chosen(seed)`` is the
+    draw (a string key) that plays the change at that seed."""
+    kept_cases, drawn_cases = {}, {}
+    for key, case in cases.items():
+        kept_arms, drawn_arms = {}, {}
+        for arm, entry in case["arms"].items():
+            def split(per_seed):
+                kept = {s: {d: v for d, v in draws.items() if d != chosen(s)} for s, draws in per_seed.items()}
+                drawn = {s: {chosen(s): draws[chosen(s)]} for s, draws in per_seed.items() if chosen(s) in draws}
+                return kept, drawn
+            status_kept, status_drawn = split(entry["status"])
+            step_kept, step_drawn = split(entry["diverged_at_step"])
+            figures = {name: split(values) for name, values in entry["figures"].items()}
+            kept_arms[arm] = {"status": status_kept, "diverged_at_step": step_kept,
+                              "figures": {n: k for n, (k, _) in figures.items()}}
+            drawn_arms[arm] = {"status": status_drawn, "diverged_at_step": step_drawn,
+                               "figures": {n: d for n, (_, d) in figures.items() if d}}
+        kept_cases[key] = {**case, "arms": kept_arms}
+        drawn_cases[key] = {**case, "arms": drawn_arms}
+    return kept_cases, drawn_cases
+
+
+def seeds_and_draws(baseline: dict) -> tuple[list[str], list[str]]:
+    """The seeds (every case's) and the draws of a baseline, as the JSON keys."""
+    seeds = sorted({s for case in baseline["cases"].values() for arm in case["arms"].values()
+                    for s in arm["status"]}, key=int)
+    return seeds, [str(d) for d in baseline.get("draws") or []]
+
+
+def arrangements(baseline: dict):
+    """Every choice {seed: draw} of one draw per seed (draws ** seeds of them)."""
+    seeds, draws = seeds_and_draws(baseline)
+    for combo in itertools.product(draws, repeat=len(seeds)):
+        yield dict(zip(seeds, combo))
+
+
+def judge_arrangement(baseline: dict, chosen: dict, alpha: float = DEFAULT_ALPHA, tolerances: dict | None = None,
+                      dof_rule: str = DOF_RULE, advisory: bool = False) -> CheckResult:
+    """The check of the arrangement ``chosen`` ({seed: draw}): the chosen draws judged as a job against the
+    other draws. ``advisory``: also the advisory rows (the verdict never needs them)."""
+    kept, drawn = split_runs(baseline["cases"], lambda seed: chosen.get(seed))
+    draws = [d for d in baseline.get("draws") or [] if str(d) not in set(chosen.values())]
+    result = CheckResult(alpha=alpha, baseline_commit=baseline.get("commit"), preset=baseline["preset"],
+                         device=baseline["device"], draws=draws)
+    judge_cases(result, drawn, kept, resolve_tolerances(tolerances), dof_rule, advisory=advisory)
+    decide(result)
+    return result
+
+
+def margin(result: CheckResult) -> float:
+    """m x the smallest primary p / alpha (how many times over the Holm threshold the closest row stayed;
+    below 1 the job failed); 0 for a job failed by an outcome or an error; infinite with no primary row."""
+    if result.outcomes or result.errors:
+        return 0.0
+    rows = result.primary
+    if not rows:
+        return math.inf
+    return len(rows) * min(r.p for r in rows) / result.alpha
+
+
+def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof_rule: str = DOF_RULE) -> dict:
+    """Judge every arrangement of ``baseline`` (see the module docstring): per alpha the count and the
+    fraction that fail, the margin at ``alphas[0]`` and the arrangement and row closest to failing."""
+    validate_baseline(baseline, "baseline")
+    seeds, draws = seeds_and_draws(baseline)
+    failed = {a: 0 for a in alphas}
+    count, closest = 0, None
+    for chosen in arrangements(baseline):
+        result = judge_arrangement(baseline, chosen, alphas[0], tolerances, dof_rule)
+        count += 1
+        smallest = min(result.primary, key=lambda r: r.p, default=None)
+        for a in alphas:   # Holm rejects some row exactly when the smallest p is at most alpha / m
+            failed[a] += bool(result.outcomes or result.errors) or (
+                smallest is not None and smallest.p <= a / len(result.primary))
+        here = margin(result)
+        if closest is None or here < closest["margin"]:
+            closest = {"margin": here, "arrangement": chosen,
+                       "reason": (result.errors + [o.reason for o in result.outcomes])[:1] or
+                       ([(f"{smallest.case} {smallest.arm} {smallest.figure}: p {smallest.p:.3g} of "
+                          f"{len(result.primary)} primary rows")] if smallest else [])}
+    return {"arrangements": count, "seeds": len(seeds), "draws": len(draws), "dof_rule": dof_rule,
+            "alphas": list(alphas), "failed": [failed[a] for a in alphas],
+            "rate": [failed[a] / count if count else None for a in alphas],
+            "margin": closest["margin"] if closest else None,
+            "closest": {k: v for k, v in (closest or {}).items() if k != "margin"}}
+
+
+def acceptable(curve: dict) -> str | None:
+    """None when the curve is at or under the diagonal and the margin at least MIN_MARGIN; else why not."""
+    for alpha, rate, failed in zip(curve["alphas"], curve["rate"], curve["failed"]):
+        if rate is not None and rate > alpha:
+            return (f"{failed} of {curve['arrangements']} arrangements fail at alpha {alpha:g} ({rate:.1%}, above "
+                    f"the diagonal)")
+    if curve["margin"] is not None and curve["margin"] < MIN_MARGIN:
+        reason = "; ".join(curve["closest"].get("reason") or [])
+        return f"margin {curve['margin']:.3g} under {MIN_MARGIN:g} (closest: {reason})"
+    return None
+
+
+def curve_lines(curve: dict) -> list[str]:
+    """The calibration as text: one line per alpha, then the margin."""
+    lines = [(f"calibration: {curve['arrangements']} arrangements ({curve['draws']} draws ^ {curve['seeds']} "
+              f"seeds), each judged as a harmless job against the other draws")]
+    for alpha, failed, rate in zip(curve["alphas"], curve["failed"], curve["rate"]):
+        mark = "at or under the diagonal" if rate is not None and rate <= alpha else "ABOVE the diagonal"
+        lines.append(f"  alpha {alpha:<5g} {failed:4d} fail ({rate:.1%}; {mark})")
+    reason = "; ".join(curve["closest"].get("reason") or [])
+    lines.append(f"  margin {curve['margin']:.3g} (m x smallest primary p / alpha of the closest arrangement; "
+                 f"needs >= {MIN_MARGIN:g}): {reason}")
+    return lines
