@@ -150,8 +150,9 @@ def case_values(records: list[dict]) -> dict[str, dict]:
 def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int = MIN_SEEDS,
                   min_draws: int = MIN_DRAWS, allow_dirty: bool = False) -> dict:
     """A baseline document from the regression records of one preset and device, holding every seed's
-    reference run and replicates; RecordError otherwise (too few seeds or replicates, records of a tree
-    with uncommitted changes unless ``allow_dirty``, unfinished records)."""
+    reference run and replicates, and the commit that trained them (``commit`` overrides it); RecordError
+    otherwise (too few seeds or replicates, records of several commits, of a tree with uncommitted changes
+    unless ``allow_dirty``, unfinished records)."""
     records, _, errors = regression_records(records)
     if errors:
         raise RecordError(errors[0])
@@ -165,6 +166,10 @@ def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int
     devices = {record_device(r) for r in records}
     if len(devices) > 1:
         raise RecordError(f"the records come from several devices {sorted(devices)}: a baseline holds one")
+    commits = sorted({str((r.get("git") or {}).get("commit")) for r in records})
+    if len(commits) > 1 and commit is None:
+        raise RecordError(f"the records were trained from several commits ({', '.join(c[:12] for c in commits)}): a "
+                          f"baseline describes one code; make it from the records of one run")
     dirty = sorted({(r.get("git") or {}).get("commit") or "unknown" for r in records
                     if (r.get("git") or {}).get("dirty")})
     if dirty and not allow_dirty:

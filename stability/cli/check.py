@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from stability.plugin.settings import DEFAULT_BASELINES, find_settings
-from stability.record import RecordError, git_info, record_device
+from stability.record import RecordError, record_device
 from stability.record.rundir import DEFAULT_ROOT, load_records, unique_arms
 
 INSTALLED_SUITES = "stability.suites"
@@ -99,7 +99,7 @@ def cmd_baseline_update(args) -> int:
     records, notes = read_inputs(args)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    baseline = make_baseline(records, commit=args.commit or git_info().get("commit"), allow_dirty=args.allow_dirty)
+    baseline = make_baseline(records, commit=args.commit, allow_dirty=args.allow_dirty)
     out = Path(args.out) if args.out else default_baseline_path(baseline["preset"], baseline["device"],
                                                                  baseline_dir(args))
     cases = ", ".join(f"{key} (seeds {max(len(a['status']) for a in case['arms'].values())})"
@@ -230,7 +230,7 @@ def add_parsers(sub) -> None:
     make.add_argument("--root", default=str(DEFAULT_ROOT), help=f"root of the run directory (default {DEFAULT_ROOT})")
     make.add_argument("--out", help="baseline file (default <baselines>/<preset>-<device>.json, the settings' "
                                     "baselines directory, reports/baselines without settings)")
-    make.add_argument("--commit", help="commit the baseline comes from (default: git HEAD)")
+    make.add_argument("--commit", help="commit the baseline comes from (default: the commit that trained the records)")
     make.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     add_alpha(make, DEFAULT_ALPHA)
     add_baseline_flags(make)
@@ -240,7 +240,7 @@ def add_parsers(sub) -> None:
     add_record_arguments(upd)
     upd.add_argument("--out", help="baseline file (default <baselines>/<preset>-<device>.json, the settings' "
                                    "baselines directory, reports/baselines without settings)")
-    upd.add_argument("--commit", help="commit the baseline comes from (default: git HEAD)")
+    upd.add_argument("--commit", help="commit the baseline comes from (default: the commit that trained the records)")
     add_alpha(upd, DEFAULT_ALPHA)
     add_baseline_flags(upd)
     upd.set_defaults(func=cmd_baseline_update)
