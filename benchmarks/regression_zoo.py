@@ -43,6 +43,7 @@ from _zoo import FAILURES, HELD_OUT, HELD_OUT_PRIMARY, ZOO, Entry
 from stability.check.baseline import load_baseline
 from stability.check.calibration import margin
 from stability.check.regression import check
+from stability.record import figures as fig
 from stability.record.rundir import load_records
 
 UNCHANGED = Entry("unchanged", False, "the code as it is", ())
@@ -120,34 +121,64 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
             "stress_seconds": stress.seconds if stress else None, "seconds": seconds, "records": records}
 
 
+FLOOR_SCALES = (0.8, 1.25)
+
+
+def scaled_floors(baseline: dict, scale: float) -> dict:
+    """Tolerances that multiply every judged figure's floor and relative floor (stability.record.figures) by
+    ``scale``, for each figure the baseline holds: how much the verdicts lean on the floors."""
+    names = {name for case in baseline["cases"].values() for arm in case["arms"].values() for name in arm["figures"]}
+    out = {}
+    for name in names:
+        entry = fig.figure(name)
+        if entry is not None and entry.better is not None and not entry.outcome:
+            out[name] = {"floor": entry.floor * scale, "rel_floor": entry.rel_floor * scale}
+    return out
+
+
 def judged(document: dict, baseline: dict) -> dict:
     """Both rules on one kept job: failed or not, and what each named (the check: its failed outcomes, its
-    regressed primary rows, its errors; the margin of its closest primary row)."""
+    regressed primary rows, its errors; the margin of its closest primary row; its verdict with every floor
+    scaled by each of FLOOR_SCALES)."""
     result = check(document["records"], baseline)
+    other = bool(document["stress_failures"]) or document["kernel_exit"] not in (0, None)
+    by_floor = {scale: other or check(document["records"], baseline, scaled_floors(baseline, scale)).exit_code != 0
+                for scale in FLOOR_SCALES}
     new = [f"{o.case.split('/', 1)[1]} {o.arm} seed {o.seed} {o.figure}" for o in result.outcomes]
     new += [f"{r.case.split('/', 1)[1]} {r.arm} {r.figure}" for r in result.regressed]
     strongest = min(result.regressed, key=lambda r: r.p, default=None)
     old = [name.split("/", 1)[1] for name in seed_spread_rule.judge(document["records"], baseline)]
-    other = bool(document["stress_failures"]) or document["kernel_exit"] not in (0, None)
     return {"entry": document["entry"], "harmful": document["harmful"], "what": document["what"],
             "stress_failures": document["stress_failures"], "kernel_exit": document["kernel_exit"],
             "check_exit": result.exit_code, "errors": result.errors, "regressed": new,
             "strongest": (f"z {strongest.z:.3g}, p {strongest.p:.2g}" if strongest else ""),
             "margin": f"{margin(result):.3g}", "failed": other or result.exit_code != 0,
+            **{f"failed_floors_x{scale:g}": failed for scale, failed in by_floor.items()},
             "old_regressed": old, "old_failed": other or bool(old), "seconds": document["seconds"]}
+
+
+def refused(row: dict) -> bool:
+    """A harmless entry the check refused to judge (exit 2: a job of other seeds than the baseline's), with no
+    other step failing: not a false alarm, a job that cannot be compared."""
+    return not row["harmful"] and row["check_exit"] == 2 and not row["stress_failures"] \
+        and row["kernel_exit"] in (0, None)
 
 
 def verdict(row: dict, failed: bool) -> str:
     if row["harmful"]:
         return "caught" if failed else "MISSED"
+    if failed and refused(row):
+        return "refused (exit 2)"
     return "FLAGGED" if failed else "passed"
 
 
 def _counts(rows: list[dict], key: str) -> str:
     harmful = [r for r in rows if r["harmful"]]
     harmless = [r for r in rows if not r["harmful"] and r["entry"] != "unchanged"]
-    return (f"{sum(r[key] for r in harmful)} of {len(harmful)} harmful caught, "
-            f"{sum(r[key] for r in harmless)} of {len(harmless)} harmless flagged")
+    judged = [r for r in harmless if not (key != "old_failed" and r[key] and refused(r))]
+    text = (f"{sum(r[key] for r in harmful)} of {len(harmful)} harmful caught, "
+            f"{sum(r[key] for r in judged)} of {len(judged)} harmless flagged")
+    return text + (f" ({len(harmless) - len(judged)} refused: other seeds)" if len(judged) < len(harmless) else "")
 
 
 def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> str:
@@ -157,13 +188,16 @@ def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> s
               f"(replicate noise), inputs that fail closed. Earlier rule: seed-spread bands, k = 3, every row on its "
               f"own (benchmarks/seed_spread_rule.py). A job fails on a stress test, the kernel step or the check. "
               f"Margin: m x the smallest primary p / alpha (under 1: the check failed the job)."), "",
-             "| entries | check | earlier rule |", "|---|---|---|"]
+             "| entries | check | check, every floor x0.8 | check, every floor x1.25 | earlier rule |",
+             "|---|---|---|---|---|"]
     for title, rows in groups:
-        lines.append(f"| {title} | {_counts(rows, 'failed')} | {_counts(rows, 'old_failed')} |")
+        lines.append(f"| {title} | {_counts(rows, 'failed')} | {_counts(rows, 'failed_floors_x0.8')} | "
+                     f"{_counts(rows, 'failed_floors_x1.25')} | {_counts(rows, 'old_failed')} |")
     for title, rows in groups:
         lines += ["", f"### {title}", "",
-                  ("| entry | kind | change | check | what the check named | strongest | margin | earlier rule | "
-                   "stress tests / kernel step failed | minutes |"), "|---|---|---|---|---|---|---|---|---|---|"]
+                  ("| entry | kind | change | check | what the check named | strongest | margin | floors x0.8 / x1.25 | "
+                   "earlier rule | stress tests / kernel step failed | minutes |"),
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             named = r["regressed"]
             kind = "harmful" if r["harmful"] else ("reference" if r["entry"] == "unchanged" else "harmless")
@@ -174,7 +208,8 @@ def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> s
             named = ", ".join(named[:5]) + (f" (+{len(named) - 5} more)" if len(named) > 5 else "")
             lines.append(f"| `{r['entry']}` | {kind} | {r['what']} | {verdict(r, r['failed'])} | "
                          f"{named or '; '.join(e[:120] for e in r['errors']) or '-'} | {r['strongest'] or '-'} | "
-                         f"{r['margin']} | {old} | {', '.join(other) or '-'} | {r['seconds'] / 60:.1f} |")
+                         f"{r['margin']} | {verdict(r, r['failed_floors_x0.8'])} / {verdict(r, r['failed_floors_x1.25'])} | "
+                         f"{old} | {', '.join(other) or '-'} | {r['seconds'] / 60:.1f} |")
     return "\n".join(lines) + "\n"
 
 
