@@ -10,9 +10,9 @@ has to be told from. ``check(records, baseline)`` judges the job in three parts:
    than the baseline's (each seed is paired with its own baseline runs), another preset, device or
    config, a figure value that is not a number.
 2. **Outcomes, seed by seed.** A figure the table marks as an *outcome* (the run diverged, met a
-   non-finite value its precision recipe did not handle, recovered from the shock: ``Figure.outcome``)
-   fails the job when a run of the job is not clean where every baseline run of that seed was, with one
-   line naming case, arm, seed and what happened (the divergence step). A figure finite in every baseline
+   non-finite value its precision recipe did not handle: ``Figure.outcome``) fails the job when a run of
+   the job is not clean where every baseline run of that seed completed and was clean, with one line
+   naming case, arm, seed and what happened (the divergence step). A figure finite in every baseline
    run of a seed that is non-finite or absent in the job's run of that seed (when that run should report
    it) fails the same way: a NaN is a result, and the result is a regression.
 3. **Rows.** Every other judged figure of every case and arm, and the paired difference ``<arm> -
@@ -419,18 +419,20 @@ def reports(name: str, status: str) -> bool:
 
 def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict) -> list[Outcome]:
     """The per-seed failures of one arm: an outcome figure not clean where every baseline run of the seed
-    was; a figure finite in every baseline run of the seed that is non-finite or absent now."""
+    completed and was clean (in a case whose runs diverge, the LR range test, a NaN at the divergence is
+    part of it); a figure finite in every baseline run of the seed that is non-finite or absent now."""
     found = []
     for seed, status in sorted(cur["status"].items()):
         draws = base["status"].get(seed, {})
+        completed = bool(draws) and all(s == Status.COMPLETED for s in draws.values())
         for name, values in base["figures"].items():
             entry = fig.figure(name)
             baseline_draws = values.get(seed, {})
             if not baseline_draws or len(baseline_draws) < len(draws) or not reports(name, status):
                 continue   # the figure is not in every baseline run of the seed, or this run cannot report it
             value = cur["figures"].get(name, {}).get(seed, "absent")
-            if entry.outcome:
-                if value == "absent" or value is None or entry.clean(value) \
+            if entry.outcome:   # judged where every baseline run of the seed completed and was clean
+                if value == "absent" or value is None or entry.clean(value) or not completed \
                         or not all(v is not None and entry.clean(v) for v in baseline_draws.values()):
                     continue
                 step = cur["diverged_at_step"].get(seed)
