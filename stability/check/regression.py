@@ -436,7 +436,8 @@ def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict) -> list[Outcome]:
                         or not all(v is not None and entry.clean(v) for v in baseline_draws.values()):
                     continue
                 step = cur["diverged_at_step"].get(seed)
-                what = f"{name} = {_show(value)}" + (f" (diverged at step {step})" if step is not None else "")
+                shown = ("true" if value else "false") if entry.quantum == "seed" else fmt(value)
+                what = f"{name} = {shown}" + (f" (diverged at step {step})" if step is not None else "")
                 found.append(Outcome(key, arm, seed, name, f"case {key} arm {arm} seed {seed}: {what}; every one "
                                                            f"of the {len(baseline_draws)} baseline runs of this "
                                                            f"seed was clean"))
@@ -446,10 +447,6 @@ def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict) -> list[Outcome]:
                                                            f"now; finite in every one of the "
                                                            f"{len(baseline_draws)} baseline runs of this seed"))
     return found
-
-
-def _show(value) -> str:
-    return "true" if value is True else "false" if value is False else fmt(value)
 
 
 def mixed_status_notes(key: str, arm: str, base: dict, cur: dict) -> list[str]:
