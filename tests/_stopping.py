@@ -23,6 +23,11 @@ from pathlib import Path
 import pytest
 
 TIMEOUT_S = 600
+STEPS = 160   # a two-arm run of a tiny model: a progress line every 16 steps, a checkpoint every 40
+CONFIG = {"seeds": "0", "steps": STEPS, "probes.every": 80, "probes.eval_batches": 1, "model.d_model": 32,
+          "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,
+          "data.builtin_bytes": 100_000, "checkpoint.every": 40, "stress.threads": 1}
+SETS = [arg for key, value in CONFIG.items() for arg in ("--set", f"{key}={value}")]   # as `stability run` takes it
 
 
 def store_copier(pytest_config, tmp_path_factory):

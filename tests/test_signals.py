@@ -14,18 +14,12 @@ import shutil
 
 import pytest
 import torch
-from _stopping import ctrl_c, finish, start, store_copier, the_record, wait_for
+from _stopping import CONFIG, SETS, STEPS, ctrl_c, finish, start, store_copier, the_record, wait_for
 
 from stability.cases.experiment import run_pair
 from stability.cases.steplog import read_steplog
 from stability.config import resolve
 from stability.record import Status
-
-STEPS = 160   # a progress line every 16 steps
-CONFIG = {"seeds": "0", "steps": STEPS, "probes.every": 80, "probes.eval_batches": 1, "model.d_model": 32,
-          "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,
-          "data.builtin_bytes": 100_000, "checkpoint.every": 40, "stress.threads": 1}
-SETS = [arg for key, value in CONFIG.items() for arg in ("--set", f"{key}={value}")]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ import time
 
 import pytest
 from _stopping import (
+    SETS,
+    STEPS,
     assert_each_step_once,
     command_line,
     ctrl_c,
@@ -28,12 +30,6 @@ from _stopping import (
 
 from stability.record import Status
 from stability.track.ids import ids_file, read_ids
-
-STEPS = 160   # a progress line every 16 steps
-CONFIG = {"seeds": "0", "steps": STEPS, "probes.every": 80, "probes.eval_batches": 1, "model.d_model": 32,
-          "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,
-          "data.builtin_bytes": 100_000, "checkpoint.every": 40, "stress.threads": 1}
-SETS = [arg for key, value in CONFIG.items() for arg in ("--set", f"{key}={value}")]
 
 
 @pytest.fixture(scope="module")

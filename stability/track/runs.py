@@ -299,13 +299,11 @@ def arm_definition(record: dict, name: str) -> dict[str, str]:
     return {}
 
 
-def held_points(client, run_id: str, series: bool = True) -> dict[tuple[str, int], set[float]]:
+def held_points(client, run_id: str) -> dict[tuple[str, int], set[float]]:
     """The points a run already holds in the store, (metric, step) -> the values there: what a run continued
-    in another process (a resumed arm, a record sent again) must not send again. ``series`` False leaves out
-    the per-step series (``STEP_METRICS``: a run whose every step came through the live path)."""
-    keys = [key for key in _retry(client.get_run, run_id).data.metrics if series or key not in STEP_METRICS]
+    in another process (a resumed arm, a record sent again) must not send again."""
     held: dict[tuple[str, int], set[float]] = {}
-    for key in keys:
+    for key in _retry(client.get_run, run_id).data.metrics:
         for point in _retry(client.get_metric_history, run_id, key):
             held.setdefault((key, int(point.step)), set()).add(point.value)
     return held
@@ -462,8 +460,11 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                     else:
                         _log_batched(client, child_id, tags=[RunTag(k, v) for k, v in
                                                              child_tags(record, arm, parent_id).items()])
-                        params_held = _retry(client.get_run, child_id).data.params
-                        held = held_points(client, child_id, series=with_steps)
+                        run = _retry(client.get_run, child_id)
+                        params_held = run.data.params
+                        # a child made live holds its steps and, sent when its arm ended, its final figures
+                        held = held_points(client, child_id) if with_steps else {
+                            (k, final_step(arm)): {v} for k, v in run.data.metrics.items() if k.startswith("final.")}
                     _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps, held),
                                  params=[Param(k, v) for k, v in arm_params.items() if k not in params_held])
                     _retry(client.set_terminated, child_id, status=arm_status(arm), end_time=arm_end)
