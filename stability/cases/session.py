@@ -361,7 +361,8 @@ class Session:
 
             known = known_runs(old)
             if known:
-                set_tracking(case_record, {**known, "status": "live"} if self.tracker is not None else known)
+                set_tracking(case_record, {**{k: v for k, v in known.items() if k != "error"}, "status": "live"}
+                             if self.tracker is not None else known)
         if self.tracker is not None:
             from stability.track.ids import ids_file
 
