@@ -193,3 +193,66 @@ def test_upload_of_a_record_without_arms_is_bad_input(workdir, capsys):
                                                 "schedule": "standard", "config": {}}))
     assert main(["upload", str(workdir / "r.json"), "--tracking-uri", f"sqlite:///{workdir}/m.db"]) == 2
     assert "no 'arms' field" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- unusable input: one line, exit 2
+
+def _files(root) -> set:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture()
+def judged(workdir, capsys):
+    """A baseline of three seeds with replicates (reports/baselines/b.json) and records of another preset."""
+    from _stability_records import pair_record, with_replicates
+
+    paths = []
+    for index, record in enumerate(with_replicates(pair_record())):
+        paths.append(workdir / f"r{index}.json")
+        paths[-1].write_text(json.dumps(record, allow_nan=False))
+    assert main(["baseline", "update", *map(str, paths), "--out", str(workdir / "b.json")]) == 0
+    (workdir / "ci.json").write_text(json.dumps(pair_record(preset="ci"), allow_nan=False))
+    capsys.readouterr()
+    return workdir
+
+
+def test_check_of_unusable_input_says_why_in_one_line_on_stderr(judged, capsys, monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    before = _files(judged)
+    assert main(["check", "--baseline", "b.json", "ci.json"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1 and "preset differs" in err, err
+    assert "UNUSABLE INPUT" in out            # the report on stdout stays
+    assert _files(judged) == before
+
+
+def test_report_against_a_baseline_that_cannot_judge_the_records_exits_2_and_writes_nothing(judged, capsys):
+    before = _files(judged)
+    assert main(["report", "ci.json", "--baseline", "b.json", "--out", "out/report.html"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1 and "preset differs" in err and "b.json" in err, err
+    assert out == "" and _files(judged) == before
+    assert main(["report", "r0.json", "--baseline", "b.json", "--out", "out/report.html"]) == 0   # usable: written
+    assert (judged / "out" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "nosuch"], "preset = 'nosuch' is invalid: expected one of ('smoke', 'ci', 'full')"),
+    (["--device", "gpu"], "device = 'gpu' is invalid: expected 'cpu', 'cuda' or 'cuda:N'"),
+    (["--replicates", "1"], "replicates = 1 is invalid: expected an integer >= 2"),
+    (["--stability-config", "bad.toml"], "bad.toml: seeds = [] is invalid"),
+    (["--stability-config", "badset.toml"], "badset.toml: optim.lr=-1.0 is invalid"),
+])
+def test_baseline_make_refuses_bad_arguments_before_pytest_starts_or_a_run_directory_is_written(
+        workdir, capsys, monkeypatch, args, message):
+    import subprocess
+
+    (workdir / "bad.toml").write_text("seeds = []\n")
+    (workdir / "badset.toml").write_text('[set]\n"optim.lr" = -1.0\n')
+    started = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: started.append(a))
+    before = _files(workdir)
+    assert main(["baseline", "make", *args]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+    assert out == "" and started == [] and _files(workdir) == before

@@ -1,66 +1,25 @@
 """Real signals against the real command: Ctrl-C (SIGINT) and kill -9 in the middle of an arm.
 
 Each test starts ``python -m stability.cli`` in a subprocess, waits for a progress line of the arm it
-wants to interrupt, sends the signal, and then reads what is on disk (and in MLflow). The resumed
-runs are compared with an uninterrupted run of the same config trained in this process.
+wants to interrupt, sends the signal (Ctrl-C to the command's process group, as a terminal does), and
+then reads what is on disk (and in MLflow). The resumed runs are compared with an uninterrupted run of
+the same config trained in this process. What MLflow holds after every other way of stopping a tracked
+run: tests/test_tracking_stops.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
+from _stopping import CONFIG, SETS, STEPS, ctrl_c, finish, start, store_copier, the_record, wait_for
 
 from stability.cases.experiment import run_pair
 from stability.cases.steplog import read_steplog
 from stability.config import resolve
 from stability.record import Status
-
-STEPS = 160   # a progress line every 16 steps
-CONFIG = {"seeds": "0", "steps": STEPS, "probes.every": 80, "probes.eval_batches": 1, "model.d_model": 32,
-          "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,
-          "data.builtin_bytes": 100_000, "checkpoint.every": 40, "stress.threads": 1}
-SETS = [arg for key, value in CONFIG.items() for arg in ("--set", f"{key}={value}")]
-TIMEOUT_S = 600
-
-
-def start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.Popen([sys.executable, "-m", "stability.cli", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def wait_for(process: subprocess.Popen, text: str) -> list[str]:
-    """Read the command's output until a line holds ``text``; the lines read so far."""
-    lines, deadline = [], time.monotonic() + TIMEOUT_S
-    for line in process.stdout:
-        lines.append(line)
-        if text in line:
-            return lines
-        if time.monotonic() > deadline:
-            break
-    process.kill()
-    pytest.fail(f"no line with {text!r} from the command: {''.join(lines)[-3000:]}{process.stderr.read()[-3000:]}")
-
-
-def finish(process: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=TIMEOUT_S)
-    return process.returncode, out, err
-
-
-def the_record(root: Path) -> tuple[Path, dict]:
-    (run_dir,) = [p for p in (root / "reports" / "runs").iterdir() if p.is_dir()]
-    (path,) = run_dir.glob("smoke-standard-*.json")
-    return run_dir, json.loads(path.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +32,7 @@ def reference():
 def test_ctrl_c_stops_the_command_with_exit_130_and_the_same_command_continues(tmp_path, reference):
     process = start(["run", "--no-track", *SETS], tmp_path)
     wait_for(process, f"gated-seed0: step 65/{STEPS}")
-    process.send_signal(signal.SIGINT)
+    ctrl_c(process)
     code, _, err = finish(process)
     assert code == 130, err[-2000:]
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
@@ -99,7 +58,7 @@ def test_after_kill_9_the_steps_trained_are_on_disk_and_resume_finishes_the_run(
     process = start(["run", "--no-track", *SETS], tmp_path)
     wait_for(process, f"gated-seed0: step 97/{STEPS}")
     process.kill()                                               # SIGKILL: nothing runs on the way out
-    process.communicate(timeout=TIMEOUT_S)
+    finish(process)
     run_dir, record = the_record(tmp_path)
     assert record["status"] == Status.RUNNING and [r["status"] for r in record["runs"]] == [Status.COMPLETED]
     (steps_file,) = (run_dir / "steps" / record["id"]).glob("gated-*.jsonl")
@@ -124,7 +83,7 @@ def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_ru
     lrs = ["--set", "stress.sweep_lrs=0.001,0.003,0.01", "--set", "steps=96"]
     process = start(["stress", "lr_sweep", "--tracking-uri", uri, *SETS, *lrs], tmp_path)
     wait_for(process, "[lr_sweep] baseline-seed0-lr0.003: step 28/96")
-    process.send_signal(signal.SIGINT)
+    ctrl_c(process)
     code, _, err = finish(process)
     assert code == 130, err[-2000:]
     (run_dir,) = (tmp_path / "reports" / "runs").iterdir()
@@ -154,12 +113,12 @@ def test_stopped_and_resumed_twice_every_step_is_in_mlflow_and_in_the_per_step_f
     uri = template_store(tmp_path / "m.db")
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
     wait_for(process, f"baseline-seed0: step 65/{STEPS}")
-    process.send_signal(signal.SIGINT)
+    ctrl_c(process)
     assert finish(process)[0] == 130
     run_dir, _ = the_record(tmp_path)
     process = start(["run", "--tracking-uri", uri, "--resume", str(run_dir)], tmp_path)
     wait_for(process, f"gated-seed0: step 49/{STEPS}")
-    process.send_signal(signal.SIGINT)
+    ctrl_c(process)
     assert finish(process)[0] == 130
     code, _, err = finish(start(["run", "--tracking-uri", uri, "--resume", str(run_dir)], tmp_path))
     assert code == 0, err[-2000:]
@@ -182,12 +141,4 @@ def test_stopped_and_resumed_twice_every_step_is_in_mlflow_and_in_the_per_step_f
 
 @pytest.fixture(scope="module")
 def template_store(request, tmp_path_factory):
-    """Copies of an empty, migrated MLflow SQLite store (migrating one takes seconds)."""
-    from _mlflow_store import migrated_template
-
-    template = migrated_template(request.config, tmp_path_factory)
-
-    def copy(path: Path) -> str:
-        shutil.copy(template, path)
-        return f"sqlite:///{path}"
-    return copy
+    return store_copier(request.config, tmp_path_factory)

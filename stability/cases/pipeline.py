@@ -20,7 +20,6 @@ from pathlib import Path
 from stability.record import (
     Status,
     add_tracking_seconds,
-    clear_tracking,
     mark_case_killed,
     set_record_path,
     set_tracking,
@@ -42,21 +41,22 @@ def keep(record: dict, run_dir: str | Path, tracking_uri: str | None = None, exp
     """Write ``record`` into ``run_dir``, then (``track``) log it to MLflow with the report as artifacts
     (``plots``). The record gains ``record_path``, ``tracking`` and ``timing.tracking_seconds``.
     ``session``: its live MLflow runs are completed instead of new ones made; when its live tracking
-    failed, the record stays "not tracked" (the failure was reported once)."""
+    failed, the record stays "not tracked" (the failure was reported once). The MLflow run ids the record
+    holds stay in it, on disk, until the result of tracking replaces them (a second Ctrl-C while it is
+    sent leaves them there for the resume)."""
     run_dir = ensure_run_dir(run_dir)
-    clear_tracking(record)   # the live ids written while training; the result of tracking replaces them
     path = write_record(record, run_dir)
     set_record_path(record, str(path))
     tracker = getattr(session, "tracker", None)
     if track and tracker is not None and tracker.failed:
-        set_tracking(record, tracker.status())
+        set_tracking(record, {**(record.get("tracking") or {}), **tracker.status()})
         write_record(record, run_dir)
     elif track:
         from stability.track.runs import log_to_mlflow
 
         live = session.live_runs(record) if session is not None else None
         if tracker is not None and tracker.failed:
-            set_tracking(record, tracker.status())
+            set_tracking(record, {**(record.get("tracking") or {}), **tracker.status()})
         else:
             started = time.perf_counter()
             with tempfile.TemporaryDirectory(prefix="stability-report-") as tmp:

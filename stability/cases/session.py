@@ -9,6 +9,8 @@ For every run of a case (an arm at a seed; in sweeps and ladders also an LR or a
 
     <run dir>/<record>.json                         the case record: written when the case starts and after
                                                     every run (its "runs" list: status, final figures, files)
+    <run dir>/<record>.mlflow                       the ids of its live MLflow runs, written by the sending
+                                                    process before it sends anything to a run (track.ids)
     <run dir>/steps/<case id>/<run key>.jsonl       one line per step, flushed as training goes (steplog)
     <checkpoint dir>/<case id>/<run key>.pt         the arm's checkpoint, every ``checkpoint.every`` steps and
                                                     at a stop; deleted once the run has finished
@@ -19,8 +21,10 @@ sends the steps to the live MLflow runs and says where to watch them (the runs-t
 they exist. The checkpoint directory defaults to ``<run dir>/checkpoints``.
 
 Resuming: ``Resume.load(path)`` reads an interrupted run directory (or one of its records) and checks
-it; a ``Session(..., resume=...)`` then gives every case the id of its interrupted record, takes the runs
-that had finished from their per-step files, and continues the unfinished ones from their checkpoints.
+it; a ``Session(..., resume=...)`` then gives every case the id of its interrupted record and the MLflow
+runs it is known to have (its tracking entry and ids file: continued, live or not, never made again),
+takes the runs that had finished from their per-step files, and continues the unfinished ones from their
+checkpoints.
 Bad input (missing or corrupt target or checkpoint, another config, a directory in use, a checkpoint
 directory that cannot be written) is a RecordError before anything is written.
 """
@@ -46,6 +50,7 @@ from stability.record import (
     note_resumed,
     note_run,
     read_record,
+    record_filename,
     resume_config,
     set_checkpoint_dir,
     set_replay_bundles,
@@ -277,12 +282,18 @@ class Session:
         self.write(case_record)
 
     def write(self, case_record: dict) -> Path:
-        """Write the case record into the run directory (with the live run ids, so a resume reuses them)."""
+        """Write the case record into the run directory (with the live run ids, so a resume reuses them; the
+        ids it holds stay until the tracker reports newer ones)."""
         ensure_run_dir(self.run_dir, self.label)
         self._hold_lock()
         if self.tracker is not None and case_record.get("status") in UNFINISHED:
             live = self.tracker.runs_of(case_record)
-            set_tracking(case_record, {"status": "live", **live} if live else self.tracker.status())
+            held = case_record.get("tracking") or {}
+            if live:
+                set_tracking(case_record, {"status": "live", **live})
+            elif self.tracker.failed or not held.get("parent_run_id"):
+                set_tracking(case_record, {**(held if held.get("uri") == self.tracker.uri else {}),
+                                           **self.tracker.status()})
         path = write_record(case_record, self.run_dir)
         self.record_paths[case_record["id"]] = path
         if self.tracker is not None:
@@ -304,10 +315,18 @@ class Session:
         case["units"] = len(units)
 
     def close(self) -> None:
+        """End the progress display and the live tracking (sending what is queued); a stopped case whose record
+        does not name its live runs yet (a second Ctrl-C came before the tracker reported them) is written
+        once more, with their ids."""
         if self.display is not None:
             self.display.close()
         if self.tracker is not None:
             self.tracker.close()
+            for case in self._cases.values():
+                record = case["record"]
+                if record.get("status") in UNFINISHED and not (record.get("tracking") or {}).get("parent_run_id") \
+                        and self.tracker.runs_of(record):
+                    self.write(record)
         if self._lock_handle is not None:
             self._lock_handle.close()
             self._lock_handle = None
@@ -336,9 +355,18 @@ class Session:
         case = {"record": case_record, "resumed": resumed, "bundles": bundles, "units": 0, "shown": set()}
         self._cases[id(case_record)] = case
         self.current = case_record
+        known = None
+        if resumed:   # the MLflow runs of the interrupted case ({}: none named; the store's tags may know them)
+            from stability.track.ids import known_runs
+
+            known = known_runs(old)
+            if known:
+                set_tracking(case_record, {**{k: v for k, v in known.items() if k != "error"}, "status": "live"}
+                             if self.tracker is not None else known)
         if self.tracker is not None:
-            live = (old or {}).get("tracking") or {}
-            self.tracker.case_started(case_record, live if resumed and live.get("parent_run_id") else None)
+            from stability.track.ids import ids_file
+
+            self.tracker.case_started(case_record, known, ids_file(self.run_dir / record_filename(case_record)))
         self.write(case_record)          # on disk before the first step
         return case
 

@@ -58,7 +58,8 @@ def write_step_summary(text: str, path: str | None = None) -> Path | None:
 
 
 def cmd_check(args) -> int:
-    """Table on stdout, Markdown to $GITHUB_STEP_SUMMARY / --markdown; exit 0 ok, 1 regressed, 2 unusable."""
+    """Table on stdout, Markdown to $GITHUB_STEP_SUMMARY / --markdown; exit 0 ok, 1 regressed or failed, 2
+    unusable (and why, in one ``error:`` line on stderr, as every command says it)."""
     from stability.check.baseline import load_baseline
     from stability.check.regression import CheckResult, check, load_tolerances, suite_failures
 
@@ -86,7 +87,14 @@ def cmd_check(args) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=1))
+    if result.exit_code == 2:
+        print(f"error: {one_line(result.errors)}", file=sys.stderr)
     return result.exit_code
+
+
+def one_line(errors: list[str]) -> str:
+    """The reasons input is unusable, as one line."""
+    return "; ".join(" ".join(str(error).split()) for error in errors) or "unusable input"
 
 
 def cmd_baseline_update(args) -> int:
@@ -155,6 +163,22 @@ def suites_arguments(suites: str) -> list[str]:
     return [suites] if Path(suites).exists() else ["--pyargs", suites]
 
 
+def check_make_arguments(args, settings) -> tuple[str, int]:
+    """(preset, replicates) of ``baseline make``, every argument and the settings table checked before pytest
+    starts or a run directory is written: ConfigError (exit 2) naming the bad value and what was expected."""
+    from stability.cli.options import check_device
+    from stability.plugin.settings import check, parse
+
+    given = {key: value for key, value in (("preset", args.preset), ("device", args.device),
+                                           ("replicates", args.replicates)) if value is not None}
+    parse(given, "the command line", Path.cwd())      # the table's own rules: preset, device, replicates >= 2
+    preset = args.preset or (settings and settings.preset) or "smoke"
+    if settings is not None:
+        check(settings, preset)                        # the config the suites will train, built once
+    check_device(args.device or (settings and settings.device) or "cpu")   # a device this machine has
+    return preset, args.replicates or (settings and settings.replicates) or DEFAULT_REPLICATES
+
+
 def cmd_baseline_make(args) -> int:
     """Run the stress suites with the reference and ``--replicates`` rounding replicates of every run into
     one new run directory, then write the baseline from it. The plugin's own option names
@@ -164,8 +188,7 @@ def cmd_baseline_make(args) -> int:
     from stability.record.rundir import ENV_VAR, new_run_dir
 
     settings = find_settings(Path.cwd(), args.stability_config)
-    preset = args.preset or (settings and settings.preset) or "smoke"
-    replicates = args.replicates or (settings and settings.replicates) or DEFAULT_REPLICATES
+    preset, replicates = check_make_arguments(args, settings)
     run_dir = new_run_dir(args.root, label="baseline")
     command = [sys.executable, "-m", "pytest", *suites_arguments(args.suites), "-m", "stress",
                "--stability-scale", preset, "--stability-replicates", str(replicates), "-p", "no:cacheprovider",

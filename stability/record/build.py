@@ -310,11 +310,6 @@ def set_tracking(record: CaseRecord, tracking: dict) -> None:
     record["tracking"] = tracking
 
 
-def clear_tracking(record: CaseRecord) -> None:
-    """Forget the live tracking ids (the result of tracking the finished record replaces them)."""
-    record.pop("tracking", None)
-
-
 def add_tracking_seconds(record: CaseRecord, seconds: float) -> None:
     record.setdefault("timing", {})["tracking_seconds"] = seconds
 

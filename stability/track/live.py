@@ -1,7 +1,7 @@
 """Live tracking: per-step metrics reach MLflow while an arm trains, without ever holding a step up.
 
     tracker = LiveTracker(uri)
-    tracker.case_started(record)                        # the parent run, started now
+    tracker.case_started(record, None, ids_path)        # the parent run, started now; its id into ids_path
     tracker.arm_started(record, arm_record, first_step) # a child run per arm (named by arm, seed, LR)
     tracker.step(record, arm_record, row)               # queued; returns at once
     tracker.arm_ended(record, arm_record)               # final figures, status and end time of the child
@@ -18,9 +18,18 @@ per run and sends them with ``log_batch`` (SQLite stores under the same file loc
 ONE message and stops the sending process: the run goes on "not tracked", the JSON record and the
 per-step files hold everything, and ``stability upload`` sends the record later.
 
-A resumed case continues its MLflow runs (the ids its record kept): a resumed arm's child run is
-asked which step of each series it holds, and the steps trained again after an older checkpoint
-are not sent a second time, so every step is in the series once however often a run was stopped.
+The sending process writes the id of every run it makes into the case's ids file
+(``stability.track.ids``) before it sends anything to that run, so a command stopped at any moment
+(two Ctrl-C, kill -9) leaves every run that holds something named on disk. A resumed case continues
+those runs (``stability.track.runs.reopen``: the ids kept, else the runs tagged with the record's id;
+runs a dead process left RUNNING are ended as KILLED): a resumed arm's child run is asked which step
+of each series it holds, and the steps trained again after an older checkpoint are not sent a second
+time, so every step is in the series once however often a run was stopped.
+
+The sending process ends with the training process: it ignores Ctrl-C (a terminal sends it to both;
+the training process decides when to stop and sends what is queued), and a thread in it waits on the
+pipe from its parent, which closes when the parent is gone, kill -9 included (and checks the parent
+pid, in case a child of the parent holds that pipe open too).
 """
 
 from __future__ import annotations
@@ -31,13 +40,17 @@ import math
 import multiprocessing
 import os
 import queue
+import signal
+import threading
 import time
 
 from stability.record import Status
 from stability.track import runs as tracking
+from stability.track.ids import write_ids
 
 POLL_SECONDS = 0.5   # how often the training side looks at what the sender reported
 BATCH_SECONDS = 0.5  # how often the training side hands the steps collected so far to the sender
+PARENT_CHECK_SECONDS = 1.0   # the longest the sender outlives its parent when the pipe does not tell
 
 
 class LiveTracker:
@@ -72,10 +85,13 @@ class LiveTracker:
 
     # ------------------------------------------------------------------ the training side
 
-    def case_started(self, record: dict, resumed: dict | None = None) -> None:
-        """Start the parent run of ``record`` now (or continue ``resumed``: the ids a killed run left)."""
+    def case_started(self, record: dict, resumed: dict | None = None, ids_path=None) -> None:
+        """Start the parent run of ``record`` now, or, for a resumed case (``resumed`` not None), continue the
+        runs of the interrupted one: those ``resumed`` names (``stability.track.ids.known_runs``), else those
+        the store holds with the record's id. ``ids_path``: the ids file the sending process writes each
+        run's id into before it sends anything to the run (``stability.track.ids``)."""
         self._put(("case", record["id"], {k: v for k, v in record.items() if k not in ("arms", "runs")},
-                   _now_ms(), resumed))
+                   _now_ms(), resumed, str(ids_path) if ids_path else None))
 
     def arm_started(self, record: dict, arm: dict, first_step: int = 0) -> None:
         """Start (or, for an arm resumed after ``first_step`` > 0, continue) the arm's child run, at the arm's
@@ -111,7 +127,8 @@ class LiveTracker:
             self._put(("metrics", steps))
 
     def arm_ended(self, record: dict, arm: dict) -> None:
-        self._put(("arm_end", record["id"], _light(arm)))
+        """End the arm's child run: its final figures (at the arm's last step), status and end time."""
+        self._put(("arm_end", record["id"], _light(arm), tracking.final_step(arm)))
 
     def runs_of(self, record: dict) -> dict | None:
         """The live runs of ``record`` for ``log_to_mlflow(live=...)``, or None (none, or tracking failed)."""
@@ -220,7 +237,10 @@ def _now_ms() -> int:
 # ----------------------------------------------------------------------------- the sending process
 
 def serve(uri: str, experiment: str | None, flush_seconds: float, inbox, events, busy) -> None:
-    """The sending process: take items from ``inbox`` until ("stop",), send them, report to ``events``."""
+    """The sending process: take items from ``inbox`` until ("stop",), send them, report to ``events``; end
+    with the parent (see the module docstring)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent()
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")   # fail in seconds, not MLflow's minutes
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     sender = _Sender(uri, experiment, events, busy)
@@ -248,6 +268,24 @@ def serve(uri: str, experiment: str | None, flush_seconds: float, inbox, events,
         except Exception as error:  # noqa: BLE001  (any store failure: report it once and stop)
             events.put(("failed", tracking._one_line(error)))
             return
+
+
+def exit_with_parent(check_seconds: float = PARENT_CHECK_SECONDS) -> None:
+    """End this process (``os._exit``, whatever it is doing) as soon as the process that started it is gone:
+    a thread waits on the pipe from the parent (it reads end-of-file when the parent dies) and every
+    ``check_seconds`` compares the parent pid with the one at start (the process is handed to another
+    parent when its own dies)."""
+    parent, first = multiprocessing.parent_process(), os.getppid()
+
+    def watch():
+        while True:
+            if parent is not None:
+                parent.join(timeout=check_seconds)   # returns at once when the pipe from the parent closes
+            else:
+                time.sleep(check_seconds)
+            if (parent is not None and not parent.is_alive()) or os.getppid() != first:
+                os._exit(0)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 class _Sender:
@@ -282,9 +320,9 @@ class _Sender:
             runs = self.runs.get(record_id) or {}
             run_id = runs.get("child_run_ids", {}).get(child)
             if run_id is not None:
-                held = runs.get("held_through", {}).get(child, {})    # a resumed run: steps the store has
+                held = runs["held"].get(child, {})    # a resumed run: the steps the store has
                 pending.setdefault(run_id, []).extend(Metric(k, v, stamp, step) for k, v in metrics.items()
-                                                      if step > held.get(k, -1))
+                                                      if (k, step) not in held)
 
     def send(self, pending) -> None:
         client = self.connect() if pending else None
@@ -297,43 +335,50 @@ class _Sender:
         runs = self.runs[record_id]
         self.events.put(("runs", record_id, {k: (sorted(v) if isinstance(v, set) else
                                                  dict(v) if isinstance(v, dict) else v)
-                                             for k, v in runs.items() if k not in ("record", "held_through")}))
+                                             for k, v in runs.items() if k not in ("record", "held", "ids_path")}))
+
+    def save_ids(self, record_id: str) -> None:
+        """Write the ids of the record's runs into its ids file (before anything is sent to a new run)."""
+        runs = self.runs[record_id]
+        if runs.get("ids_path"):
+            write_ids(runs["ids_path"], {"uri": self.uri, **runs})
 
     def handle(self, item) -> None:
         kind = item[0]
         if kind == "flush":
             self.events.put(("flushed", item[1]))
         elif kind == "case":
-            _, record_id, record, stamp, resumed = item
-            self.start_case(record_id, record, stamp, resumed)
+            _, record_id, record, stamp, resumed, ids_path = item
+            self.start_case(record_id, record, stamp, resumed, ids_path)
         elif kind == "arm":
             _, record_id, arm, stamp, first_step = item
             self.start_arm(record_id, arm, stamp, first_step)
         elif kind == "arm_end":
-            self.end_arm(item[1], item[2])
+            self.end_arm(item[1], item[2], item[3])
 
-    def start_case(self, record_id, record, stamp, resumed) -> None:
+    def start_case(self, record_id, record, stamp, resumed, ids_path) -> None:
         from mlflow.entities import Param
 
         client = self.connect()
-        if resumed and resumed.get("uri") == self.uri and resumed.get("parent_run_id"):
-            self.store(client.update_run, resumed["parent_run_id"], status="RUNNING")
-            self.runs[record_id] = {"record": record, "experiment_id": resumed["experiment_id"],
-                                    "experiment": resumed.get("experiment"),
-                                    "parent_run_id": resumed["parent_run_id"], "params_logged": True,
-                                    "child_run_ids": dict(resumed.get("child_run_ids") or {}),
-                                    "complete_children": set()}
+        known = resumed if resumed and resumed.get("uri") == self.uri else {}
+        name = known.get("experiment") or tracking.experiment_name(record, self.experiment)
+        experiment_id = known.get("experiment_id") or self.store(tracking.ensure_experiment, client, self.uri, name)
+        ids = self.store(tracking.reopen, client, experiment_id, record, known) if resumed is not None else {}
+        runs = self.runs[record_id] = {"record": record, "experiment_id": experiment_id, "experiment": name,
+                                       "parent_run_id": ids.get("parent_run_id"), "params_logged": True,
+                                       "child_run_ids": dict(ids.get("child_run_ids") or {}),
+                                       "complete_children": set(), "held": {}, "ids_path": ids_path}
+        if runs["parent_run_id"]:
+            self.store(client.update_run, runs["parent_run_id"], status="RUNNING")
+            held = self.store(client.get_run, runs["parent_run_id"]).data.params
         else:
-            name = tracking.experiment_name(record, self.experiment)
-            experiment_id = self.store(tracking.ensure_experiment, client, self.uri, name)
             parent = self.store(client.create_run, experiment_id, start_time=stamp, run_name=tracking.run_name(record),
                                 tags=tracking.parent_tags({**record, "status": Status.RUNNING}))
-            params = [Param(k, v) for k, v in tracking.params_of(record["config"]).items()]
-            for start in range(0, len(params), 100):
-                self.store(client.log_batch, parent.info.run_id, params=params[start:start + 100])
-            self.runs[record_id] = {"record": record, "experiment_id": experiment_id, "experiment": name,
-                                    "parent_run_id": parent.info.run_id, "params_logged": True,
-                                    "child_run_ids": {}, "complete_children": set()}
+            runs["parent_run_id"], held = parent.info.run_id, {}
+        self.save_ids(record_id)
+        params = [Param(k, v) for k, v in tracking.params_of(record["config"]).items() if k not in held]
+        for start in range(0, len(params), 100):
+            self.store(client.log_batch, runs["parent_run_id"], params=params[start:start + 100])
         self.report(record_id)
 
     def start_arm(self, record_id, arm, stamp, first_step) -> None:
@@ -347,32 +392,34 @@ class _Sender:
         if key in runs["child_run_ids"]:          # an arm resumed after an interruption: the same child run
             run_id = runs["child_run_ids"][key]
             self.store(client.update_run, run_id, status="RUNNING")
-            last: dict[str, int] = {}                # per metric, the last step the store holds: not sent again
-            for metric, step in self.store(tracking.held_points, client, run_id):
-                last[metric] = max(step, last.get(metric, -1))
-            runs.setdefault("held_through", {})[key] = last
+            runs["held"][key] = self.store(tracking.held_points, client, run_id)   # not sent again
+            held = self.store(client.get_run, run_id).data.params
         else:
             child = self.store(client.create_run, runs["experiment_id"], start_time=stamp, run_name=key,
                                tags=tracking.child_tags(runs["record"], {**arm, "status": Status.RUNNING},
                                                         runs["parent_run_id"]))
-            self.store(client.log_batch, child.info.run_id,
-                       params=[Param("arm", str(arm["arm"])), Param("variant", str(arm.get("variant"))),
-                               Param("seed", str(arm["seed"]))] + [
-                           Param(k, v) for k, v in tracking.arm_definition(runs["record"], arm["arm"]).items()])
-            runs["child_run_ids"][key] = child.info.run_id
+            run_id = runs["child_run_ids"][key] = child.info.run_id
+            self.save_ids(record_id)
+            held = {}
             if not first_step:
                 runs["complete_children"].add(key)   # every step of it goes through this tracker
+        params = {"arm": str(arm["arm"]), "variant": str(arm.get("variant")), "seed": str(arm["seed"]),
+                  **tracking.arm_definition(runs["record"], arm["arm"])}
+        self.store(client.log_batch, run_id, params=[Param(k, v) for k, v in params.items() if k not in held])
         self.report(record_id)
 
-    def end_arm(self, record_id, arm) -> None:
+    def end_arm(self, record_id, arm, step) -> None:
         from mlflow.entities import Metric, RunTag
 
-        run_id = (self.runs.get(record_id) or {}).get("child_run_ids", {}).get(tracking.child_name(arm))
+        runs = self.runs.get(record_id) or {}
+        key = tracking.child_name(arm)
+        run_id = (runs.get("child_run_ids") or {}).get(key)
         if run_id is None:
             return
         client = self.connect()
         now = _now_ms()
-        final = [Metric(k, v, now, 0) for k, v in tracking._finite_metrics(arm.get("final") or {}, "final.").items()]
+        final = tracking.new_points([Metric(k, v, now, step) for k, v in tracking._finite_metrics(
+            arm.get("final") or {}, "final.").items()], runs["held"].get(key, {}))
         self.store(client.log_batch, run_id, metrics=final[:1000],
                    tags=[RunTag("status", str(arm.get("status"))), RunTag("stability.status", str(arm.get("status")))])
         _, end = tracking.arm_times(arm)

@@ -6,16 +6,21 @@ params), params flattened from the config, per-step metrics in batches, tags wit
 versions, and whatever artifact files the caller made (the record itself, plots, the report; this
 module renders nothing). A store that cannot be reached never loses anything: the JSON stays, the
 failure is returned (and reported once by the caller), and ``stability upload`` can send the file
-later. When the runs were created live during training (``stability.track.live``), it completes
-those runs instead of creating new ones; of a run made in an earlier process (a resumed case) it
-sends only the points of the per-step and probe series the store does not hold yet (``held_points``).
+later. A record is its runs: when the runs were created live during training
+(``stability.track.live``), or by an earlier process (a stopped and resumed case, an earlier upload),
+it completes those runs instead of creating new ones (``reopen``: the ids the record names, else the
+runs tagged with its record id), and sends only the points the store does not hold yet
+(``held_points``), so a step, a final figure or a parameter is in MLflow once however often the
+record was stopped, resumed or sent. A run a dead process left RUNNING is ended as KILLED then.
 
-How it looks in the MLflow UI: one experiment per preset (``stability-<preset>``), typed as a
-model-training experiment (tag ``mlflow.experimentKind`` = ``custom_model_development``); a parent
-run per case, named after it (``standard``, ``lr_sweep``, ``shock-jump``...); child runs named by arm,
-seed and, in sweeps, LR (``gated-seed1-lr0.03``); tags ``case``, ``arm``, ``variant``, ``seed`` and
-``status`` to filter and group by; start and end times those of the training. ``runs_url`` gives
-the link that opens the runs table (MLflow 3.17's UI otherwise opens on its GenAI view).
+How it looks in the MLflow UI: one experiment per preset (``stability-<preset>``), tagged
+``mlflow.experimentKind`` = ``custom_model_development`` (MLflow 3's kind for model training; the
+3.17 UI shows it on the experiment but does not open the runs table for it); a parent run per case,
+named after it (``standard``, ``lr_sweep``, ``shock-jump``...); child runs named by arm, seed and, in
+sweeps, LR (``gated-seed1-lr0.03``); tags ``case``, ``arm``, ``variant``, ``seed`` and ``status`` to
+filter and group by; start and end times those of the training. ``runs_url`` gives the link that
+opens the runs table: its ``?workflowType=machine_learning`` chooses the model-training view (without
+it MLflow 3.17's UI opens a new browser on its GenAI overview, whatever the tag).
 """
 
 from __future__ import annotations
@@ -294,33 +299,53 @@ def arm_definition(record: dict, name: str) -> dict[str, str]:
     return {}
 
 
-def held_points(client, run_id: str) -> set[tuple[str, int]]:
-    """The (metric, step) points of the per-step and probe series a run already holds in the store: what
-    a run continued in another process (a resumed arm) must not send again."""
-    keys = [key for key in _retry(client.get_run, run_id).data.metrics
-            if key in STEP_METRICS or key.startswith("probe.")]
-    return {(key, point.step) for key in keys for point in _retry(client.get_metric_history, run_id, key)}
+def held_points(client, run_id: str) -> dict[tuple[str, int], set[float]]:
+    """The points a run already holds in the store, (metric, step) -> the values there: what a run continued
+    in another process (a resumed arm, a record sent again) must not send again."""
+    held: dict[tuple[str, int], set[float]] = {}
+    for key in _retry(client.get_run, run_id).data.metrics:
+        for point in _retry(client.get_metric_history, run_id, key):
+            held.setdefault((key, int(point.step)), set()).add(point.value)
+    return held
 
 
-def _arm_metrics(arm: dict, now: int, with_steps: bool = True, held: set | frozenset = frozenset()):
-    """The metrics of one arm's child run; ``held``: (metric, step) points of the series already in the
-    store, left out (summary figures are sent again: their latest value is the one shown)."""
+def is_series(key: str) -> bool:
+    """Whether a metric is a per-step series (per-step metrics, probes): one point per step, whatever the
+    value; else a summary figure (final, quantization, extrapolation, paired), sent again only when its
+    value at that step changed."""
+    return key in STEP_METRICS or key.startswith("probe.")
+
+
+def new_points(metrics, held: dict) -> list:
+    """The ``Metric`` objects the store does not hold yet (``held``: ``held_points``), see ``is_series``."""
+    return [m for m in metrics if (m.key, m.step) not in held
+            or (not is_series(m.key) and m.value not in held[(m.key, m.step)])]
+
+
+def final_step(arm: dict) -> int:
+    """The step an arm's final figures are logged at: its last step (a stopped arm's figures so far at the
+    step it stopped, so a resumed arm's figures are a later point of the same series, not a second one)."""
+    steps = (arm.get("series") or {}).get("step") or []
+    return int(steps[-1]) if steps else 0
+
+
+def _arm_metrics(arm: dict, now: int, with_steps: bool = True, held: dict | None = None):
+    """The metrics of one arm's child run, less the points the store holds (``held``: ``held_points``)."""
     from mlflow.entities import Metric
 
     series = arm.get("series") or {}
     steps = series.get("step") or [] if with_steps else []
     metrics = [Metric(key, float(value), now, int(step))
                for key in STEP_METRICS for step, value in zip(steps, series.get(key) or [])
-               if isinstance(value, (int, float)) and value is not None and math.isfinite(value)
-               and (key, int(step)) not in held]
+               if isinstance(value, (int, float)) and value is not None and math.isfinite(value)]
     for snapshot in arm.get("probes") or []:
         step = int(snapshot.get("step", 0))
         for index, layer in enumerate(snapshot.get("layers") or []):
             for key, value in layer.items():
-                if isinstance(value, (int, float)) and math.isfinite(value) \
-                        and (f"probe.{key}.layer{index}", step) not in held:
+                if isinstance(value, (int, float)) and math.isfinite(value):
                     metrics.append(Metric(f"probe.{key}.layer{index}", float(value), now, step))
-    metrics += [Metric(k, v, now, 0) for k, v in _finite_metrics(arm.get("final") or {}, "final.").items()]
+    last = final_step(arm)
+    metrics += [Metric(k, v, now, last) for k, v in _finite_metrics(arm.get("final") or {}, "final.").items()]
     for point in (arm.get("extrapolation") or {}).get("points") or []:  # curves: step = sequence length
         for key in ("heldout_loss", "f_attn", "sink_rate"):
             value = point.get(key)
@@ -329,7 +354,32 @@ def _arm_metrics(arm: dict, now: int, with_steps: bool = True, held: set | froze
     quant = arm.get("quant") or {}  # quant.<scheme>.<figure> (and quant.full_precision.<figure>)
     metrics += [Metric(k, v, now, 0) for k, v in _numbers(
         {"full_precision": quant.get("full_precision"), **(quant.get("schemes") or {})}, "quant").items()]
-    return metrics
+    return new_points(metrics, held or {})
+
+
+def reopen(client, experiment_id: str, record: dict, known: dict | None = None) -> dict:
+    """The runs of ``record`` the store holds already, {"parent_run_id", "child_run_ids"} ({} when none):
+    those ``known`` names (ids an earlier process kept: the record's tracking entry, its ids file), else
+    those tagged with the record's id (``stability.record_id``; children by run name, under that parent
+    first), the earliest when there are several. Every run of the record left RUNNING (by a process that
+    is gone: a run directory is trained by one process at a time) is ended as KILLED here."""
+    from mlflow.entities import ViewType
+
+    found = _retry(client.search_runs, [experiment_id], f"tags.`stability.record_id` = '{record['id']}'",
+                   run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, order_by=["attributes.start_time ASC"])
+    by_id = {run.info.run_id: run for run in found}
+    known = known or {}
+    parent = known.get("parent_run_id") if known.get("parent_run_id") in by_id else next(
+        (run.info.run_id for run in found if run.data.tags.get("stability.level") == "pair"), None)
+    children = {name: run_id for name, run_id in (known.get("child_run_ids") or {}).items() if run_id in by_id}
+    arms = [run for run in found if run.data.tags.get("stability.level") == "arm"]
+    arms.sort(key=lambda run: run.data.tags.get("mlflow.parentRunId") != parent)   # stable: earliest first
+    for run in arms:
+        children.setdefault(run.info.run_name, run.info.run_id)
+    for run in found:
+        if run.info.status == "RUNNING":
+            _retry(client.set_terminated, run.info.run_id, status="KILLED")
+    return {"parent_run_id": parent, "child_run_ids": children} if parent or children else {}
 
 
 MLFLOW_STATUS = {Status.KILLED: "KILLED", Status.RUNNING: "KILLED", Status.ERROR: "FAILED"}   # else FINISHED
@@ -350,19 +400,21 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
     One experiment per preset (see ``experiment_name``); a parent run per stress case (named and tagged by
     its case), a child run per arm and seed. Artifacts of the parent: the JSON record (``record/``) and the
     caller's ``artifacts``, (path, artifact directory) pairs such as the plots and the report. ``live``: the
-    runs made while training (``LiveTracker.runs_of``): they are completed (their per-step metrics are
-    there already) rather than created again. A SQLite store is written under a file lock (parallel
-    workers); an http store is probed first so a dead server fails in seconds. Never raises on a store
-    failure."""
+    runs made while training (``LiveTracker.runs_of``); without it, the runs the store holds of the record
+    already (``reopen``: the ids of its ``tracking`` entry for this store, else its tags). Runs that exist
+    are completed with the points they lack (``held_points``), never made again. A SQLite store is written
+    under a file lock (parallel workers); an http store is probed first so a dead server fails in seconds.
+    Never raises on a store failure (the ids known so far are in the failure's result)."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     uri = resolve_tracking_uri(tracking_uri)
+    live = live if live and live.get("uri") == uri and live.get("parent_run_id") else None
+    known = live or (record.get("tracking") if (record.get("tracking") or {}).get("uri") == uri else None) or {}
+    parent_id, children, client = known.get("parent_run_id"), dict(known.get("child_run_ids") or {}), None
     failed = _FAILED.get(uri)
     if failed and time.monotonic() - failed[0] < FAILURE_COOLDOWN_S:
-        return {"status": "not tracked", "uri": uri, "error": f"{failed[1]} (failed earlier; not retried for "
-                                                               f"{FAILURE_COOLDOWN_S:.0f} s)"}
-    live = live if live and live.get("uri") == uri and live.get("parent_run_id") else None
-    parent_id = client = None
+        return _not_tracked(uri, f"{failed[1]} (failed earlier; not retried for {FAILURE_COOLDOWN_S:.0f} s)",
+                            parent_id, children)
     try:
         check_reachable(uri)
         from mlflow.entities import Metric, Param, RunTag
@@ -375,43 +427,46 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
             with store_lock(uri):
                 name = experiment_name(record, experiment)
                 experiment_id = live["experiment_id"] if live else ensure_experiment(client, uri, name)
+                ids = live or reopen(client, experiment_id, record, known)
+                parent_id, children = ids.get("parent_run_id"), dict(ids.get("child_run_ids") or {})
                 start, end = case_times(record)
                 tags = parent_tags(record)
-                if live:
-                    parent_id = live["parent_run_id"]
+                if parent_id:
                     _log_batched(client, parent_id, tags=[RunTag(k, v) for k, v in tags.items()])
+                    params_held, held = _retry(client.get_run, parent_id).data.params, held_points(client, parent_id)
                 else:
                     parent_id = _retry(client.create_run, experiment_id, start_time=start, tags=tags,
                                        run_name=run_name(record)).info.run_id
+                    params_held, held = {}, {}
                 now = int(time.time() * 1000)
-                params = [] if live and live.get("params_logged") else \
-                    [Param(k, v) for k, v in params_of(record["config"]).items()]
                 paired = {f"paired.{arm}.{figure}.{key}": value
                           for arm, table in (record.get("paired") or {}).items()
                           for figure, summary in table.items() for key, value in summary.items()
                           if key in ("baseline", "treatment", "difference", "ci_low", "ci_high", "p_value")}
-                _log_batched(client, parent_id, params=params,
-                             metrics=[Metric(k, v, now, 0) for k, v in _finite_metrics(paired).items()])
-                children = {}
-                live_children = (live or {}).get("child_run_ids") or {}
+                _log_batched(client, parent_id,
+                             params=[Param(k, v) for k, v in params_of(record["config"]).items() if k not in params_held],
+                             metrics=new_points([Metric(k, v, now, 0) for k, v in _finite_metrics(paired).items()], held))
                 for arm in record["arms"]:
                     key = child_name(arm)
                     arm_start, arm_end = arm_times(arm)
-                    child_id = live_children.get(key)
+                    arm_params = {"arm": str(arm["arm"]), "variant": str(arm.get("variant")), "seed": str(arm["seed"]),
+                                  **arm_definition(record, arm["arm"])}
+                    child_id = children.get(key)
+                    with_steps = key not in ((live or {}).get("complete_children") or ())   # else all went live
                     if child_id is None:
                         child_id = _retry(client.create_run, experiment_id, start_time=arm_start,
                                           tags=child_tags(record, arm, parent_id), run_name=key).info.run_id
-                        arm_params = [Param("arm", arm["arm"]), Param("variant", str(arm.get("variant"))),
-                                      Param("seed", str(arm["seed"]))] + [
-                            Param(k, v) for k, v in arm_definition(record, arm["arm"]).items()]
+                        params_held, held = {}, {}
                     else:
                         _log_batched(client, child_id, tags=[RunTag(k, v) for k, v in
                                                              child_tags(record, arm, parent_id).items()])
-                        arm_params = []
-                    with_steps = key not in ((live or {}).get("complete_children") or ())
-                    # a child run made in an earlier process (a resumed case) already holds part of its series
-                    held = held_points(client, child_id) if key in live_children and with_steps else frozenset()
-                    _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps, held), params=arm_params)
+                        run = _retry(client.get_run, child_id)
+                        params_held = run.data.params
+                        # a child made live holds its steps and, sent when its arm ended, its final figures
+                        held = held_points(client, child_id) if with_steps else {
+                            (k, final_step(arm)): {v} for k, v in run.data.metrics.items() if k.startswith("final.")}
+                    _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps, held),
+                                 params=[Param(k, v) for k, v in arm_params.items() if k not in params_held])
                     _retry(client.set_terminated, child_id, status=arm_status(arm), end_time=arm_end)
                     children[key] = child_id
                 for path, artifact_dir in files:
@@ -419,7 +474,7 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                 _retry(client.set_terminated, parent_id, status=record_status(record), end_time=end)
         _FAILED.pop(uri, None)
         return {"status": "tracked", "uri": uri, "experiment": name, "experiment_id": experiment_id,
-                "parent_run_id": parent_id, "child_run_ids": {**live_children, **children}}
+                "parent_run_id": parent_id, "child_run_ids": children}
     except KeyboardInterrupt:
         if parent_id is not None and client is not None:
             with contextlib.suppress(Exception):
@@ -431,7 +486,13 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
         if parent_id is not None and client is not None:
             with contextlib.suppress(Exception):
                 client.set_terminated(parent_id, status="FAILED")
-        return {"status": "not tracked", "uri": uri, "error": message, "parent_run_id": parent_id}
+        return _not_tracked(uri, message, parent_id, children)
+
+
+def _not_tracked(uri: str, error: str, parent_id: str | None, children: dict) -> dict:
+    """The result of a failed send: why, and the runs of the record known so far (a later send reopens them)."""
+    return {"status": "not tracked", "uri": uri, "error": error, "parent_run_id": parent_id,
+            **({"child_run_ids": children} if children else {})}
 
 
 def _create_experiment(client, uri: str, name: str) -> str:
