@@ -611,14 +611,15 @@ def test_one_row_paired_by_hand():
     """heldout_loss (lower is better, floor 0.02, rel_floor 0.005). Seed 0: 3.0, 3.2 (mean 3.1, variance
     0.02); seed 1: 3.3, 3.5 (mean 3.4, variance 0.02). Baseline 3.25, floor max(0.02, 0.01625) = 0.02.
     Now 3.5 and 3.8: delta ((3.5 - 3.1) + (3.8 - 3.4)) / 2 = 0.4; se sqrt(2 * 0.02 * 1.5) / 2 = 0.12247;
-    Welch df (0.06)^2 / (2 * 0.03^2) = 2; z (0.4 - 0.02) / se = 3.1027; p = P(T_2 > z)."""
-    stats = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 3.5, "1": 3.8}, "heldout_loss")
+    Welch df (0.06)^2 / (2 * 0.03^2) = 2 (the check's own rule takes the fewest of any seed, 1); z (0.4 - 0.02)
+    / se = 3.1027; p = P(T_2 > z)."""
+    stats = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 3.5, "1": 3.8}, "heldout_loss", dof_rule="welch")
     se = math.sqrt(2 * 0.02 * 1.5) / 2
     assert stats == {"baseline": pytest.approx(3.25), "current": pytest.approx(3.65), "delta": pytest.approx(0.4),
                      "floor": pytest.approx(0.02), "noise": pytest.approx(math.sqrt(0.02)), "se": pytest.approx(se),
                      "z": pytest.approx(0.38 / se), "p": pytest.approx(t_upper_tail(0.38 / se, 2)),
                      "mode": "n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2))}
-    better = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss")
+    better = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss", dof_rule="welch")
     assert better["z"] == pytest.approx(-0.62 / se) and better["p_improved"] == pytest.approx(t_upper_tail(0.58 / se, 2))
     higher = reg.judge(draws(s0=[0.5, 0.5], s1=[0.6, 0.6]), {"0": 0.4, "1": 0.5}, "accuracy", quantum=0.01)
     assert higher["delta"] == pytest.approx(-0.1) and higher["floor"] == pytest.approx(0.005)
@@ -636,7 +637,7 @@ def test_one_row_tolerances_and_seeds_left_out_by_hand():
     assert reg.judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"rel_floor": 0.5})["floor"] == \
         pytest.approx(1.625)
     extra = reg.judge(base, {"0": 3.5, "1": 3.8, "7": 9.0}, "heldout_loss")
-    assert extra["mode"] == "n=2 df=2" and extra["delta"] == pytest.approx(0.4)
+    assert extra["mode"] == "n=2 df=1" and extra["delta"] == pytest.approx(0.4)
     assert extra["current"] == pytest.approx(3.65)
     other = reg.judge(base, {"5": 3.5, "6": 3.8}, "heldout_loss")
     assert (other["baseline"], other["p"], other["mode"]) == (pytest.approx(3.25), None, "")

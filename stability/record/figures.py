@@ -118,9 +118,9 @@ FIGURES: dict[str, Figure] = _table(
            kind="peak", floor=0.05, rel_floor=0.5),
     # the trajectory summarised where rounding does not scramble it (stability.record.summary)
     Figure("early_loss", "lower", "nats/token", "mean training loss over the early horizon (the first tenth of "
-           "the planned steps)", kind="run", rel_floor=0.0005),
+           "the planned steps)", kind="run", rel_floor=5e-4),
     Figure("early_grad_norm", "lower", "L2 norm", "mean global gradient norm (before clipping) over the early "
-           "horizon", kind="run", rel_floor=0.002),
+           "horizon", kind="run", rel_floor=5e-4),
     Figure("late_loss", "lower", "nats/token", "mean training loss over the last quarter of the steps trained",
            kind="peak", floor=0.02, rel_floor=0.005),
     Figure("late_grad_norm", "lower", "L2 norm", "median global gradient norm over the last quarter of the steps "
