@@ -10,7 +10,8 @@ For every run of a case (an arm at a seed; in sweeps and ladders also an LR or a
     <run dir>/<record>.json                         the case record: written when the case starts and after
                                                     every run (its "runs" list: status, final figures, files)
     <run dir>/steps/<case id>/<run key>.jsonl       one line per step, flushed as training goes (steplog;
-                                                    gzipped once the run ends with ``compress_steps``)
+                                                    once the run ends: kept, gzipped or dropped, as
+                                                    ``finished_steps`` says)
     <checkpoint dir>/<case id>/<run key>.pt         the arm's checkpoint, every ``checkpoint.every`` steps and
                                                     at a stop; deleted once the run has finished
     <run dir>/replay/<case id>/<run key>-step<N>.pt replay bundles of flagged steps, within the budget
@@ -58,6 +59,7 @@ from stability.train.checkpoint import Bundles, Checkpoints, load_state
 from stability.train.trainer import ArmHooks
 
 LOCK = ".lock"
+FINISHED_STEPS = ("keep", "gzip", "drop")   # what becomes of a run's per-step file when the run has ended
 
 
 # ----------------------------------------------------------------------------- resuming
@@ -176,11 +178,13 @@ class Session:
     progress: show progress (bars or lines) and what each run did. display: the ``Progress`` to show it with
     (default: one on ``stream`` when ``progress``). resume: a checked ``Resume``. lock: hold the run directory's
     lock (so a resume can tell a live run from an interrupted one; off when several processes share a
-    directory). compress_steps: gzip each run's per-step file once the run has ended (``<run key>.jsonl.gz``)."""
+    directory). finished_steps: what becomes of a run's per-step file once the run has ended: "keep" it, "gzip"
+    it (``<run key>.jsonl.gz``), or "drop" it (its figures are in the record; a run stopped before its end keeps
+    its file either way)."""
 
     def __init__(self, run_dir: str | Path, label: str = "run", tracker=None, checkpoint_dir: str | Path | None = None,
                  progress: bool = False, resume: Resume | None = None, lock: bool = False, stream=None,
-                 display: Progress | None = None, compress_steps: bool = False):
+                 display: Progress | None = None, finished_steps: str = "keep"):
         self.run_dir = Path(run_dir)
         self.label = label
         self.tracker = tracker
@@ -188,7 +192,9 @@ class Session:
         self.progress = progress
         self.resume = resume
         self.lock = lock
-        self.compress_steps = compress_steps
+        if finished_steps not in FINISHED_STEPS:
+            raise ValueError(f"finished_steps={finished_steps!r}: expected one of {FINISHED_STEPS}")
+        self.finished_steps = finished_steps
         self.stream = stream or sys.stdout
         self.record_paths: dict[str, Path] = {}
         self.current: dict | None = None     # the case record in flight
@@ -257,7 +263,9 @@ class Session:
                 self._say(f"{label}: stopped after step {len(record['series']['step']) - 1} "
                           f"(checkpoint {checkpoint_file})")
             else:
-                steplog.end(record, compress=self.compress_steps)
+                steplog.end(record, compress=self.finished_steps == "gzip")
+                if self.finished_steps == "drop":
+                    steplog.path.unlink(missing_ok=True)
                 checkpoints.remove()
                 self._say(f"{label}: {record['status']} after {len(record['series']['step'])} steps"
                           + (f" - {record['stop_reason']}" if record.get("stop_reason") else ""))
@@ -277,7 +285,8 @@ class Session:
             steps_file = Path("steps") / case_record["id"] / f"{arm_record.get('run_key')}.jsonl"
             if compressed(self.run_dir / steps_file).is_file():
                 steps_file = compressed(steps_file)
-            note_run(case_record, arm_record, str(steps_file))
+            kept = (self.run_dir / steps_file).is_file() or self.finished_steps != "drop"
+            note_run(case_record, arm_record, str(steps_file) if kept else "")
         if case["bundles"] is not None:
             set_replay_bundles(case_record, case["bundles"].index())
         self.write(case_record)

@@ -208,6 +208,8 @@ CPU_JOB = """\
     env:
       BASELINE: @BASELINES@/@PRESET@-cpu.json
       STABILITY_PACKAGE: "@PACKAGE@"
+      # the plots go into the job's report, not again into the MLflow store of each case: reports/ stays small
+      STABILITY_PLOTS: "0"
     steps:
       - uses: actions/checkout@v4
       - uses: actions/setup-python@v5

@@ -14,15 +14,29 @@ repository):
   another), which the pytest-xdist workers share; one GPU per xdist worker, pinned before torch is
   imported (``stability.cases.gpus``);
 * the fixtures scale, device, seeds, tracking_uri, run_dir, replicate, stability_settings, stress_config,
-  ray_runner and stress_record;
+  ray_runner, stress_record and model_invariant;
 * the table's ``cases``: the suites of the other stress cases are deselected; when the table names a
   model other than the harness's own, so are the stress tests of the harness's own model and detectors
-  (suite modules without ``KIND``).
+  (suite modules without ``KIND``);
+* model invariants: ``model_invariant(record, name, arm, seed, held, value, bound, message)`` records a
+  property of the model under test, never failing the test, as one line of
+  ``<run dir>/invariants-<xdist worker>.jsonl`` (worker "main" without xdist) with the fields ``case`` (the
+  case key as the records name it, ``<preset>/<case>[-<schedule>]``), ``name``, ``arm``, ``seed`` (None:
+  over the seeds), ``held`` (true / false), ``value`` and ``bound`` (numbers or null), ``message`` and
+  ``test`` (the node id); ``stability.record.invariants`` reads them. The terminal summary lists those
+  that did not hold;
+* progress: each stress run ends with one line on stderr, past pytest's capture and from every xdist
+  worker (its step, loss, rate and the ETA of its case; on a terminal without xdist, bars); each run's
+  per-step file is gzipped when it ends (a rounding replicate's dropped); no replay bundles unless the
+  table's ``set`` asks for them.
 
 Each value comes from the command line, else the environment ($STABILITY_SCALE, $STABILITY_DEVICE,
 $MLFLOW_TRACKING_URI, $STABILITY_RAY, $STABILITY_RUN_SLOW), else the table, else the preset. A bad table
-is a usage error naming the key, before anything trains. In a repository without settings, outside the
-suites, the plugin stays out of the way: it pins no GPU, skips nothing and imports no torch.
+is a usage error naming the key, before anything trains; so is a factory the suites cannot use: when
+pytest runs the suites, the controlling process calls it once per arm on a tiny batch
+(``stability.model.contract``: its type, its logits, its observer calls, its gate settings). In a
+repository without settings, outside the suites, the plugin stays out of the way: it pins no GPU, skips
+nothing and imports no torch.
 """
 
 from __future__ import annotations
@@ -378,9 +392,9 @@ def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig
     the scale preset once per session: JSON record first (this session's run directory), then one
     MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
     overrides return the same record (``.records`` holds all). With ``--replicates R`` the case's R
-    rounding replicates are trained and recorded too (not tracked, no replay bundles); the tests see the
-    reference. Each run's per-step file is gzipped when it ends; its progress goes to stderr
-    (``progress_display``)."""
+    rounding replicates are trained and recorded too (not tracked, no replay bundles, no per-step files once
+    a run has ended: their figures are in their records); the tests see the reference. Each reference run's
+    per-step file is gzipped when it ends; the progress goes to stderr (``progress_display``)."""
     from stability.cases.pipeline import run_recorded
     from stability.cases.session import Session
 
@@ -390,7 +404,7 @@ def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig
 
     def run(kind: str, config, draw: int, **keep) -> dict:
         session = Session(run_dir, label="cases", display=progress_display(pytestconfig, draw, replicates),
-                          compress_steps=True)
+                          finished_steps="gzip" if draw == 0 else "drop")
         try:
             return run_recorded(kind, config, run_dir, runner=ray_runner, session=session, **keep)
         finally:
