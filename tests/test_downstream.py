@@ -48,6 +48,7 @@ SCALE_LOST = (GQA_MODEL, "self.scale = 1.0 / math.sqrt(self.head_dim)", "self.sc
 HARMLESS = (GQA_MODEL, "return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight",
             "return x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight")
 TUPLE = (GQA_MODEL, "    return model\n", "    return model, config\n")
+VERDICTS = {"0": "PASS", "1": "REGRESSED", "2": "UNUSABLE INPUT"}   # stability check's exit code -> its summary
 
 
 def undo(edit: tuple[str, str, str]) -> tuple[str, str, str]:
@@ -112,7 +113,12 @@ class Repository:
                               env=self.env, capture_output=True, text=True, timeout=1800, check=False)
 
     def job(self):
-        return run_job(self.workflow, "stress-cpu", self.root, install=lambda _repo: None)
+        """The workflow's CPU job, run here; its summary's verdict is the job's own (checked)."""
+        job = run_job(self.workflow, "stress-cpu", self.root, install=lambda _repo: None)
+        verdicts = re.findall(r"^### Stability check: \S+ (PASS|REGRESSED|UNUSABLE INPUT)$", job.summary, re.MULTILINE)
+        code = job.steps["check"].outputs.get("code")
+        assert verdicts == [VERDICTS[code]] and job.failed == (code != "0"), (verdicts, code, job.log())
+        return job
 
 
 def test_a_downstream_repository_is_gated_by_the_generated_workflow(environment, tmp_path):
