@@ -36,17 +36,23 @@ class TestInvariants:
             assert lrs[0] == pytest.approx(ramp["start_lr"])
             assert all(b / a == pytest.approx(ratio, rel=1e-9) for a, b in itertools.pairwise(lrs))
 
-    def test_ramp_finds_divergence(self, record):
-        """Within the ramp every arm diverges (a ramp that never diverges measured nothing), after
-        the loss first fell: the best loss on the way is below the initial loss."""
+    def test_ramp_finds_divergence(self, record, model_invariant):
+        """Within the ramp every arm diverges (a ramp that never diverges measured nothing), after the loss
+        first fell: the best loss on the way is below the initial loss (model invariants, recorded). Where it
+        diverged, the figures of the onset are consistent (assertions)."""
         for arm in record["arms"]:
-            final = arm["final"]
-            assert arm["status"] == Status.DIVERGED and not final["ramp_censored"], (arm["arm"], arm["stop_reason"])
+            final, name, seed = arm["final"], arm["arm"], arm["seed"]
+            diverged = arm["status"] == Status.DIVERGED and not final["ramp_censored"]
+            model_invariant(record, "ramp_diverges", name, seed, diverged, message=arm["stop_reason"])
+            model_invariant(record, "loss_falls_before_divergence", name, seed,
+                            final["ramp_best_loss"] is not None and final["ramp_best_loss"] < arm["series"]["loss"][0],
+                            final["ramp_best_loss"], arm["series"]["loss"][0])
+            if not diverged:
+                continue
             assert final["ramp_divergence_step"] <= arm["diverged_at_step"]
             # the LR of the update after which the loss first went bad (the update before the onset step)
             assert arm["series"]["lr"][final["ramp_divergence_step"] - 1] == final["ramp_divergence_lr"]
             assert final["ramp_best_lr"] < final["ramp_divergence_lr"]
-            assert final["ramp_best_loss"] < arm["series"]["loss"][0]
 
     def test_finite_until_divergence(self, record):
         for arm in record["arms"]:

@@ -39,11 +39,17 @@ class TestInvariants:
                 s = shock.at_step
                 assert arm["series"]["lr"][s] == pytest.approx(shock.factor * warmup_cosine(s, run))
 
-    def test_finite_before_shock_and_figures_defined(self, record):
+    def test_finite_before_shock_and_figures_defined(self, record, model_invariant):
+        """The loss is finite up to the shock (a model invariant, recorded); when it is, the shock's figures
+        are defined and consistent (assertions)."""
         for arm in record["arms"]:
             final = arm["final"]
             s = final["shock_step"]
-            assert all(math.isfinite(v) for v in arm["series"]["loss"][:s + 1])
+            before = arm["series"]["loss"][:s + 1]
+            finite = len(before) == s + 1 and all(v is not None and math.isfinite(v) for v in before)
+            if not model_invariant(record, "finite_before_shock", arm["arm"], arm["seed"], finite, len(before), s + 1,
+                                   "steps with a finite loss up to the shock"):
+                continue
             assert final["shock_pre_loss"] is not None and math.isfinite(final["shock_pre_loss"])
             assert final["shock_peak_excess"] is not None
             assert 1 <= final["shock_recovery_steps"] <= record["config"]["run"]["steps"] - s

@@ -96,3 +96,27 @@ def no_attention(config: ModelConfig) -> nn.Module:
     if config.gate.enabled:
         inject_gate(model, config.gate, seed=0)
     return model
+
+
+def reads_only_enabled(config: ModelConfig) -> nn.Module:
+    """The paper's gate in every gated arm, whatever else ``config.gate`` says: a factory that reads only
+    ``gate.enabled`` (every control arm would get the same gate)."""
+    from dataclasses import replace
+
+    from stability.config import GateConfig
+
+    return GatedLM(replace(config, gate=GateConfig(position="G1") if config.gate.enabled else config.gate), seed=0)
+
+
+class Unobserved(GatedLM):
+    """The harness's model with its attention's calls of ``observer(name, tensor)`` for ``hidden`` dropped."""
+
+    hidden = "gate_score"
+
+    def set_observer(self, observer) -> None:
+        super().set_observer(None if observer is None else (
+            lambda layer, name, tensor: None if name == self.hidden else observer(layer, name, tensor)))
+
+
+def hides_the_gate_score(config: ModelConfig) -> nn.Module:
+    return Unobserved(config, seed=0)

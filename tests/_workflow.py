@@ -182,7 +182,7 @@ def run_job(workflow: Path, job_name: str, copy: Path, install=prepare_venv, env
     work = copy / ".github-runner"
     work.mkdir(exist_ok=True)
     summary = work / "step_summary.md"
-    summary.touch()
+    summary.write_text("")            # each job has a summary of its own (a copy may run several jobs)
     job, outputs = Job(), {}
     for index, step in enumerate(spec["steps"]):
         name = step.get("id") or step.get("name") or f"step{index}"
@@ -199,7 +199,7 @@ def run_job(workflow: Path, job_name: str, copy: Path, install=prepare_venv, env
                                    seconds=time.perf_counter() - started)
             continue
         output_file = work / f"output-{index}"
-        output_file.touch()
+        output_file.write_text("")
         script = substitute(step["run"], outputs)
         result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=copy,
                                 env={**base_env, **{k: str(v) for k, v in (step.get("env") or {}).items()},

@@ -1,18 +1,23 @@
-"""`stability init` (stability.cli.init): the settings table and the workflow it writes, and what it refuses;
-`stability baseline make`'s defaults from the settings."""
+"""`stability init` (stability.cli.init): the factory it checks, the settings table, the workflow and the
+.gitignore it writes, what it prints and what it refuses; `stability baseline make`'s defaults from the settings,
+what it says when the suites fail, and the model invariants it lists."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from _stability_records import pair_record, with_replicates
 from test_workflow import WORKFLOW, _commands, _normal, _options, _subparsers
 
 from stability.cases.stress import CASES
 from stability.cli import build_parser, main
+from stability.cli.init import job_commands
 from stability.plugin.settings import KEYS, check, read_settings
 
 PYPROJECT = b'[project]\nname = "mypackage"\nversion = "0.1.0"\n\n[tool.ruff]\nline-length = 100'   # no final newline
@@ -21,6 +26,22 @@ PYPROJECT = b'[project]\nname = "mypackage"\nversion = "0.1.0"\n\n[tool.ruff]\nl
 def init(tmp_path: Path, monkeypatch, *args: str) -> int:
     monkeypatch.chdir(tmp_path)
     return main(["init", *args])
+
+
+@pytest.fixture(autouse=True)
+def mypackage(tmp_path_factory, monkeypatch):
+    """An importable ``mypackage.model:build`` (the harness's own model behind it: a factory that keeps the
+    whole contract), outside the repository stability init writes into."""
+    site = tmp_path_factory.mktemp("site")
+    (site / "mypackage").mkdir()
+    (site / "mypackage" / "__init__.py").write_text("")
+    (site / "mypackage" / "model.py").write_text("from _factories import harness_lm as build\n")
+    (site / "brokenpackage.py").write_text("def returns_a_tuple(config):\n    from _factories import harness_lm\n"
+                                           "    return harness_lm(config), config\n")
+    monkeypatch.syspath_prepend(str(site))
+    yield
+    for name in ("mypackage", "mypackage.model", "brokenpackage"):
+        sys.modules.pop(name, None)
 
 
 def test_the_table_is_appended_and_the_rest_of_pyproject_kept_byte_for_byte(tmp_path, monkeypatch, capsys):
@@ -43,8 +64,12 @@ def test_the_table_is_appended_and_the_rest_of_pyproject_kept_byte_for_byte(tmp_
         assert lines[index - 1].startswith("# ") and key.comment.split()[-1] in " ".join(lines[index - 3:index])
     out = capsys.readouterr().out
     assert "    stability baseline make\n" in out
-    assert ("    pytest --pyargs stability.suites -m stress && stability check --baseline "
-            "reports/baselines/smoke-cpu.json\n") in out
+    assert "baseline arm: " in out and "observer calls attn_logits, attn_probs, gate_score" in out   # what it found
+    workflow = (tmp_path / ".github" / "workflows" / "stability.yml").read_text()
+    commands = job_commands(workflow, "stress-cpu", "reports/baselines/smoke-cpu.json")
+    assert [c.split()[:2] for c in commands] == [["pytest", "--pyargs"], ["stability", "check"]]
+    assert "".join(f"    {c}\n" for c in commands) in out and "&&" not in out   # the job's own, one per line
+    assert "-n 2" in commands[0] and '"$BASELINE"' in workflow
 
 
 def test_without_a_pyproject_the_settings_go_into_stability_toml(tmp_path, monkeypatch):
@@ -77,9 +102,37 @@ def test_nothing_is_overwritten_without_force(tmp_path, monkeypatch, capsys):
     assert read_settings(tmp_path / "pyproject.toml").own_model
 
 
-def test_a_factory_that_is_not_a_module_path_is_refused(tmp_path, monkeypatch, capsys):
-    assert init(tmp_path, monkeypatch, "--factory", "mypackage/model.py") == 2
-    assert "model.factory" in capsys.readouterr().err and not (tmp_path / "stability.toml").exists()
+@pytest.mark.parametrize(("factory", "said"), [
+    ("mypackage/model.py", "model.factory='mypackage/model.py' is invalid"),
+    ("nosuchmodule:fn", "model.factory='nosuchmodule:fn' does not import: ModuleNotFoundError"),
+    ("mypackage.model:nothing", "module 'mypackage.model' has no function 'nothing'"),
+    ("brokenpackage:returns_a_tuple", "returned tuple: expected a torch.nn.Module"),
+])
+def test_a_factory_the_suites_cannot_use_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, factory,
+                                                                                said):
+    assert init(tmp_path, monkeypatch, "--factory", factory) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and "nothing written" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_workflow_runs_on_the_default_branch_and_the_run_output_is_ignored(tmp_path, monkeypatch, capsys):
+    """The push trigger names the repository's branch (git; main outside a repository); .gitignore gets the run
+    output, appended to the repository's own lines, never twice."""
+    assert init(tmp_path, monkeypatch) == 0
+    assert "branches: [main]" in (tmp_path / ".github" / "workflows" / "stability.yml").read_text()
+    assert (tmp_path / ".gitignore").read_text().splitlines()[1:] == ["reports/*", "!reports/baselines/"]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "trunk", str(repo)], check=True)
+    (repo / ".gitignore").write_text("__pycache__/\nreports/*")      # no final newline, one of the two lines
+    assert init(repo, monkeypatch) == 0
+    assert "branches: [trunk]" in (repo / ".github" / "workflows" / "stability.yml").read_text()
+    assert "on pushes to trunk" in capsys.readouterr().out
+    lines = (repo / ".gitignore").read_text().splitlines()
+    assert lines[:2] == ["__pycache__/", "reports/*"] and lines[-1] == "!reports/baselines/" and lines.count("reports/*") == 1
+    before = (repo / ".gitignore").read_bytes()
+    assert init(repo, monkeypatch, "--force") == 0 and (repo / ".gitignore").read_bytes() == before
 
 
 def _steps(job: dict) -> list[str]:
@@ -129,8 +182,42 @@ def test_baseline_make_runs_the_installed_suites_with_the_settings(tmp_path, mon
     (command, env), = seen
     assert command[1:] == ["-m", "pytest", "--pyargs", "stability.suites", "-m", "stress", "--stability-scale", "ci",
                            "--stability-replicates", "3", "-p", "no:cacheprovider"]
-    assert env["STABILITY_RUN_DIR"].startswith("reports/runs/") and "pytest exit 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert env["STABILITY_RUN_DIR"].startswith("reports/runs/") and "pytest exit 1" in err
+    assert "nothing was recorded" in err and "records so far" not in err     # no directory named that is not there
     seen.clear()
     assert main(["baseline", "make", "--preset", "smoke", "--replicates", "2", "--suites", ".", "--device", "cpu"]) == 2
     assert seen[0][0][3:] == [".", "-m", "stress", "--stability-scale", "smoke", "--stability-replicates", "2", "-p",
                               "no:cacheprovider", "--stability-device", "cpu"]
+
+
+def test_baseline_make_writes_the_baseline_and_lists_the_model_invariants_that_failed(tmp_path, monkeypatch, capsys):
+    """The suites pass (a model invariant that fails is recorded, not failed): the baseline is written from the
+    run directory and the invariants that did not hold are listed; when the suites fail, the directory is
+    named only if it holds something."""
+    record = pair_record()
+    invariants = [{"case": "smoke/standard", "name": "loss_falls", "arm": "baseline", "seed": 1, "held": False,
+                   "value": 0.97, "bound": 0.9, "message": "final / first", "test": "t"},
+                  {"case": "smoke/standard", "name": "loss_falls", "arm": "gated", "seed": 1, "held": True,
+                   "value": 0.6, "bound": 0.9, "message": "", "test": "t"}]
+    exit_code = [0]
+
+    def fake_run(command, env, check):
+        run_dir = Path(env["STABILITY_RUN_DIR"])
+        run_dir.mkdir(parents=True)
+        (run_dir / "manifest.json").write_text("{}")
+        for index, one in enumerate(with_replicates(record, draws=(1, 2))):
+            (run_dir / f"r{index}.json").write_text(json.dumps(one, allow_nan=False))
+        (run_dir / "invariants-gw0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in invariants))
+        return subprocess.CompletedProcess(command, exit_code[0])
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    assert main(["baseline", "make", "--commit", "abc"]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "reports" / "baselines" / "smoke-cpu.json").is_file() and "baseline written" in out
+    listed = out[out.index("model invariants that did not hold on this model: 1 of 2"):].splitlines()
+    assert listed[1] == "  smoke/standard baseline seed 1: loss_falls (0.97 against bound 0.9) - final / first"
+    assert "gated" not in "".join(listed)
+    exit_code[0] = 1
+    assert main(["baseline", "make"]) == 2
+    assert "pytest exit 1" in (err := capsys.readouterr().err) and "the records so far are in reports/runs/" in err

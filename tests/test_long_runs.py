@@ -89,6 +89,38 @@ def test_a_resumed_run_continues_bit_for_bit(interrupted, reference, tmp_path):
     assert not list(run_dir.glob("checkpoints/**/*.pt"))
 
 
+def test_compressed_per_step_files_keep_everything_and_a_resume_reads_them(reference, tmp_path):
+    """``finished_steps="gzip"`` (the stress suites' sessions): a run's per-step file is gzipped once the run
+    ends, its record names the gzipped file, a killed run's stays plain; resuming takes the finished run from the
+    gzipped file and continues the other bit for bit. ``"drop"`` (rounding replicates): no file left, none named."""
+    torch.set_num_threads(1)
+    run_dir = tmp_path / "run"
+
+    def ctrl_c(arm, seed, step, figures):
+        if arm == "gated" and step == 13:
+            signal.raise_signal(signal.SIGINT)
+
+    with pytest.raises(Interrupted) as stop:
+        run_pair(tiny(), session=watching(Session(run_dir, label="run", finished_steps="gzip"), ctrl_c))
+    steps = run_dir / "steps" / stop.value.record["id"]
+    (finished,) = steps.glob("baseline-*.jsonl.gz")
+    (killed,) = steps.glob("gated-*.jsonl")
+    kept = read_steplog(finished)
+    assert kept["end"]["status"] == Status.COMPLETED and len(kept["steps"]) == 24
+    assert [row["loss"] for row in kept["steps"]] == reference["arms"][0]["series"]["loss"]
+    assert not list(steps.glob("baseline-*.jsonl")) and read_steplog(killed)["end"] is None
+    on_disk = json.loads(next(run_dir.glob("smoke-standard-*.json")).read_text())
+    assert on_disk["runs"][0]["steps_file"] == str(finished.relative_to(run_dir))
+    record = run_pair(tiny(), session=Session(run_dir, resume=Resume.load(run_dir), finished_steps="gzip"))
+    assert [a["series"]["loss"] for a in record["arms"]] == [a["series"]["loss"] for a in reference["arms"]]
+    assert sorted(p.name.split("-")[0] for p in steps.glob("*.jsonl.gz")) == ["baseline", "gated"]
+    assert not list(steps.glob("*.jsonl"))
+    dropped = run_pair(tiny(), session=Session(tmp_path / "dropped", finished_steps="drop"))
+    assert not list((tmp_path / "dropped").glob("steps/**/*.jsonl*"))
+    assert [run["steps_file"] for run in dropped["runs"]] == ["", ""]
+    assert [a["series"]["loss"] for a in dropped["arms"]] == [a["series"]["loss"] for a in reference["arms"]]
+
+
 def test_a_run_interrupted_by_older_code_is_continued(interrupted, reference, tmp_path):
     """A record written before the plain pair was called "standard" says "pair", and its config holds the stress
     schedules' settings under their flat names (stress.ramp_end_lr ...): resuming finds it all the same (the same

@@ -89,7 +89,7 @@ def test_a_repository_without_settings_keeps_its_options_and_markers_and_imports
 
 
 FACTORY_REPO = {
-    "mymodels.py": "def build(config):\n    raise NotImplementedError\n",
+    "mymodels.py": "from stability.model.lm import GatedLM\n\n\ndef build(config):\n    return GatedLM(config, seed=0)\n",
     "pyproject.toml": """\
         [tool.pytest.ini_options]
         pythonpath = ["."]
@@ -158,3 +158,65 @@ def test_the_settings_select_the_suites(tmp_path):
     result = pytest_in(root, "--co", "-q", "--pyargs", "stability.suites", "-m", "stress", "-p", "no:xdist")
     files = {line.split("::")[0] for line in result.stdout.splitlines() if "::" in line}
     assert files == {"test_standard.py", "test_faults.py", "test_configs_property.py", "test_quant.py"}, result.stdout
+
+
+@pytest.mark.parametrize(("factory", "arms", "named"), [
+    ("return build_harness(config), config", "gated", ("model.factory='mymodels:build' returned tuple: expected a "
+                                                       "torch.nn.Module")),
+    ("return build_harness(replace(config, gate=GateConfig(position='G1') if config.gate.enabled else config.gate))",
+     "gated_headwise", "model.factory='mymodels:build' does not honour gate.granularity='headwise'"),
+], ids=["a tuple", "a gate setting ignored"])
+def test_a_factory_the_suites_cannot_use_is_one_usage_error_before_anything_trains(tmp_path, factory, arms, named):
+    """The factory is called once per arm at collection (in the controller, under xdist too): a wrong return type
+    or a gate setting it does not honour is pytest's usage error, one line, nothing trained."""
+    root = repository(tmp_path, {
+        "mymodels.py": f"""\
+            from dataclasses import replace
+
+            from stability.config import GateConfig
+            from stability.model.lm import GatedLM
+
+
+            def build_harness(config):
+                return GatedLM(config, seed=0)
+
+
+            def build(config):
+                {factory}
+            """,
+        "pyproject.toml": f"""\
+            [tool.pytest.ini_options]
+            pythonpath = ["."]
+
+            [tool.stability]
+            arms = ["{arms}"]
+            cases = ["standard"]
+            model.factory = "mymodels:build"
+            """})
+    result = pytest_in(root, "--pyargs", "stability.suites", "-m", "stress", "-n", "2")
+    assert result.returncode == 4, result.stdout + result.stderr   # pytest's usage error
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ERROR: [tool.stability] in ") and named in lines[0], lines
+    assert not (root / "reports").exists()
+
+
+def test_model_invariants_are_recorded_and_listed_not_failed(tmp_path):
+    """``model_invariant`` writes one line per call into the session's run directory, one file per xdist worker;
+    the test passes, and the terminal summary lists the invariants that did not hold."""
+    root = repository(tmp_path, {"test_model.py": """\
+        def test_gap(model_invariant):
+            assert model_invariant("smoke/precision_ladder", "mean_loss_gap_fp16", "baseline", None, False, 0.8159,
+                                   0.25, "per seed [0.74, 0.79, 0.91]") is False
+            assert model_invariant({"name": "smoke", "schedule": "standard", "stress_case": "standard",
+                                    "preset": "smoke"}, "loss_falls", "gated", 1, True, 0.6, 0.9)
+        """})
+    for workers, name in ((["-p", "no:xdist"], "invariants-main.jsonl"), (["-n", "2"], "invariants-gw")):
+        run_dir = tmp_path / f"run-{name}"
+        result = pytest_in(root, "test_model.py", *workers, env={"STABILITY_RUN_DIR": str(run_dir)})
+        assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout + result.stderr
+        assert "model invariants that did not hold: 1 of 2" in result.stdout, result.stdout
+        assert ("smoke/precision_ladder baseline: mean_loss_gap_fp16 (0.8159 against bound 0.25) - per seed "
+                "[0.74, 0.79, 0.91]") in result.stdout
+        (written,) = list(run_dir.glob("invariants-*.jsonl"))
+        assert written.name.startswith(name) and written.read_text().count("\n") == 2
+        assert '"case": "smoke/standard", "name": "loss_falls"' in written.read_text()

@@ -5,6 +5,7 @@ nothing with --quiet."""
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import pty
 import re
@@ -118,3 +119,26 @@ def test_the_eta_of_a_line_comes_from_the_steps_trained_here():
                          "ETA 0:20 (case 1:10)"), line
     assert "step 51/100" in log.text                                        # the first step trained here
     assert not progress.bars and clock(3725) == "1:02:05" and clock(None) == "?"
+
+
+def test_one_line_per_run_names_its_draw_and_a_run_stopped_early_still_gets_its_line():
+    """What the stress suites show in a log (``lines_per_run=1``, no notes): one line when a run ends, prefixed
+    with the rounding draw; a run that diverged before its last step gets its line when it ends."""
+    log = io.StringIO()
+    progress = Progress(log, bars=False, lines_per_run=1, notes=False, prefix="replicate 1/2 ")
+    progress.case_started("[precision_ladder]", steps=40)
+    row = {"loss": 3.0, "lr": 1e-3, "grad_norm": None, "update_norm": 0.0}
+    for label, last in (("  [precision_ladder] baseline-seed0-fp16", 19), ("  [precision_ladder] gated-seed0-fp16", 6)):
+        progress.run_started(label, steps=20)
+        progress.note(f"{label}: 20 steps")
+        for step in range(last + 1):
+            progress.step(step, row)
+        progress.run_ended(last + 1)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("replicate 1/2 [precision_ladder] baseline-seed0-fp16: step 20/20  loss 3.0000  "
+                               "lr 1.00e-03  grad-norm nan  update-norm 0  "), lines
+    assert re.search(r"steps/s  ETA 0:00 \(case [0-9:?]+\)$", lines[0]), lines
+    assert lines[1].startswith("replicate 1/2 [precision_ladder] gated-seed0-fp16: step 7/20") and \
+        lines[1].endswith("(stopped)"), lines
+    assert progress.case_total == 27     # the 13 steps the stopped run never trained left the case

@@ -50,17 +50,28 @@ def load_inputs(config: cfg.ExperimentConfig):
     importable, the recipe known, MX blocks fitting the batch), that the corpus holds the longest
     extrapolation length and that each arm's model can be built and run: a model the harness did not
     write (HF, factory) is built once per arm here, so bad input is a ConfigError before any training."""
-    from stability.model.build import check_models
     from stability.train.extrapolation import check_corpus
 
     run = config.run   # the arms share the run's precision: one check, before the corpus is read
     precision.check(run.precision, run.device, run.data.batch_size * run.model.context)
     corpus = load_corpus(run.data, run.model.vocab_size, run.model.context)
     check_corpus(corpus, config)  # long enough for the longest extrapolation length
-    if run.model.kind != "harness":
-        check_models([config.arm_config(arm, config.seeds[0]).model for arm in config.arm_names], config.seeds[0],
-                     run.model.vocab_size, run.model.context)
+    check_arm_models(config)
     return corpus
+
+
+def check_arm_models(config: cfg.ExperimentConfig, suites: bool = False) -> list[dict]:
+    """Build and run each arm's model once when it is not the harness's own (``stability.model.contract``;
+    ``suites``: the stress suites' stricter contract, observer calls and gate settings included): a
+    ConfigError naming the problem, before anything trains. Returns what was found per arm ([] for the
+    harness's own model)."""
+    from stability.model.contract import check_models
+
+    run = config.run
+    if run.model.kind == "harness":
+        return []
+    return check_models([config.arm_config(arm, config.seeds[0]).model for arm in config.arm_names],
+                        config.seeds[0], run.model.vocab_size, run.model.context, suites=suites)
 
 
 class Interrupted(KeyboardInterrupt):

@@ -40,12 +40,18 @@ def clock(seconds: float | None) -> str:
 
 class Progress:
     """Bars on a terminal, plain lines elsewhere (see the module docstring). ``bars``: force one or the other
-    (default: whether ``stream`` is a terminal)."""
+    (default: whether ``stream`` is a terminal). ``lines_per_run``: plain lines per run (1: one, when the run
+    ends). ``notes``: also print the notes of ``note`` (a run started, ended). ``prefix``: put before every
+    line and bar label."""
 
-    def __init__(self, stream, bars: bool | None = None):
+    def __init__(self, stream, bars: bool | None = None, lines_per_run: int = LINES_PER_RUN, notes: bool = True,
+                 prefix: str = ""):
         self.stream = stream
         isatty = getattr(stream, "isatty", None)
         self.bars = bool(isatty and isatty()) if bars is None else bars
+        self.lines_per_run, self.notes, self.prefix = max(1, lines_per_run), notes, prefix
+        self.last: tuple[int, dict] | None = None     # the run's latest step and row
+        self.shown = -1                               # the step of the run's latest plain line
         self.case_bar = self.run_bar = None
         self.shape = {"dynamic_ncols": True} if _width(stream) else {"ncols": 100, "nrows": 24}   # a pty of no size
         self.case_total = self.case_done = 0          # steps of the case: in all, and done
@@ -63,7 +69,7 @@ class Progress:
         if self.bars:
             from tqdm import tqdm
 
-            self.case_bar = tqdm(total=steps, initial=done, desc=label, unit="step", file=self.stream,
+            self.case_bar = tqdm(total=steps, initial=done, desc=self.prefix + label, unit="step", file=self.stream,
                                  position=0, **self.shape)
 
     def skip(self, steps: int) -> None:
@@ -77,6 +83,7 @@ class Progress:
     def run_started(self, label: str, steps: int, first: int = 0) -> None:
         """A run starts (or continues after step ``first`` - 1): ``steps`` in all."""
         self.label, self.steps, self.first = label, steps, first
+        self.last, self.shown = None, -1
         self.case_done += first
         if self.case_bar is not None:
             self.case_bar.update(first)
@@ -87,8 +94,8 @@ class Progress:
             from tqdm import tqdm
 
             self._close(self.run_bar)
-            self.run_bar = tqdm(total=steps, initial=first, desc=label.strip(), unit="step", file=self.stream, position=1,
-                                leave=False, **self.shape)
+            self.run_bar = tqdm(total=steps, initial=first, desc=self.prefix + label.strip(), unit="step",
+                                file=self.stream, position=1, leave=False, **self.shape)
 
     def step(self, step: int, row: dict) -> None:
         """After step ``step`` (0-based) of the run; ``row``: its loss, lr, grad_norm, update_norm."""
@@ -101,9 +108,11 @@ class Progress:
                 self.case_bar.update(1)
             return
         now = time.monotonic()
-        every = max(1, self.steps // LINES_PER_RUN)
-        if step % every == 0 or step == self.steps - 1 or now - self.last_line >= LINE_SECONDS:
-            self.last_line = now
+        self.last = (step, row)
+        every = max(1, self.steps // self.lines_per_run)
+        regular = self.lines_per_run > 1 and step % every == 0
+        if regular or step == self.steps - 1 or now - self.last_line >= LINE_SECONDS:
+            self.last_line, self.shown = now, step
             self.say(self.line(step, row, now))
 
     def line(self, step: int, row: dict, now: float) -> str:
@@ -114,14 +123,18 @@ class Progress:
         started = self.case_clock if self.case_clock is not None else now
         case_rate = self.case_timed / (now - started) if now > started else None
         case_eta = max(0, self.case_total - self.case_done) / case_rate if case_rate and self.case_total else None
-        return (f"{self.label}: step {step + 1}/{self.steps}  loss {row['loss']:.4f}  lr {row['lr']:.2e}  "
-                f"grad-norm {row['grad_norm']:.3g}  update-norm {row['update_norm']:.3g}  "
+        return (f"{self.prefix}{self.label.strip() if self.prefix else self.label}: step {step + 1}/{self.steps}  "
+                f"loss {_number(row['loss'], '.4f')}  lr {row['lr']:.2e}  "
+                f"grad-norm {_number(row['grad_norm'], '.3g')}  update-norm {_number(row['update_norm'], '.3g')}  "
                 f"{f'{rate:.1f}' if rate else '?'} steps/s  ETA {clock(eta)}"
                 + (f" (case {clock(case_eta)})" if self.case_total else ""))
 
     def run_ended(self, steps: int) -> None:
         """The run stopped after ``steps`` steps in all (fewer than planned when it diverged or was stopped):
-        the steps it will never train leave the case's count."""
+        the steps it will never train leave the case's count; in a log, a run that stopped early gets its line."""
+        if not self.bars and self.last is not None and self.shown != self.last[0]:
+            self.shown = self.last[0]
+            self.say(self.line(*self.last, time.monotonic()) + "  (stopped)")
         self.case_total -= max(0, self.steps - steps)
         if self.case_bar is not None:
             self.case_bar.total = self.case_total
@@ -140,6 +153,11 @@ class Progress:
         else:
             print(line, file=self.stream, flush=True)
 
+    def note(self, line: str) -> None:
+        """A note on a run (it started, it ended): printed unless ``notes`` is off."""
+        if self.notes:
+            self.say(line)
+
     def close(self) -> None:
         self._close_bars()
 
@@ -152,6 +170,11 @@ class Progress:
     def _close(bar) -> None:
         if bar is not None:
             bar.close()
+
+
+def _number(value, spec: str) -> str:
+    """A figure of a step's row ("nan" when a non-finite value was recorded as None)."""
+    return "nan" if value is None else format(value, spec)
 
 
 def _width(stream) -> int:

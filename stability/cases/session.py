@@ -11,7 +11,9 @@ For every run of a case (an arm at a seed; in sweeps and ladders also an LR or a
                                                     every run (its "runs" list: status, final figures, files)
     <run dir>/<record>.mlflow                       the ids of its live MLflow runs, written by the sending
                                                     process before it sends anything to a run (track.ids)
-    <run dir>/steps/<case id>/<run key>.jsonl       one line per step, flushed as training goes (steplog)
+    <run dir>/steps/<case id>/<run key>.jsonl       one line per step, flushed as training goes (steplog;
+                                                    once the run ends: kept, gzipped or dropped, as
+                                                    ``finished_steps`` says)
     <checkpoint dir>/<case id>/<run key>.pt         the arm's checkpoint, every ``checkpoint.every`` steps and
                                                     at a stop; deleted once the run has finished
     <run dir>/replay/<case id>/<run key>-step<N>.pt replay bundles of flagged steps, within the budget
@@ -39,7 +41,7 @@ from pathlib import Path
 
 from stability import config as cfg
 from stability.cases.progress import Progress
-from stability.cases.steplog import StepLog, read_steplog
+from stability.cases.steplog import StepLog, compressed, read_steplog
 from stability.record import (
     UNFINISHED,
     RecordError,
@@ -62,6 +64,7 @@ from stability.train.checkpoint import Bundles, Checkpoints, load_state
 from stability.train.trainer import ArmHooks
 
 LOCK = ".lock"
+FINISHED_STEPS = ("keep", "gzip", "drop")   # what becomes of a run's per-step file when the run has ended
 
 
 # ----------------------------------------------------------------------------- resuming
@@ -177,12 +180,16 @@ class Session:
 
     run_dir: the run directory. label: the command ("run", "stress"; the run directory's manifest).
     tracker: a ``stability.track.live.LiveTracker``, or None. checkpoint_dir: default ``<run dir>/checkpoints``.
-    progress: show progress (bars or lines) and what each run did. resume: a checked ``Resume``. lock: hold
-    the run directory's lock (so a resume can tell a live run from an interrupted one; off when several
-    processes share a directory)."""
+    progress: show progress (bars or lines) and what each run did. display: the ``Progress`` to show it with
+    (default: one on ``stream`` when ``progress``). resume: a checked ``Resume``. lock: hold the run directory's
+    lock (so a resume can tell a live run from an interrupted one; off when several processes share a
+    directory). finished_steps: what becomes of a run's per-step file once the run has ended: "keep" it, "gzip"
+    it (``<run key>.jsonl.gz``), or "drop" it (its figures are in the record; a run stopped before its end keeps
+    its file either way)."""
 
     def __init__(self, run_dir: str | Path, label: str = "run", tracker=None, checkpoint_dir: str | Path | None = None,
-                 progress: bool = False, resume: Resume | None = None, lock: bool = False, stream=None):
+                 progress: bool = False, resume: Resume | None = None, lock: bool = False, stream=None,
+                 display: Progress | None = None, finished_steps: str = "keep"):
         self.run_dir = Path(run_dir)
         self.label = label
         self.tracker = tracker
@@ -190,12 +197,15 @@ class Session:
         self.progress = progress
         self.resume = resume
         self.lock = lock
+        if finished_steps not in FINISHED_STEPS:
+            raise ValueError(f"finished_steps={finished_steps!r}: expected one of {FINISHED_STEPS}")
+        self.finished_steps = finished_steps
         self.stream = stream or sys.stdout
         self.record_paths: dict[str, Path] = {}
         self.current: dict | None = None     # the case record in flight
         self._cases: dict[int, dict] = {}     # id(case record) -> its bookkeeping
         self._lock_handle = None
-        self.display = Progress(self.stream) if progress else None
+        self.display = display or (Progress(self.stream) if progress else None)
         self._watched: set[str] = set()       # cases whose live runs were looked for, and found
         self._shown_experiments: set[str] = set()   # experiments whose runs-table link was printed
         self._written_children: set[tuple] = set()  # (case id, child run) whose live id the record holds
@@ -212,14 +222,14 @@ class Session:
         checkpoint_file = self.checkpoint_dir / case_record["id"] / f"{key}.pt"
         resume_state, resume_after = None, None
         if case["resumed"]:
-            if steps_file.is_file():
-                finished = read_steplog(steps_file)["end"]
-                if finished is not None:
-                    self._say(f"{label}: finished before the interruption "
-                              f"({finished.get('status')}, {len(finished['series']['step'])} steps), taken from "
-                              f"{steps_file.name}")
-                    self._done_elsewhere(case, finished)
-                    return finished
+            kept = next((f for f in (compressed(steps_file), steps_file) if f.is_file()), None)
+            finished = read_steplog(kept)["end"] if kept is not None else None
+            if finished is not None:
+                self._say(f"{label}: finished before the interruption "
+                          f"({finished.get('status')}, {len(finished['series']['step'])} steps), taken from "
+                          f"{kept.name}")
+                self._done_elsewhere(case, finished)
+                return finished
             if checkpoint_file.is_file():
                 resume_state = load_state(checkpoint_file, map_location=run.device)
                 resume_after = resume_state["step"]
@@ -258,7 +268,9 @@ class Session:
                 self._say(f"{label}: stopped after step {len(record['series']['step']) - 1} "
                           f"(checkpoint {checkpoint_file})")
             else:
-                steplog.end(record)
+                steplog.end(record, compress=self.finished_steps == "gzip")
+                if self.finished_steps == "drop":
+                    steplog.path.unlink(missing_ok=True)
                 checkpoints.remove()
                 self._say(f"{label}: {record['status']} after {len(record['series']['step'])} steps"
                           + (f" - {record['stop_reason']}" if record.get("stop_reason") else ""))
@@ -275,8 +287,11 @@ class Session:
         if arm_record is not None and arm_record.get("run_key") not in case["shown"]:
             self._done_elsewhere(case, arm_record)       # trained by a runner (Ray): no steps seen here
         if arm_record is not None:
-            note_run(case_record, arm_record,
-                     str(Path("steps") / case_record["id"] / f"{arm_record.get('run_key')}.jsonl"))
+            steps_file = Path("steps") / case_record["id"] / f"{arm_record.get('run_key')}.jsonl"
+            if compressed(self.run_dir / steps_file).is_file():
+                steps_file = compressed(steps_file)
+            kept = (self.run_dir / steps_file).is_file() or self.finished_steps != "drop"
+            note_run(case_record, arm_record, str(steps_file) if kept else "")
         if case["bundles"] is not None:
             set_replay_bundles(case_record, case["bundles"].index())
         self.write(case_record)
@@ -420,4 +435,4 @@ class Session:
 
     def _say(self, line: str) -> None:
         if self.display is not None:
-            self.display.say(line)
+            self.display.note(line)

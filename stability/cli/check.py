@@ -200,10 +200,32 @@ def cmd_baseline_make(args) -> int:
     print(f"stability baseline make: {' '.join(command[2:])} (records into {run_dir})", flush=True)
     code = subprocess.run(command, env={**os.environ, ENV_VAR: str(run_dir)}, check=False).returncode
     if code != 0:
-        raise RecordError(f"the stress suites failed (pytest exit {code}): no baseline written; the records so "
-                          f"far are in {run_dir}")
+        why = " (a usage error, named above: nothing trained)" if code == 4 else ""
+        kept = f"the records so far are in {run_dir}" if run_dir.is_dir() else "nothing was recorded"
+        raise RecordError(f"the stress suites failed (pytest exit {code}{why}): no baseline written; {kept}")
     args.records, args.all_sessions = [str(run_dir)], False
-    return cmd_baseline_update(args)
+    written = cmd_baseline_update(args)
+    print_invariants(run_dir)
+    return written
+
+
+def print_invariants(run_dir: Path) -> None:
+    """List the model invariants that did not hold in the suites' run (``stability.record.invariants``): the
+    baseline was written with them, as what this model does."""
+    from stability.record.invariants import describe, failed, read_invariants
+
+    found = read_invariants(run_dir)
+    broken = failed(found)
+    if not broken:
+        print(f"model invariants: all {len(found)} held")
+        return
+    print(f"model invariants that did not hold on this model: {len(broken)} of {len(found)}. The baseline was written "
+          f"with them as this model's behaviour: `stability check` fails a change where one that held here stops "
+          f"holding, not where one already failed here:")
+    for line in broken:
+        print(f"  {describe(line)}")
+    print("to hold the model to them instead, fix it and run `stability baseline make` again; to leave a case out "
+          "of the suites and the check, remove it from `cases` in the settings ([tool.stability])")
 
 
 def add_record_arguments(parser) -> None:

@@ -10,14 +10,23 @@ Writes, asking nothing:
 * ``.github/workflows/stability.yml``: the CPU job (the preset on the CPU) and the GPU job (``full`` on
   CUDA), each running the stress suites, the kernel check where the model is the harness's own,
   ``stability check`` against the committed baseline, the report, the upload, and failing on a regression;
+  its ``push`` trigger names the repository's default branch (``git``: origin's HEAD, else the branch checked
+  out, else main);
+* ``.gitignore``: the run output (``reports/*``) ignored, the baselines (``reports/baselines/``) kept,
+  appended to an existing file (lines it already has are not repeated);
 
-then prints the two commands that make the first baseline and run the check. An existing table or workflow
-is never overwritten without ``--force`` (exit 2 naming it, nothing written).
+then prints the command that makes the first baseline and the commands of the workflow's CPU job, as the job
+runs them. With ``--factory``, the factory is imported and called once per arm on a tiny batch first
+(``stability.model.contract``, as the suites will call it): a factory that does not import, returns no
+model, makes no observer calls or ignores a gate setting is an error (exit 2, nothing written); otherwise
+what was found is printed. An existing table or workflow is never overwritten without ``--force`` (exit 2
+naming it, nothing written).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 import tomllib
@@ -27,6 +36,8 @@ from stability.config import ConfigError, ModelConfig
 from stability.plugin.settings import KEYS, OWN_FILE, PYPROJECT, read_settings
 
 WORKFLOW = Path(".github") / "workflows" / "stability.yml"
+GITIGNORE = Path(".gitignore")
+IGNORED = ("reports/*", "!reports/baselines/")   # the run output, not the committed baselines
 TABLE_HEADER = "[tool.stability"   # the table and its sub-tables ([tool.stability.set])
 
 
@@ -155,7 +166,7 @@ name: stability
 on:
   pull_request:
   push:
-    branches: [main]
+    branches: [@BRANCH@]
   workflow_dispatch:
 
 concurrency:
@@ -197,6 +208,8 @@ CPU_JOB = """\
     env:
       BASELINE: @BASELINES@/@PRESET@-cpu.json
       STABILITY_PACKAGE: "@PACKAGE@"
+      # the plots go into the job's report, not again into the MLflow store of each case: reports/ stays small
+      STABILITY_PLOTS: "0"
     steps:
       - uses: actions/checkout@v4
       - uses: actions/setup-python@v5
@@ -271,9 +284,11 @@ CHECK_STEPS = """\
 """
 
 
-def workflow_text(settings_file: str, preset: str, baselines: str, package: str, own_model: bool) -> str:
+def workflow_text(settings_file: str, preset: str, baselines: str, package: str, own_model: bool,
+                  branch: str = "main") -> str:
     """The workflow: the GPU job (full, cuda) and the CPU job (``preset``, cpu), as this package's own has
-    them; the kernel steps only when the arms train the harness's own model (the code they check)."""
+    them; the kernel steps only when the arms train the harness's own model (the code they check); pushes to
+    ``branch`` run it."""
     def job(text: str, kernel: str, job_preset: str, job_device: str) -> str:
         text = text.replace("@KERNEL_GPU@", kernel).replace("@KERNEL_CPU@", kernel) + CHECK_STEPS
         return text.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device)
@@ -281,40 +296,106 @@ def workflow_text(settings_file: str, preset: str, baselines: str, package: str,
     text = (HEADER + job(GPU_JOB, KERNEL_GPU if own_model else "", "full", "cuda") + "\n"
             + job(CPU_JOB, KERNEL_CPU if own_model else "", preset, "cpu"))
     return (text.replace("@SETTINGS@", settings_file).replace("@PRESET@", preset)
-            .replace("@BASELINES@", baselines).replace("@PACKAGE@", package))
+            .replace("@BASELINES@", baselines).replace("@PACKAGE@", package).replace("@BRANCH@", branch))
+
+
+def job_commands(workflow: str, job: str, baseline: str) -> list[str]:
+    """The commands of ``job`` in the workflow text that run the suites and the check (its ``pytest`` and
+    ``stability check`` lines, in order), ``$BASELINE`` spelled out as ``baseline``."""
+    lines, inside = [], False
+    for line in workflow.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            inside = line.strip() == f"{job}:"
+        command = line.strip()
+        if inside and command.startswith(("pytest ", "stability check ")):
+            lines.append(command.replace('"$BASELINE"', baseline).replace("$BASELINE", baseline))
+    return lines
+
+
+def default_branch(root: Path) -> str:
+    """The repository's default branch: origin's HEAD, else the branch checked out, else "main"."""
+    for ref in ("refs/remotes/origin/HEAD", "HEAD"):
+        try:
+            found = subprocess.run(["git", "symbolic-ref", "--quiet", "--short", ref], cwd=root, capture_output=True,
+                                   text=True, timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return "main"
+        name = found.stdout.strip()
+        if found.returncode == 0 and name:
+            return name.split("/", 1)[1] if ref.startswith("refs/remotes/") and "/" in name else name
+    return "main"
+
+
+def gitignore_bytes(root: Path) -> bytes | None:
+    """The new .gitignore: the existing one with the lines of ``IGNORED`` it lacks appended (None: it has them)."""
+    path = root / GITIGNORE
+    old = path.read_bytes() if path.is_file() else b""
+    have = {line.strip() for line in old.decode(errors="replace").splitlines()}
+    missing = [line for line in IGNORED if line not in have]
+    if not missing:
+        return None
+    gap = b"" if not old or old.endswith(b"\n") else b"\n"
+    block = "# stability: run output (records, MLflow store, report) ignored, the committed baselines kept\n"
+    return old + gap + (block + "\n".join(missing) + "\n").encode()
+
+
+def check_factory(factory: str, preset: str) -> list[str]:
+    """Import ``factory`` and call it once per arm of the table ``stability init`` writes, on a tiny batch, as
+    the suites will (``stability.cases.experiment.check_arm_models``): ConfigError naming the problem, else
+    one line per arm saying what was found."""
+    from stability.cases.experiment import check_arm_models
+    from stability.config import resolve
+
+    found = check_arm_models(resolve(preset, {"model.factory": factory, "run.device": "cpu"}), suites=True)
+    return [f"{arm['arm']} arm: {arm['parameters']:,} parameters ({arm['gate_parameters']:,} in the gate), "
+            f"{arm['blocks']} blocks, observer calls {', '.join(arm['observed'])}" for arm in found]
 
 
 # ----------------------------------------------------------------------------- the command
 
 def cmd_init(args) -> int:
     root, factory = Path.cwd(), args.factory or ""
-    if factory:
-        ModelConfig(factory=factory)   # ConfigError (exit 2) unless "package.module:function"
+    initial = {key.name: key.initial for key in KEYS}
+    preset, baselines = initial["preset"], initial["baselines"]
     try:
+        if factory:
+            ModelConfig(factory=factory)   # ConfigError unless "package.module:function"
         settings_path, settings_bytes = new_settings_file(root, factory, args.force)
         workflow = root / WORKFLOW
         if workflow.exists() and not args.force:
             raise Refused(f"{workflow} already exists: not overwritten (run stability init --force to replace it)")
-    except Refused as error:
+        found = check_factory(factory, preset) if factory else []
+    except ConfigError as error:
         print(f"error: {error}; nothing written", file=sys.stderr)
         return 2
-    initial = {key.name: key.initial for key in KEYS}
-    preset, baselines = initial["preset"], initial["baselines"]
     package, note = stability_requirement()
+    branch = default_branch(root)
     settings_path.write_bytes(settings_bytes)
     workflow.parent.mkdir(parents=True, exist_ok=True)
-    workflow.write_text(workflow_text(settings_path.name, preset, baselines, package, own_model=not factory))
+    text = workflow_text(settings_path.name, preset, baselines, package, own_model=not factory, branch=branch)
+    workflow.write_text(text)
+    ignore = gitignore_bytes(root)
+    if ignore is not None:
+        (root / GITIGNORE).write_bytes(ignore)
     where = "[tool.stability] in pyproject.toml" if settings_path.name == PYPROJECT else OWN_FILE
     model = f"model.factory = {args.factory!r}" if args.factory else "the harness's own model (set model.factory)"
+    if factory:
+        print(f"model.factory {factory!r} imports and builds each arm's model as the suites need it:")
+        for line in found:
+            print(f"    {line}")
     print(f"wrote {where}: preset {preset} on the cpu, {model}")
-    print(f"wrote {WORKFLOW}: the CPU job ({preset}) and the GPU job (full, cuda)")
+    print(f"wrote {WORKFLOW}: the CPU job ({preset}) and the GPU job (full, cuda), run on pull requests and on "
+          f"pushes to {branch}")
+    print(f"{'wrote' if ignore is not None else 'kept'} {GITIGNORE}: {' and '.join(IGNORED)} (the run output is "
+          f"not committed, the baselines are)")
     if note:
         print(f"note: {note}")
-    print("next, make the first baseline (commit it with the settings and the workflow):")
+    print("next, make the first baseline (commit it with the settings, the workflow and .gitignore):")
     print("    stability baseline make")
-    print("then check a change the way the workflow's CPU job does:")
-    print(f"    pytest --pyargs stability.suites -m stress && stability check --baseline "
-          f"{baselines}/{preset}-cpu.json")
+    print("then check a change the way the workflow's CPU job does, with its commands (the check runs, and judges, "
+          "also when the suites fail):")
+    for command in job_commands(text, "stress-cpu", f"{baselines}/{preset}-cpu.json"):
+        print(f"    {command}")
     return 0
 
 

@@ -38,7 +38,7 @@ from torch import nn
 from stability.config import ConfigError, GateConfig, ModelConfig
 from stability.model.lm import GatedLM
 
-__all__ = ["WrappedLM", "build_model", "check_models", "load_factory"]
+__all__ = ["WrappedLM", "build_model", "load_factory"]
 
 
 def load_factory(path: str):
@@ -186,22 +186,3 @@ def build_model(config: ModelConfig, seed: int) -> nn.Module:
         inner = build_hf_model(config, seed)
         return WrappedLM(inner, "hf", f"model.hf_config={config.hf_config!r}", {"hf_config": config.hf_config})
     return GatedLM(config, seed=seed)
-
-
-def check_models(configs: list[ModelConfig], seed: int, vocab_size: int, context: int) -> None:
-    """Build each model once and run it on a tiny batch: every problem a ConfigError, before training."""
-    tokens = torch.zeros(1, min(context, 4), dtype=torch.long)
-    for config in configs:
-        model = build_model(config, seed)
-        if config.kind == "harness":
-            continue  # the harness's own model: its config was validated
-        what = model.what if isinstance(model, WrappedLM) else f"model.factory={config.factory!r}"
-        try:
-            with torch.no_grad():
-                logits = model(tokens)
-        except Exception as error:  # noqa: BLE001 -- a model that cannot run is bad input
-            raise ConfigError(f"{what} fails on a (1, {tokens.shape[1]}) batch of token ids: "
-                              f"{type(error).__name__}: {error}") from None
-        if logits.dim() != 3 or logits.shape[-1] < vocab_size:
-            raise ConfigError(f"{what} returned logits of shape {tuple(logits.shape)}: expected (B, S, V) with "
-                              f"V >= model.vocab_size={vocab_size}")

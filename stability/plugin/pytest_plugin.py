@@ -14,21 +14,36 @@ repository):
   another), which the pytest-xdist workers share; one GPU per xdist worker, pinned before torch is
   imported (``stability.cases.gpus``);
 * the fixtures scale, device, seeds, tracking_uri, run_dir, replicate, stability_settings, stress_config,
-  ray_runner and stress_record;
+  ray_runner, stress_record and model_invariant;
 * the table's ``cases``: the suites of the other stress cases are deselected; when the table names a
   model other than the harness's own, so are the stress tests of the harness's own model and detectors
-  (suite modules without ``KIND``).
+  (suite modules without ``KIND``);
+* model invariants: ``model_invariant(record, name, arm, seed, held, value, bound, message)`` records a
+  property of the model under test, never failing the test, as one line of
+  ``<run dir>/invariants-<xdist worker>.jsonl`` (worker "main" without xdist) with the fields ``case`` (the
+  case key as the records name it, ``<preset>/<case>[-<schedule>]``), ``name``, ``arm``, ``seed`` (None:
+  over the seeds), ``held`` (true / false), ``value`` and ``bound`` (numbers or null), ``message`` and
+  ``test`` (the node id); ``stability.record.invariants`` reads them. The terminal summary lists those
+  that did not hold;
+* progress: each stress run ends with one line on stderr, past pytest's capture and from every xdist
+  worker (its step, loss, rate and the ETA of its case; on a terminal without xdist, bars); each run's
+  per-step file is gzipped when it ends (a rounding replicate's dropped); no replay bundles unless the
+  table's ``set`` asks for them.
 
 Each value comes from the command line, else the environment ($STABILITY_SCALE, $STABILITY_DEVICE,
 $MLFLOW_TRACKING_URI, $STABILITY_RAY, $STABILITY_RUN_SLOW), else the table, else the preset. A bad table
-is a usage error naming the key, before anything trains. In a repository without settings, outside the
-suites, the plugin stays out of the way: it pins no GPU, skips nothing and imports no torch.
+is a usage error naming the key, before anything trains; so is a factory the suites cannot use: when
+pytest runs the suites, the controlling process calls it once per arm on a tiny batch
+(``stability.model.contract``: its type, its logits, its observer calls, its gate settings). In a
+repository without settings, outside the suites, the plugin stays out of the way: it pins no GPU, skips
+nothing and imports no torch.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,6 +90,9 @@ SETTINGS = pytest.StashKey[Settings | None]()
 _ERROR = pytest.StashKey[SettingsError]()          # a bad settings file, reported at pytest_configure
 _PINNING_ERROR = pytest.StashKey[Exception]()      # more xdist workers than GPUs, reported with --device cuda
 RUN_DIR_KEY = "stability_run_dir"
+# The suites keep no replay bundles of flagged steps (each a copy of the model, most of a job's artifact)
+# unless the table's ``set`` asks for them; rounding replicates (noise measurements) never do.
+NO_BUNDLES = {"run.checkpoint.replay_first": 0, "run.checkpoint.replay_worst": 0}
 DEFAULT_TRACKING_URI = "sqlite:///reports/mlflow-tests.db"
 
 
@@ -156,9 +174,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(config.stash[_ERROR]))
     if settings is not None and not config.getoption("help"):
         try:
-            check(settings, option(config, "scale") or os.environ.get("STABILITY_SCALE"))
+            built = check(settings, option(config, "scale") or os.environ.get("STABILITY_SCALE"))
             if settings.factory and getattr(config, "workerinput", None) is None:
                 _check_factory(settings)
+                if _runs_the_suites(list(config.invocation_params.args)):
+                    _check_contract(settings, built)
         except SettingsError as error:
             raise pytest.UsageError(str(error)) from None
     if _PINNING_ERROR in config.stash and (device_option(config) or "").startswith("cuda"):
@@ -183,6 +203,18 @@ def _check_factory(settings: Settings) -> None:
         raise SettingsError(f"{settings.source}: model.factory = {settings.factory!r} is invalid: module {module!r} "
                             f"cannot be found: expected a module of a package installed in this environment "
                             f"(pip install -e . in your repository)")
+
+
+def _check_contract(settings: Settings, built) -> None:
+    """The factory called once per arm on a (2, 8) batch, as the suites need it (``stability.model.contract``:
+    a module, logits, the observer calls, the gate settings honoured): a SettingsError naming the problem."""
+    from stability.cases.experiment import check_arm_models
+    from stability.config import ConfigError
+
+    try:
+        check_arm_models(built, suites=True)
+    except ConfigError as error:
+        raise SettingsError(f"{settings.source}: {error}") from None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -319,13 +351,14 @@ def replicate(pytestconfig) -> int:
 @pytest.fixture(scope="session")
 def stress_config(scale, device, seeds, replicate, stability_settings):
     """Factory: the scale preset with the table's overrides (arms, model, set), then the test's own
-    (``model__d_model=96`` or {"model.d_model": 96}), on this process's device and seeds."""
+    (``model__d_model=96`` or {"model.d_model": 96}), on this process's device and seeds; no replay bundles
+    unless the table or the test sets ``checkpoint.replay_first`` / ``replay_worst``."""
     from stability.config import resolve
 
     table = stability_settings.overrides() if stability_settings is not None else {}
 
     def make(overrides: dict | None = None, **keyword_overrides):
-        values = {**table, **(overrides or {}),
+        values = {**NO_BUNDLES, **table, **(overrides or {}),
                   **{k.replace("__", "."): v for k, v in keyword_overrides.items()}}
         if device is not None:
             values["run.device"] = device
@@ -359,22 +392,121 @@ def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig
     the scale preset once per session: JSON record first (this session's run directory), then one
     MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
     overrides return the same record (``.records`` holds all). With ``--replicates R`` the case's R
-    rounding replicates are trained and recorded too (not tracked); the tests see the reference."""
+    rounding replicates are trained and recorded too (not tracked, no replay bundles, no per-step files once
+    a run has ended: their figures are in their records); the tests see the reference. Each reference run's
+    per-step file is gzipped when it ends; the progress goes to stderr (``progress_display``)."""
     from stability.cases.pipeline import run_recorded
+    from stability.cases.session import Session
 
     cache: dict = {}
     plots = os.environ.get("STABILITY_PLOTS", "1") != "0"
     replicates = option(pytestconfig, "replicates")
 
+    def run(kind: str, config, draw: int, **keep) -> dict:
+        session = Session(run_dir, label="cases", display=progress_display(pytestconfig, draw, replicates),
+                          finished_steps="gzip" if draw == 0 else "drop")
+        try:
+            return run_recorded(kind, config, run_dir, runner=ray_runner, session=session, **keep)
+        finally:
+            session.close()
+
     def get(kind: str, overrides: dict | None = None) -> dict:
         config = stress_config(overrides)
         if (kind, config) not in cache:
-            cache[(kind, config)] = run_recorded(kind, config, run_dir, tracking_uri=tracking_uri, plots=plots,
-                                                 runner=ray_runner)
+            cache[(kind, config)] = run(kind, config, 0, tracking_uri=tracking_uri, plots=plots)
             for draw in range(1, replicates + 1):
-                run_recorded(kind, stress_config({**(overrides or {}), "run.replicate": draw}), run_dir,
-                             track=False, plots=False, runner=ray_runner)
+                run(kind, stress_config({**(overrides or {}), "run.replicate": draw, **NO_BUNDLES}), draw, track=False,
+                    plots=False)
         return cache[(kind, config)]
 
     get.records = cache
     return get
+
+
+# ----------------------------------------------------------------------------- progress
+
+class _Uncaptured:
+    """A text stream onto this process's real stderr, past pytest's output capture (the progress of the
+    stress runs reaches the terminal or the CI log while a test trains; under pytest-xdist each worker's
+    stderr is the controller's)."""
+
+    def __init__(self, config: pytest.Config):
+        self.capture = config.pluginmanager.getplugin("capturemanager")
+
+    def write(self, text: str) -> int:
+        if self.capture is None:
+            return sys.stderr.write(text)
+        with self.capture.global_and_fixture_disabled():
+            count = sys.stderr.write(text)
+            sys.stderr.flush()
+        return count
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.__stderr__ is not None and sys.__stderr__.isatty()
+
+    def fileno(self) -> int:
+        return sys.__stderr__.fileno()
+
+
+def progress_display(config: pytest.Config, draw: int, replicates: int):
+    """What the stress runs of a test show (``stability.cases.progress``): on a terminal, without
+    pytest-xdist, the case's and the run's bars; elsewhere (a CI log, xdist workers) one line per run when it
+    ends (and one every half minute of a long run) with its step, loss, rate and the ETA of the case.
+    ``draw``: the rounding replicate (0: the reference runs), named in each line when there are replicates."""
+    from stability.cases.progress import Progress
+
+    stream = _Uncaptured(config)
+    bars = stream.isatty() and not os.environ.get("PYTEST_XDIST_WORKER")
+    prefix = "" if not replicates else ("reference " if draw == 0 else f"replicate {draw}/{replicates} ")
+    return Progress(stream, bars=bars, lines_per_run=1, notes=False, prefix=prefix)
+
+
+# ----------------------------------------------------------------------------- model invariants
+
+@pytest.fixture
+def model_invariant(request, run_dir):
+    """Callable: ``model_invariant(record, name, arm, seed, held, value=None, bound=None, message="")`` records an
+    invariant of the model (a property of the model under test, which may fail on a user's model: the loss falls,
+    a low-precision rung stays within its loss gap of fp32, ...) and returns ``held``. It never fails the test:
+    the line goes to ``<run dir>/invariants-<xdist worker>.jsonl`` (``stability.record.invariants``, which names
+    its fields: case key ``<preset>/<case>[-<schedule>]`` from ``record``, invariant name, arm, seed (None: over
+    the seeds), held, value, bound, message) and the terminal summary lists those that did not hold;
+    ``stability check`` judges them against the committed baseline. Properties of the harness (a record written,
+    the schedule followed, both arms on the same batches) stay assertions."""
+    from stability.record import case_key
+    from stability.record.invariants import append_invariant, invariant_line, invariants_file
+
+    path = invariants_file(run_dir, os.environ.get("PYTEST_XDIST_WORKER", "main"))
+
+    def record_invariant(record, name: str, arm: str | None, seed: int | None, held: bool, value=None, bound=None,
+                         message: str = "") -> bool:
+        case = record if isinstance(record, str) else case_key(record)
+        append_invariant(path, invariant_line(case, name, arm, seed, held, value, bound, message, request.node.nodeid))
+        return bool(held)
+
+    return record_invariant
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The model invariants that did not hold in this session (read from the run directory, so those of every
+    pytest-xdist worker), listed, not failed."""
+    if getattr(config, "workerinput", None) is not None or not hasattr(config, "_stability_run_dir"):
+        return
+    from stability.record.invariants import describe, failed, read_invariants
+    from stability.record.schema import RecordError
+
+    try:
+        lines = read_invariants(config._stability_run_dir)
+    except RecordError as error:
+        terminalreporter.write_line(f"model invariants unreadable: {error}")
+        return
+    broken = failed(lines)
+    if not broken:
+        return
+    terminalreporter.section(f"model invariants that did not hold: {len(broken)} of {len(lines)} (recorded, not "
+                             f"failed; stability check judges them against the baseline)", yellow=True)
+    for line in broken:
+        terminalreporter.write_line(describe(line))

@@ -395,7 +395,7 @@ class RunEntry(TypedDict, total=False):
     started_at: float | None
     ended_at: float | None
     final: Figures | None
-    steps_file: str                   # its per-step file, relative to the run directory
+    steps_file: str                   # its per-step file, relative to the run directory ("": not kept)
 
 
 class ReplayBundle(TypedDict, total=False):

@@ -1,0 +1,53 @@
+"""Model invariants of a test session (stability.record.invariants): written one line at a time by the suites'
+``model_invariant`` fixture, one file per pytest-xdist worker, read back torch-free by ``stability baseline
+make`` and the merge check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stability.record import RecordError
+from stability.record.invariants import (
+    FIELDS,
+    append_invariant,
+    describe,
+    failed,
+    invariant_line,
+    invariants_file,
+    read_invariants,
+)
+
+
+def test_the_lines_of_every_worker_are_read_back_in_order(tmp_path):
+    assert read_invariants(tmp_path / "not-made-yet") == []
+    first = invariant_line("smoke/precision_ladder", "mean_loss_gap_fp16", "baseline", None, False, 0.8159, 0.25,
+                           "per seed\n[0.74, 0.79]", "suites/test_precision_ladder.py::test_gap")
+    second = invariant_line("smoke/standard", "completed", "gated", 2, True, message=None)
+    third = invariant_line("smoke/standard", "finite_heldout_loss", "baseline", 0, False, float("nan"))
+    append_invariant(invariants_file(tmp_path, "gw1"), second)
+    append_invariant(invariants_file(tmp_path, "gw0"), first)
+    append_invariant(invariants_file(tmp_path, "gw1"), third)
+    found = read_invariants(tmp_path)
+    assert found == [first, second, third]                        # gw0's file, then gw1's, each in line order
+    assert set(found[0]) == set(FIELDS) and found[0]["seed"] is None and found[0]["message"] == "per seed [0.74, 0.79]"
+    assert found[1]["message"] == "" and found[2]["value"] is None   # NaN is not JSON: None
+    assert failed(found) == [first, third]
+    assert describe(first) == ("smoke/precision_ladder baseline: mean_loss_gap_fp16 (0.8159 against bound 0.25) - "
+                               "per seed [0.74, 0.79]")
+    assert describe(second) == "smoke/standard gated seed 2: completed"
+    assert (tmp_path / "invariants-gw0.jsonl").read_text().count("\n") == 1
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ('{"case": "smoke/standard"\n', "invariants-main.jsonl:1 is not valid JSON"),
+    ('\n{"case": "smoke/standard", "name": "completed"}\n', "invariants-main.jsonl:2 is not an invariant"),
+    (json.dumps({name: None for name in FIELDS}) + "\n", "held true or false"),
+    ("[1, 2]\n", "is not an invariant"),
+])
+def test_a_broken_line_is_an_error_naming_the_file_and_line(tmp_path, text, said):
+    (tmp_path / "invariants-main.jsonl").write_text(text)
+    with pytest.raises(RecordError, match="invariants-main.jsonl") as error:
+        read_invariants(tmp_path)
+    assert said in str(error.value)
