@@ -633,3 +633,62 @@ def test_a_nan_where_the_baseline_runs_of_the_seed_diverged_too_is_part_of_the_d
         arm["final"]["nonfinite_unhandled"] = 1
     assert reg.check([job], ramp).outcomes == []
     assert cal.calibrate(ramp)["failed"][0] == 0
+
+
+def _invariant(name, arm, seed, held, value=None, bound=None, case="smoke/standard"):
+    from stability.record.invariants import invariant_line
+
+    return invariant_line(case, name, arm, seed, held, value, bound, "")
+
+
+def test_model_invariants_are_judged_against_the_baseline_not_absolutely(record):
+    """An invariant the baseline's run showed failing is this model's behaviour (noted, not failing the job);
+    one that held there and fails now fails the job naming case, arm, seed, value and bound; one the job's
+    suites did not evaluate is unusable input; a job without suites notes that none were judged."""
+    held = [_invariant("loss_falls", "baseline", 0, True, 0.6, 0.9), _invariant("loss_falls", "gated", 0, True),
+            _invariant("mean_loss_gap_fp16", "baseline", None, False, 0.82, 0.25)]
+    base = baselines.make_baseline(with_replicates(record), invariants=held)
+    assert base["invariants"] == held
+    same = [dict(line) for line in held]
+    result = reg.check([record], base, invariants=same)
+    assert result.exit_code == 0 and any("mean_loss_gap_fp16 did not hold in the baseline (value 0.82 against "
+                                         "bound 0.25) and still fails" in n for n in result.notes)
+    broken = [dict(line) for line in held]
+    broken[0].update(held=False, value=0.95)
+    result = reg.check([record], base, invariants=broken)
+    assert result.exit_code == 1 and [o.figure for o in result.outcomes] == ["loss_falls"]
+    assert result.outcomes[0].reason == ("case smoke/standard arm baseline seed 0: model invariant loss_falls no "
+                                         "longer holds (value 0.95 against bound 0.9); it held in the baseline "
+                                         "(value 0.6 against bound 0.9)")
+    missing = reg.check([record], base, invariants=held[1:])
+    assert missing.exit_code == 2 and "did not evaluate model invariant loss_falls" in missing.errors[0]
+    none = reg.check([record], base, invariants=None)
+    assert none.exit_code == 0 and any("recorded no model invariants" in n for n in none.notes)
+
+
+def test_the_command_line_reads_the_invariants_of_the_run_directories(tmp_path, record, capsys):
+    """`baseline update` keeps the invariants its run directory holds; `check` reads the job's from its own."""
+    from stability.record.invariants import append_invariant, invariants_file
+    from stability.record.rundir import ensure_run_dir
+
+    made = ensure_run_dir(tmp_path / "runs" / "20260101T000000-baseline-aaaaaa", "test")
+    for r in with_replicates(record):
+        _write(made / f"{r['id']}.json", r)
+    append_invariant(invariants_file(made, "gw0"), _invariant("loss_falls", "gated", 1, True, 0.7, 0.9))
+    assert main(["baseline", "update", str(made), "--out", str(tmp_path / "b.json")]) == 0
+    assert baselines.load_baseline(tmp_path / "b.json")["invariants"][0]["name"] == "loss_falls"
+    job = ensure_run_dir(tmp_path / "runs" / "20260102T000000-pytest-bbbbbb", "test")
+    _write(job / "r.json", record)
+    append_invariant(invariants_file(job, "main"), _invariant("loss_falls", "gated", 1, False, 0.95, 0.9))
+    capsys.readouterr()
+    assert main(["check", "--baseline", str(tmp_path / "b.json"), str(job)]) == 1
+    assert "model invariant loss_falls no longer holds" in capsys.readouterr().out
+
+
+def test_an_invariant_failing_against_a_baseline_that_records_none_cannot_be_judged(record):
+    base = baselines.make_baseline(with_replicates(record))
+    assert base["invariants"] is None
+    result = reg.check([record], base, invariants=[_invariant("loss_falls", "gated", 0, False, 0.95, 0.9)])
+    assert result.exit_code == 2 and "the baseline records no invariants to judge it against" in result.errors[0]
+    fine = reg.check([record], base, invariants=[_invariant("loss_falls", "gated", 0, True, 0.5, 0.9)])
+    assert fine.exit_code == 0 and any("records no model invariants" in n for n in fine.notes)

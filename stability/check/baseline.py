@@ -148,11 +148,13 @@ def case_values(records: list[dict]) -> dict[str, dict]:
 # ----------------------------------------------------------------------------- the document
 
 def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int = MIN_SEEDS,
-                  min_draws: int = MIN_DRAWS, allow_dirty: bool = False) -> dict:
+                  min_draws: int = MIN_DRAWS, allow_dirty: bool = False, invariants: list[dict] | None = None) -> dict:
     """A baseline document from the regression records of one preset and device, holding every seed's
     reference run and replicates, and the commit that trained them (``commit`` overrides it); RecordError
     otherwise (too few seeds or replicates, records of several commits, of a tree with uncommitted changes
-    unless ``allow_dirty``, unfinished records)."""
+    unless ``allow_dirty``, unfinished records). ``invariants``: the model invariants the suites recorded in
+    the baseline's run (``stability.record.invariants``), kept with it: which held for this model (None: the
+    run recorded none, no suites ran)."""
     records, _, errors = regression_records(records)
     if errors:
         raise RecordError(errors[0])
@@ -197,8 +199,19 @@ def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "preset": presets.pop(), "device": devices.pop(), "min_seeds": min_seeds, "draws": draws,
         "commit": commit if commit is not None else git.get("commit"), "branch": git.get("branch"),
-        "dirty": bool(dirty), "cases": dict(sorted(cases.items())),
+        "dirty": bool(dirty), "cases": dict(sorted(cases.items())), "invariants": None if invariants is None else list(invariants),
     }
+
+
+def run_invariants(records: list[dict]) -> list[dict] | None:
+    """The model invariants recorded in the run directories the records came from (their ``_path``); None
+    when none of them holds an invariants file (the suites did not run there)."""
+    from stability.record.invariants import PATTERN, read_invariants
+
+    folders = sorted({str(Path(r["_path"]).parent) for r in records if r.get("_path")})
+    if not any(any(Path(folder).glob(PATTERN)) for folder in folders):
+        return None
+    return [line for folder in folders for line in read_invariants(folder)]
 
 
 def validate_baseline(baseline, where_: str) -> dict:

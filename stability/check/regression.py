@@ -558,11 +558,13 @@ def mark_duplicates(rows: list[Row], values: dict[int, str]) -> None:
 
 
 def check(records: list[dict], baseline: dict, tolerances: dict | None = None, alpha: float = DEFAULT_ALPHA,
-          cases: list[str] | None = None, dof_rule: str = DOF_RULE) -> CheckResult:
+          cases: list[str] | None = None, dof_rule: str = DOF_RULE, invariants: list[dict] | None = None) \
+        -> CheckResult:
     """Judge one job's records against a baseline at family-wise false-alarm rate ``alpha``. ``cases``:
     the stress cases (names, e.g. "standard") of the baseline to judge; None: every case the baseline
-    holds. Unusable inputs give exit_code 2 with ``errors`` (never a silent pass); an invalid tolerance
-    table raises RecordError."""
+    holds. ``invariants``: the model invariants the job's suites recorded (None: the suites did not run).
+    Unusable inputs give exit_code 2 with ``errors`` (never a silent pass); an invalid tolerance table
+    raises RecordError."""
     if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
         raise RecordError(f"alpha={alpha!r} is invalid: expected a false-alarm rate in (0, 1), e.g. 0.01")
     tolerances = resolve_tolerances(tolerances)
@@ -600,8 +602,55 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
     except RecordError as error:
         result.errors.append(str(error))
         return result
+    judge_invariants(result, baseline.get("invariants"), invariants, set(base_cases))
     decide(result)
     return result
+
+
+def judge_invariants(result: CheckResult, held_before: list[dict] | None, now: list[dict] | None,
+                     cases: set[str]) -> None:
+    """Model invariants judged like the model's figures: one that held in the baseline's run and does not
+    now fails the job (a line naming case, arm, seed, value and bound); one the baseline already showed
+    failing is noted, never failing the job again; one the baseline holds that the job's suites did not
+    evaluate is unusable input. ``now`` None: the job ran no suites (a note). ``held_before`` None: the
+    baseline's run recorded none, so an invariant failing now cannot be judged (unusable input)."""
+    def key(line):
+        return line["case"], line["name"], line["arm"], line["seed"]
+    if held_before is None:
+        failing = [line for line in now or [] if line["case"] in cases and not line["held"]]
+        for line in failing:
+            result.errors.append(f"case {line['case']} arm {line['arm']}: model invariant {line['name']} does not hold "
+                                 f"({_value(line)}) and the baseline records no invariants to judge it against (made "
+                                 f"without the suites' invariants): make the baseline again")
+        if now and not failing:
+            result.notes.append("the baseline records no model invariants: the job's, which all held, are not judged")
+        return
+    before = {key(line): line for line in held_before if line["case"] in cases}
+    if now is None:
+        if before:
+            result.notes.append(f"the job recorded no model invariants (its suites did not run): the baseline's "
+                                f"{len(before)} are not judged")
+        return
+    after = {key(line): line for line in now if line["case"] in cases}
+    for k, line in sorted(before.items(), key=lambda item: str(item[0])):
+        who = f"case {line['case']} arm {line['arm']}" + (f" seed {line['seed']}" if line["seed"] is not None else "")
+        current = after.get(k)
+        if current is None:
+            result.errors.append(f"{who}: the job's suites did not evaluate model invariant {line['name']}, which the "
+                                 f"baseline holds: a job must evaluate what the baseline judged")
+        elif line["held"] and not current["held"]:
+            result.outcomes.append(Outcome(line["case"], str(line["arm"]), str(line["seed"]), line["name"],
+                                           f"{who}: model invariant {line['name']} no longer holds "
+                                           f"({_value(current)}); it held in the baseline ({_value(line)})"))
+        elif not line["held"]:
+            state = "holds now" if current["held"] else "still fails"
+            result.notes.append(f"{who}: model invariant {line['name']} did not hold in the baseline ({_value(line)}) "
+                                f"and {state} ({_value(current)}): not judged")
+
+
+def _value(line: dict) -> str:
+    return f"value {fmt(line['value'])} against bound {fmt(line['bound'])}" if line["value"] is not None \
+        else ("held" if line["held"] else "failed")
 
 
 def select_cases(base_cases: dict, names: list[str] | None, result: CheckResult) -> dict:

@@ -60,7 +60,7 @@ def write_step_summary(text: str, path: str | None = None) -> Path | None:
 def cmd_check(args) -> int:
     """Table on stdout, Markdown to $GITHUB_STEP_SUMMARY / --markdown; exit 0 ok, 1 regressed or failed, 2
     unusable (and why, in one ``error:`` line on stderr, as every command says it)."""
-    from stability.check.baseline import load_baseline
+    from stability.check.baseline import load_baseline, run_invariants
     from stability.check.regression import CheckResult, check, load_tolerances, suite_failures
 
     try:
@@ -75,7 +75,7 @@ def cmd_check(args) -> int:
         else:
             raise RecordError("give --baseline PATH (e.g. reports/baselines/smoke-cpu.json) or --from-mlflow BRANCH")
         cases = [c for c in args.cases.split(",") if c] if args.cases else None
-        result = check(records, baseline, tolerances, alpha=args.alpha, cases=cases)
+        result = check(records, baseline, tolerances, alpha=args.alpha, cases=cases, invariants=run_invariants(records))
         result.suite_failures = suite_failures(args.junit or [])
         result.notes[:0] = notes
     except RecordError as error:
@@ -101,13 +101,14 @@ def cmd_baseline_update(args) -> int:
     """Write a baseline from the records of a run directory, calibrated: refused (exit 2, nothing written)
     when its calibration crosses the diagonal or its margin is under the minimum, unless
     --accept-calibration (then every check that uses it warns)."""
-    from stability.check.baseline import default_baseline_path, make_baseline, write_baseline
+    from stability.check.baseline import default_baseline_path, make_baseline, run_invariants, write_baseline
     from stability.check.calibration import acceptable, calibrate, curve_lines
 
     records, notes = read_inputs(args)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    baseline = make_baseline(records, commit=args.commit, allow_dirty=args.allow_dirty)
+    baseline = make_baseline(records, commit=args.commit, allow_dirty=args.allow_dirty,
+                             invariants=run_invariants(records))
     out = Path(args.out) if args.out else default_baseline_path(baseline["preset"], baseline["device"],
                                                                  baseline_dir(args))
     cases = ", ".join(f"{key} (seeds {max(len(a['status']) for a in case['arms'].values())})"

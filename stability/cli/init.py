@@ -259,7 +259,7 @@ CHECK_STEPS = """\
             echo "code=0" >> "$GITHUB_OUTPUT"; exit 0
           fi
           set +e
-          stability check --baseline "$BASELINE" reports/runs --json reports/check.json
+          stability check --baseline "$BASELINE" reports/runs --json reports/check.json @JUNIT@
           echo "code=$?" >> "$GITHUB_OUTPUT"
       - name: report
         if: always()
@@ -289,12 +289,15 @@ def workflow_text(settings_file: str, preset: str, baselines: str, package: str,
     """The workflow: the GPU job (full, cuda) and the CPU job (``preset``, cpu), as this package's own has
     them; the kernel steps only when the arms train the harness's own model (the code they check); pushes to
     ``branch`` run it."""
-    def job(text: str, kernel: str, job_preset: str, job_device: str) -> str:
+    def job(text: str, kernel: str, job_preset: str, job_device: str, junit: list[str]) -> str:
         text = text.replace("@KERNEL_GPU@", kernel).replace("@KERNEL_CPU@", kernel) + CHECK_STEPS
-        return text.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device)
+        junit = " ".join(f"--junit reports/{name}" for name in junit)   # the tests' outcome: one verdict
+        return text.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device).replace("@JUNIT@", junit)
 
-    text = (HEADER + job(GPU_JOB, KERNEL_GPU if own_model else "", "full", "cuda") + "\n"
-            + job(CPU_JOB, KERNEL_CPU if own_model else "", preset, "cpu"))
+    text = (HEADER + job(GPU_JOB, KERNEL_GPU if own_model else "", "full", "cuda",
+                         ["junit-stress-full.xml"] + (["junit-kernel-full.xml"] if own_model else [])) + "\n"
+            + job(CPU_JOB, KERNEL_CPU if own_model else "", preset, "cpu",
+                  [f"junit-stress-{preset}.xml"] + (["junit-kernel.xml"] if own_model else [])))
     return (text.replace("@SETTINGS@", settings_file).replace("@PRESET@", preset)
             .replace("@BASELINES@", baselines).replace("@PACKAGE@", package).replace("@BRANCH@", branch))
 

@@ -11,7 +11,7 @@ from stability.record import RecordError
 
 
 def cmd_report(args) -> int:
-    from stability.check.baseline import load_baseline
+    from stability.check.baseline import load_baseline, run_invariants
     from stability.check.regression import check, load_tolerances
     from stability.report.html import write_report
 
@@ -20,7 +20,7 @@ def cmd_report(args) -> int:
     if args.baseline:
         tolerances = load_tolerances(args.tolerances) if args.tolerances else None
         cases = [c for c in args.cases.split(",") if c] if args.cases else None
-        result = check(records, load_baseline(args.baseline), tolerances, cases=cases)
+        result = check(records, load_baseline(args.baseline), tolerances, cases=cases, invariants=run_invariants(records))
         if result.exit_code == 2:
             raise RecordError(f"the verdicts against baseline {args.baseline!r} are unusable: "
                               f"{one_line(result.errors)}; no report written")
