@@ -4,6 +4,7 @@ a baseline made on the changed code (accepting the change) is one the next run o
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 from _workflow import WORKFLOW, prepare_venv, run_job
@@ -25,7 +26,8 @@ def test_a_harmful_change_fails_the_job_with_exit_1_from_check_naming_the_figure
                            "--out", "reports/baselines/smoke-cpu.json"], cwd=copy, capture_output=True, text=True,
                           check=False)
     assert make.returncode == 0, make.stdout[-3000:] + make.stderr[-2000:]
-    assert "calibration: 0 of 3 rounding draws" in make.stdout
+    assert "calibration: 27 arrangements (3 draws ^ 3 seeds)" in make.stdout, make.stdout[-3000:]
+    assert re.search(r"alpha 0\.01\s+0 fail", make.stdout), make.stdout[-3000:]
     again = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None)
     assert again.passed and again.steps["check"].outputs == {"code": "0"}, again.log()
     sessions = [p for p in (copy / "reports" / "runs").iterdir() if (p / "manifest.json").is_file()]

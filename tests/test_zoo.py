@@ -36,8 +36,8 @@ def test_zoo_entries_harmful_caught_harmless_passed(tmp_path, name, expected):
     stress = subprocess.run([stability, "stress", *ZOO_CASES, "--preset", "smoke", "--no-track"], cwd=copy,
                             env=env, capture_output=True, text=True, check=False)
     assert stress.returncode == 0, stress.stdout[-2000:] + stress.stderr[-2000:]
-    check = subprocess.run([stability, "check", "--baseline", "reports/baselines/smoke-cpu.json", "--json",
-                            "check.json"], cwd=copy, env=env, capture_output=True, text=True, check=False)
+    check = subprocess.run([stability, "check", "--baseline", "reports/baselines/smoke-cpu.json", "--cases",
+                            ",".join(ZOO_CASES), "--json", "check.json"], cwd=copy, env=env, capture_output=True, text=True, check=False)
     assert check.returncode == expected, check.stdout[-3000:]
     named = [row for row in json.loads((copy / "check.json").read_text())["rows"] if row["verdict"] == "regressed"]
     assert bool(named) == bool(expected) and (not expected or "REGRESSED" in check.stdout)
