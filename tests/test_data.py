@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from stability import data as data_module
 from stability.config import ConfigError, DataConfig
 from stability.data import BOS_ID, Corpus, eval_batches, get_batch, load_corpus, probe_batch
+from stability.data.backcopy import FILLER, TRIGGERS, backcopy_corpus
 from stability.data.builtin import builtin_corpus
 
 SMALL = DataConfig(builtin_bytes=60_000)
@@ -22,6 +23,8 @@ SMALL = DataConfig(builtin_bytes=60_000)
 # sha256 of builtin_corpus(20_000) with the default seed. It pins the generator across machines and
 # Python versions; if you change the grammar on purpose, update it in the same change.
 BUILTIN_20K_SHA256 = "e1a751749ca3f4468b86a0305d48407718f63376a4e64e33456321f38ec5b264"
+# sha256 of backcopy_corpus(20_000, 0.5) with the default seed (the same pin for the back-copy generator)
+BACKCOPY_20K_SHA256 = "01375bceefdc83cd1e4856cc6242c20720aa106dccc412944a5e3a139267f11a"
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +95,49 @@ def test_builtin_corpus_is_learnable_trigram_beats_unigram_by_over_one_bit():
     trigram = _ngram_cross_entropy(train, heldout, order=3)
     assert 3.5 < unigram < 5.5, unigram  # English-like letter statistics
     assert trigram < unigram - 1.0, (unigram, trigram)
+
+
+# ----------------------------------------------------------------------------- back-copy corpus
+
+def test_backcopy_corpus_is_deterministic_exact_length_ascii_and_pinned():
+    first = backcopy_corpus(50_000, 0.5)
+    backcopy_corpus.cache_clear()
+    assert backcopy_corpus(50_000, 0.5) == first and len(first) == 50_000
+    first.decode("ascii")
+    assert backcopy_corpus(50_000, 0.5, seed=99) != first
+    assert backcopy_corpus(50_000, 0.25) != first
+    assert hashlib.sha256(backcopy_corpus(20_000, 0.5)).hexdigest() == BACKCOPY_20K_SHA256
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 1.0])
+def test_backcopy_corpus_mixes_text_at_the_fraction_and_every_trigger_copies(fraction):
+    text = backcopy_corpus(200_000, fraction).decode("ascii")
+    synthetic_symbols = set(FILLER + TRIGGERS)
+    assert not synthetic_symbols & set(builtin_corpus(200_000).decode("ascii"))  # a position tells its kind
+    docs = [d for d in text.split("\n\n")[:-1] if d]
+    synthetic = sum(len(d) for d in docs if set(d) <= synthetic_symbols)
+    share = 1 - synthetic / sum(len(d) for d in docs)
+    assert abs(share - fraction) < 0.03, (share, fraction)
+    triggers = [i for i, c in enumerate(text[:-1]) if c in TRIGGERS]
+    if fraction < 1:
+        assert 0.05 < len(triggers) / synthetic < 0.1   # under a tenth of the synthetic positions
+    for i in triggers:  # the k-th trigger is followed by the filler symbol k places before it
+        distance = TRIGGERS.index(text[i]) + 1
+        assert text[i + 1] == text[i - distance] and text[i - distance] in FILLER, (i, text[i - 6:i + 2])
+
+
+def test_backcopy_corpus_loads_with_bos_and_says_what_it_is():
+    corpus = load_corpus(DataConfig(corpus="backcopy", builtin_bytes=60_000, text_fraction=0.0), vocab_size=257,
+                         context=64)
+    assert corpus.info["kind"] == "backcopy" and corpus.info["text_fraction"] == 0.0
+    x, _ = get_batch(corpus, "train", 0, 4, 64, seed=0)
+    assert (x[:, 0] == BOS_ID).all() and set(x[:, 1:].unique().tolist()) <= {ord(c) for c in FILLER + TRIGGERS + "\n"}
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, float("nan"), "half", True])
+def test_a_text_fraction_outside_zero_to_one_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="data.text_fraction=.* is invalid: expected a fraction in \\[0, 1\\]"):
+        DataConfig(corpus="backcopy", text_fraction=value)
 
 
 # ----------------------------------------------------------------------------- batches

@@ -24,6 +24,7 @@ BACKENDS = ("torch", "explicit", "triton")
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "own")
 FP8_SCALINGS = ("current", "delayed")
 LR_SCHEDULES = ("cosine", "constant")
+NAMED_CORPORA = ("builtin", "stdlib", "backcopy")  # data.corpus names that are not files
 OPTIMIZERS = ("adamw", "adamw8bit")
 MODEL_SOURCES = ("harness", "hf")
 MODEL_FAMILIES = ("llama", "gpt2")
@@ -210,9 +211,12 @@ def _is_factory_path(text: str) -> bool:
 class DataConfig:
     """Where tokens come from (``stability.data``).
 
-    corpus: "builtin" (generated text), "stdlib" (the Python standard library's source files), a text
-    file (bytes), a ``.bin`` uint16 token file, or, with ``tokenizer`` set, a text / JSONL / Parquet
-    file to tokenize. tokenizer: a local Hugging Face tokenizer directory (holding tokenizer.json).
+    corpus: "builtin" (generated text), "stdlib" (the Python standard library's source files),
+    "backcopy" (synthetic back-copy documents, where most positions have nothing to attend to, beside
+    the generated text: ``stability.data.backcopy``), a text file (bytes), a ``.bin`` uint16 token file,
+    or, with ``tokenizer`` set, a text / JSONL / Parquet file to tokenize. builtin_bytes: the size of
+    "builtin" and "backcopy". text_fraction: the share of "backcopy"'s bytes that is generated text
+    (0: synthetic only); no other corpus reads it. tokenizer: a local Hugging Face tokenizer directory (holding tokenizer.json).
     text_field: the JSONL key / Parquet column holding the text. token_dir: where tokenized files are
     written once (then memory-mapped)."""
 
@@ -220,6 +224,7 @@ class DataConfig:
     batch_size: int = 16
     holdout_fraction: float = 0.1
     builtin_bytes: int = 1_000_000
+    text_fraction: float = 0.5
     bos: bool = True
     tokenizer: str = ""
     text_field: str = "text"
@@ -232,9 +237,11 @@ class DataConfig:
               "a fraction in (0, 0.5)")
         check(self.builtin_bytes >= 10_000, "data.builtin_bytes", self.builtin_bytes, "at least 10000")
         check(isinstance(self.corpus, str) and self.corpus != "", "data.corpus", self.corpus,
-              "'builtin', 'stdlib' or a path to a text or .bin token file")
+              "'builtin', 'stdlib', 'backcopy' or a path to a text or .bin token file")
+        check(is_number(self.text_fraction) and 0.0 <= self.text_fraction <= 1.0, "data.text_fraction",
+              self.text_fraction, "a fraction in [0, 1] (the share of the backcopy corpus that is text)")
         if self.tokenizer:
-            check(self.corpus not in ("builtin", "stdlib") and not self.corpus.endswith(".bin"), "data.corpus",
+            check(self.corpus not in NAMED_CORPORA and not self.corpus.endswith(".bin"), "data.corpus",
                   self.corpus, "a text, .jsonl or .parquet file when data.tokenizer is set")
         check(self.text_field != "", "data.text_field", self.text_field, "a JSONL key or Parquet column name")
 

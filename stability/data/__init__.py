@@ -3,6 +3,9 @@
 A corpus is one of:
 
 * ``"builtin"``: ``stability.data.builtin.builtin_corpus(config.builtin_bytes)``, byte-level;
+* ``"backcopy"``: ``stability.data.backcopy.backcopy_corpus(config.builtin_bytes, config.text_fraction)``,
+  byte-level: synthetic back-copy documents, where most positions have nothing to attend to, beside
+  the built-in text;
 * ``"stdlib"``: the source files of the running Python's standard library
   (``stability.data.stdlib``), byte-level, held-out split by file;
 * a path ending in ``.bin``: a nanoGPT-style file of little-endian uint16 token ids, memory-mapped;
@@ -39,6 +42,7 @@ import numpy as np
 import torch
 
 from stability.config import ConfigError, DataConfig
+from stability.data.backcopy import backcopy_corpus
 from stability.data.builtin import builtin_corpus
 from stability.data.stdlib import stdlib_corpus
 
@@ -131,6 +135,11 @@ def _byte_corpus(config: DataConfig, vocab_size: int) -> tuple[np.ndarray | None
         data = builtin_corpus(config.builtin_bytes)
         return np.frombuffer(data, dtype=np.uint8), {"kind": "builtin", "bytes": len(data),
                                                      "description": "generated English-like text"}, None
+    if config.corpus == "backcopy":
+        data = backcopy_corpus(config.builtin_bytes, float(config.text_fraction))
+        return np.frombuffer(data, dtype=np.uint8), {
+            "kind": "backcopy", "bytes": len(data), "text_fraction": config.text_fraction,
+            "description": "synthetic back-copy documents beside generated English-like text"}, None
     if config.corpus == "stdlib":
         train, heldout, info = stdlib_corpus(config.holdout_fraction)
         return None, dict(info), (np.frombuffer(train, dtype=np.uint8), np.frombuffer(heldout, dtype=np.uint8))

@@ -33,7 +33,7 @@ __all__ = ["builtin_corpus"]
 _LEXICON_SEED = 20250511
 
 
-class _Rng:
+class Rng:
     """Choices built only on ``random.Random.random()``, whose output is stable across versions."""
 
     __slots__ = ("_random",)
@@ -72,7 +72,7 @@ class _Zipf:
             cum.append(total)
         self._cum, self._total = cum, total
 
-    def __call__(self, rng: _Rng):
+    def __call__(self, rng: Rng):
         i = bisect.bisect_right(self._cum, rng.random() * self._total)
         return self.items[min(i, len(self.items) - 1)]
 
@@ -97,13 +97,13 @@ _FUNCTION_WORDS = frozenset((
 ))
 
 
-def _syllable(rng: _Rng, coda_p: float = 0.5) -> str:
+def _syllable(rng: Rng, coda_p: float = 0.5) -> str:
     onset = rng.pick(_ONSETS) if rng.chance(0.85) else ""
     coda = rng.pick(_CODAS) if rng.chance(coda_p) else ""
     return onset + rng.pick(_VOWELS) + coda
 
 
-def _fresh(rng: _Rng, used: set, make) -> str:
+def _fresh(rng: Rng, used: set, make) -> str:
     while True:
         word = make()
         if word not in used and word not in _FUNCTION_WORDS and len(word) >= 3:
@@ -111,7 +111,7 @@ def _fresh(rng: _Rng, used: set, make) -> str:
             return word
 
 
-def _stem(rng: _Rng, lo: int = 1, hi: int = 2) -> str:
+def _stem(rng: Rng, lo: int = 1, hi: int = 2) -> str:
     return "".join(_syllable(rng) for _ in range(rng.between(lo, hi)))
 
 
@@ -135,7 +135,7 @@ class _Lexicon:
     """The made-up vocabulary: content words are pseudo-words, function words are English."""
 
     def __init__(self, seed: int = _LEXICON_SEED) -> None:
-        rng = _Rng(seed)
+        rng = Rng(seed)
         used: set = set()
 
         def word(lo=1, hi=2):
@@ -201,7 +201,7 @@ class _Entity:
     def __init__(self, first: str, surname: str, pronoun: str) -> None:
         self.first, self.full, self.pronoun, self.mentioned = first, f"{first} {surname}", pronoun, False
 
-    def mention(self, rng: _Rng, allow_pronoun: bool = True) -> tuple[str, bool]:
+    def mention(self, rng: Rng, allow_pronoun: bool = True) -> tuple[str, bool]:
         """A reference and whether it is grammatically plural ('they')."""
         if not self.mentioned:
             self.mentioned = True
@@ -213,7 +213,7 @@ class _Entity:
 
 
 class _Writer:
-    def __init__(self, lex: _Lexicon, rng: _Rng) -> None:
+    def __init__(self, lex: _Lexicon, rng: Rng) -> None:
         self.lex, self.rng = lex, rng
 
     # -- phrases
@@ -434,7 +434,7 @@ def builtin_corpus(n_bytes: int, seed: int = 1234) -> bytes:
         raise ValueError(f"n_bytes={n_bytes!r} is invalid: expected a non-negative integer")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed={seed!r} is invalid: expected an integer")
-    writer = _Writer(_lexicon(), _Rng(seed))
+    writer = _Writer(_lexicon(), Rng(seed))
     docs: list[str] = []
     total = 0
     while total < n_bytes:

@@ -341,7 +341,7 @@ class Env(TypedDict, total=False):
 class CorpusInfo(TypedDict, total=False):
     """What the tokens are (``stability.data``): the keys of each corpus kind."""
 
-    kind: str                         # "builtin", "stdlib", "bytes", "tokens" or "tokenized"
+    kind: str                         # "builtin", "stdlib", "backcopy", "bytes", "tokens" or "tokenized"
     name: str
     description: str
     split: str
@@ -351,6 +351,7 @@ class CorpusInfo(TypedDict, total=False):
     path: str
     tokens: int
     max_id: int
+    text_fraction: float              # backcopy: the share of its bytes that is generated text
     python: str                       # stdlib: the Python whose library it is
     implementation: str
     root: str
