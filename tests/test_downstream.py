@@ -48,6 +48,7 @@ SCALE_LOST = (GQA_MODEL, "self.scale = 1.0 / math.sqrt(self.head_dim)", "self.sc
 HARMLESS = (GQA_MODEL, "return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight",
             "return x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight")
 TUPLE = (GQA_MODEL, "    return model\n", "    return model, config\n")
+CAP_TIGHTER = (GQA_MODEL, "OUTPUT_CAP = 10.0", "OUTPUT_CAP = 4.0")   # the gated arm's fp16 rung now overflows too
 VERDICTS = {"0": "PASS", "1": "REGRESSED", "2": "UNUSABLE INPUT"}   # stability check's exit code -> its summary
 
 
@@ -159,7 +160,10 @@ def test_a_grouped_query_repository_whose_baseline_arm_fails_in_fp16(environment
     assert re.search(r"smoke/precision_ladder baseline: mean_loss_gap_fp16 \(0\.\d+ against bound 0\.25\)", listed), listed
     assert "gated" not in listed                                   # the gated arm's fp16 rung holds
     baseline_file = repo.root / "reports" / "baselines" / "smoke-cpu.json"
-    assert sorted(json.loads(baseline_file.read_text())["cases"]) == ["smoke/precision_ladder"]
+    baseline = json.loads(baseline_file.read_text())
+    assert sorted(baseline["cases"]) == ["smoke/precision_ladder"]
+    held = {(i["arm"], i["seed"]): i["held"] for i in baseline["invariants"] if i["name"] == "mean_loss_gap_fp16"}
+    assert held == {("baseline", None): False, ("gated", None): True}, held   # the baseline records which held
     made = time.perf_counter()
     sizes = {"baseline run directory": tree_size(max((repo.root / "reports" / "runs").iterdir()))}
 
@@ -187,6 +191,15 @@ def test_a_grouped_query_repository_whose_baseline_arm_fails_in_fp16(environment
     apply_patch(repo.root, [undo(HARMLESS)])
     harmless = time.perf_counter()
 
+    apply_patch(repo.root, [CAP_TIGHTER])                              # an invariant that held stops holding
+    job = repo.job()
+    assert job.failed and job.steps["check"].outputs == {"code": "1"}, job.log()
+    failed = json.loads((repo.root / "reports" / "check.json").read_text())["outcomes"]
+    assert any(o["arm"] == "gated" and o["figure"] == "mean_loss_gap_fp16" for o in failed), failed
+    assert "model invariant mean_loss_gap_fp16 no longer holds" in job.summary
+    apply_patch(repo.root, [undo(CAP_TIGHTER)])
+    invariant = time.perf_counter()
+
     apply_patch(repo.root, [TUPLE])
     shutil.rmtree(repo.root / "reports" / "runs")                  # a fresh checkout of the change has no runs
     job = repo.job()
@@ -197,7 +210,8 @@ def test_a_grouped_query_repository_whose_baseline_arm_fails_in_fp16(environment
     assert line.startswith("ERROR: [tool.stability] in ") and "model.factory='gqalm.model:build' returned tuple" in line
     assert job.failed and job.steps["check"].outputs == {"code": "2"}, job.log()
     print(f"\ndownstream-gqa: baseline {made - started:.0f} s, unchanged job {unchanged - made:.0f} s, harmful "
-          f"{harmful - unchanged:.0f} s, harmless {harmless - harmful:.0f} s, tuple {time.perf_counter() - harmless:.0f} s; "
+          f"{harmful - unchanged:.0f} s, harmless {harmless - harmful:.0f} s, invariant {invariant - harmless:.0f} s, "
+          f"tuple {time.perf_counter() - invariant:.0f} s; "
           + ", ".join(f"{name} {size / 1e6:.1f} MB" for name, size in sizes.items()))
 
 

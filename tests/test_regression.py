@@ -207,6 +207,11 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
     assert not reg.in_primary_family("lr_sweep", "gated", "heldout_loss")
     assert any(p.case == "precision_ladder" and p.arms == "arms" for p in PRIMARY)
     assert not reg.in_primary_family("precision_ladder", "gated-baseline", "loss_gap_fp16")
+    # growth is primary under the ladder and the batch ramp too (a job judging one of them alone sees it),
+    # not after the shock (a single step's maximum at the jump: calibration at ci fails with it)
+    assert reg.in_primary_family("precision_ladder", "baseline", "m_act_max")
+    assert reg.in_primary_family("batch_ramp", "gated", "max_attn_logit")
+    assert not reg.in_primary_family("shock", "gated", "m_act_max")
     primary = reg.check([edited(record, "gated", "heldout_loss", add=0.3)], baseline)
     assert primary.exit_code == 1 and _row(primary, "gated", "heldout_loss").tier == "primary"
     advisory = reg.check([edited(record, "baseline", "f_attn_mean", add=0.3)], baseline)

@@ -309,4 +309,8 @@ PRIMARY: tuple[Primary, ...] = (
     Primary("precision_ladder", "loss_gap_*", arms="arms", why="low-precision training loses more against fp32"),
     Primary("shock", "shock_peak_excess", arms="arms", why="an LR shock throws the loss further up"),
     Primary("batch_ramp", "heldout_loss", arms="arms", why="the model trained with growing batches got worse"),
+    # growth under each stress that trains to its end: a job that judges one case (a team's first baseline often
+    # holds only the ladder) still sees its activations and logits
+    *(Primary(case, name, arms="arms", why="activations or attention logits grew under this stress")
+      for case in ("precision_ladder", "batch_ramp") for name in ("m_act_max", "max_attn_logit")),
 )
