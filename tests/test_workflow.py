@@ -139,9 +139,10 @@ def test_the_install_step_brings_the_test_extra_with_pyyaml(workflow):
 
 # ----------------------------------------------------------------------------- the CPU job, end to end
 
-def test_the_cpu_job_passes_on_unchanged_code_twice_and_its_summary_holds_the_table(tmp_path):
-    """A fresh copy, the job's run: steps as written (the install step replaced by prepare_venv); then the
-    job once more on the same copy: unchanged code passes every time, with the stated false-alarm rate."""
+def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(tmp_path):
+    """A fresh copy, the job's run: steps as written (the install step replaced by prepare_venv): unchanged
+    code passes, with the stated false-alarm rate (a second job on the same copy, reading only its own run
+    directory, is run by tests/test_workflow_regression.py)."""
     copy = fresh_copy(tmp_path / "copy")
     job = run_job(WORKFLOW, "stress-cpu", copy, install=prepare_venv)
     assert job.passed, job.log()
@@ -156,5 +157,3 @@ def test_the_cpu_job_passes_on_unchanged_code_twice_and_its_summary_holds_the_ta
     primary = [row for row in result["rows"] if row["tier"] == "primary" and row["p"] is not None]
     assert result["rows_judged"] == len(primary) > 20 and len(result["rows"]) > 100   # the family, the advisory rest
     assert (copy / "reports" / "report.html").is_file()
-    again = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None)
-    assert again.passed and again.steps["check"].outputs == {"code": "0"}, again.log()
