@@ -13,7 +13,8 @@ Each ```bash block is preceded by a marker line saying how it is tested:
 
 The copy gets a virtual environment that sees this environment's packages and has the copy
 installed in editable mode; so ``python3 -m venv .venv`` and ``pip install ...`` (which would
-download) are the only parts of a block replaced, by ``true``.
+download) are the only parts of a block replaced, by ``true``; a ``pip install --no-index`` (offline: a
+local package) runs as written.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from _workflow import ROOT, fresh_copy, prepare_venv
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"^<!-- test: (default|slow|ci|downstream) -->$")
-DOWNLOADS = re.compile(r"python3 -m venv \.venv|pip install [^&;|\n]+")
+DOWNLOADS = re.compile(r"python3 -m venv \.venv|pip install (?![^&;|\n]*--no-index)[^&;|\n]+")
 
 
 def blocks(path: Path) -> list[tuple[str, str]]:
@@ -71,6 +72,7 @@ def test_the_block_parser_reads_markers_and_refuses_none(tmp_path):
     page.write_text("<!-- test: default -->\n```bash\necho a\n```\ntext\n```bash\necho b\n```\n"
                     "<!-- test: slow -->\n\n```bash\necho c\n```\n")
     assert blocks(page) == [("default", "echo a"), (None, "echo b"), ("slow", "echo c")]
+    assert DOWNLOADS.sub("true", "pip install -e .; pip install --no-index ./pkg") == "true; pip install --no-index ./pkg"
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)

@@ -20,7 +20,7 @@ run python -m torch.distributed.run --standalone --nproc_per_node 2 -m stability
   --set steps=20 --no-track --quiet --out "$OUT/fsdp"
 run python -m torch.distributed.run --standalone --nproc_per_node 2 -m stability.cli stress shock --preset smoke \
   --set seeds=0 --set steps=40 --set stress.shock_step=20 --no-track --quiet --out "$OUT/fsdp_shock"
-PYTHONPATH=examples run stability run --preset smoke --set model.factory=my_model:build --set steps=20 --set seeds=0 \
+PYTHONPATH=examples${PYTHONPATH:+:$PYTHONPATH} run stability run --preset smoke --set model.factory=my_model:build --set steps=20 --set seeds=0 \
   --no-track --quiet --out "$OUT/factory"
 run stability run --preset smoke --set model.family=gpt2 --set model.bias=true --set steps=20 --set seeds=0 \
   --set precision.dtype=bf16 --no-track --quiet --out "$OUT/gpt2bf16"

@@ -75,6 +75,7 @@ def train_alone(config: cfg.ExperimentConfig, unit: Unit) -> dict:
     from stability.cases.stress import cpu_threads
     from stability.train.trainer import ArmHooks, train
 
+    cfg.extensions.load(config.plugins)   # this worker's own imports: the driver's registries do not reach it
     run = unit.run
     if run.device.startswith("cuda") and torch.cuda.device_count() == 1:
         run = dataclasses.replace(run, device="cuda:0")   # the task's one GPU, whatever index the config names

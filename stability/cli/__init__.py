@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stability.cli.options import load_extensions
 from stability.config import ConfigError
 from stability.record import RecordError
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        load_extensions(args)   # the installed extensions and those --set plugins=... names, before any work
         return args.func(args)
     except (ConfigError, RecordError) as error:
         print(f"error: {error}", file=sys.stderr)

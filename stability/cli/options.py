@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from stability import config as cfg
+from stability.config import extensions
 from stability.record.rundir import DEFAULT_ROOT
 
 
@@ -39,11 +40,26 @@ def config_given(args) -> bool:
     return bool(args.preset or args.set or args.config or getattr(args, "quant", None))
 
 
+def overrides_of(args) -> dict:
+    """The config overrides the command line names: the --config file's, then --set's."""
+    overrides = cfg.load_overrides(args.config) if getattr(args, "config", None) else {}
+    overrides.update(parse_sets(getattr(args, "set", None) or []))
+    return overrides
+
+
+def load_extensions(args) -> None:
+    """Import the installed extensions (entry points) and the ``plugins`` the command line names, before the
+    command checks any name a registry defines (``stability stress NAME``, ``--quant NAME``)."""
+    plugins = overrides_of(args).get("plugins") or ()
+    if isinstance(plugins, str):
+        plugins = [name for name in plugins.split(",") if name.strip()]
+    extensions.load(tuple(plugins))
+
+
 def resolve_from_args(args) -> cfg.ExperimentConfig:
     """The preset with the file and --set overrides applied, validated, and checked for this machine
     (``check_here``): ConfigError otherwise, before any training."""
-    overrides = cfg.load_overrides(args.config) if args.config else {}
-    overrides.update(parse_sets(args.set or []))
+    overrides = overrides_of(args)
     quant = getattr(args, "quant", None)
     if quant:  # --quant int8,nf4 or --quant all
         from stability.train.quantize import SCHEMES
@@ -63,6 +79,7 @@ def check_here(config: cfg.ExperimentConfig) -> None:
     from stability import precision
     from stability.train.quantize import check_schemes
 
+    extensions.load(config.plugins)   # a resumed run's config names them too
     check_schemes(config.quant_schemes)
     precision.check_formats(config.stress.precisions, "stress.precisions")
     check_device(config.run.device)

@@ -21,6 +21,7 @@ imports nothing of the others. ``from stability import config as cfg; cfg.Experi
 everything.
 """
 
+from stability.config import extensions
 from stability.config.arms import (
     ARM_NAME,
     ARM_SETS,
@@ -92,6 +93,6 @@ __all__ = [
     "Z_LOSS", "ArmConfig", "BatchRamp", "CheckpointConfig", "ConfigError", "DataConfig", "DistributedConfig",
     "ExperimentConfig", "ExponentialRamp", "ExtrapolationConfig", "FaultConfig", "GateConfig", "ModelConfig",
     "OptimConfig", "PrecisionConfig", "ProbeConfig", "RunConfig", "Schedule", "Shock", "Standard", "StressConfig",
-    "check", "check_strength", "flat_names", "flatten", "from_dict", "is_number", "load_overrides", "lr_scale",
+    "check", "check_strength", "extensions", "flat_names", "flatten", "from_dict", "is_number", "load_overrides", "lr_scale",
     "nested_names", "override", "positive_finite", "preset", "resolve", "select_arms", "to_dict", "warmup_cosine"
 ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from stability.config.arms import BASELINE_ARM, NAMED_ARMS, ArmConfig
 from stability.config.errors import ConfigError, check, is_number
+from stability.config.extensions import check_spec
 from stability.config.run import RunConfig
 from stability.config.stress import StressConfig
 
@@ -63,8 +64,12 @@ class ExperimentConfig:
     extrapolation: ExtrapolationConfig = field(default_factory=ExtrapolationConfig)
     stress: StressConfig = field(default_factory=StressConfig)
     replicates: int = 4  # rounding replicates per run of a regression baseline (stability baseline make)
+    plugins: tuple[str, ...] = ()  # extensions imported before any work (stability.config.extensions)
 
     def __post_init__(self) -> None:
+        for name in self.plugins:
+            check_spec(name)
+        check(len(set(self.plugins)) == len(self.plugins), "plugins", self.plugins, "distinct extensions")
         check(isinstance(self.replicates, int) and not isinstance(self.replicates, bool) and self.replicates >= 2,
               "replicates", self.replicates, "an integer >= 2 (rounding replicates per run of a baseline)")
         check(len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds,

@@ -20,6 +20,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from stability.config.arms import ARM_SETS, BASELINE_ARM, NAMED_ARMS, ArmConfig
 from stability.config.errors import ConfigError
 from stability.config.experiment import ExperimentConfig
+from stability.config.extensions import load as load_extensions
 from stability.config.presets import preset
 from stability.config.stress import FLAT_NAMES, StressConfig, nested_names
 
@@ -210,6 +211,9 @@ def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None)
     other than the baseline's."""
     config = preset(preset_name)
     overrides = dict(overrides or {})
+    if "plugins" in overrides:   # first: an extension may define the arms, cases or formats named below
+        config = override(config, "plugins", overrides.pop("plugins"))
+        load_extensions(config.plugins)
     if "arms" in overrides:
         defined = tuple(key.split(".")[1] for key in overrides if key.startswith("arms.") and key.count(".") >= 2)
         config = select_arms(config, overrides.pop("arms"), custom=defined)

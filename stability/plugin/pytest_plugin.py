@@ -48,6 +48,7 @@ from pathlib import Path
 
 import pytest
 
+from stability.config import ConfigError, extensions
 from stability.plugin.settings import Settings, SettingsError, check, find_settings
 
 MARKERS = {
@@ -172,6 +173,10 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = _load_settings(config)
     if _ERROR in config.stash:
         raise pytest.UsageError(str(config.stash[_ERROR]))
+    try:
+        extensions.load()   # the installed extensions; the table's plugins load when its config is built
+    except ConfigError as error:
+        raise pytest.UsageError(str(error)) from None
     if settings is not None and not config.getoption("help"):
         try:
             built = check(settings, option(config, "scale") or os.environ.get("STABILITY_SCALE"))

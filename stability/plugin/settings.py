@@ -67,6 +67,9 @@ KEYS = (
         "The model each arm trains: model.factory = \"package.module:function\" (your factory: it builds one "
         "arm's model from its config), or model.hf_config = \"qwen3\" (a Hugging Face config), or neither "
         "(the harness's own model).", {"factory": ""}),
+    Key("plugins", "a list of modules (or module:function) to import before any work",
+        "Extensions of the harness (stress cases, formats, probes, schemes, arms) that are not installed with an "
+        "entry point: modules every process imports first (docs/extending.md).", []),
     Key("set", "a table of config fields and values, as `stability run --set FIELD=VALUE` takes them",
         "Any other config field, as `stability run --set FIELD=VALUE` takes it, e.g. \"optim.lr\" = 1e-3.", {}),
 )
@@ -87,12 +90,15 @@ class Settings:
     baselines: str | None = None
     tracking_uri: str | None = None
     replicates: int | None = None
+    plugins: tuple[str, ...] | None = None
     model: dict = field(default_factory=dict)
     set: dict = field(default_factory=dict)
 
     def overrides(self) -> dict[str, Any]:
-        """The config overrides of the table (arms, model, set), dotted as ``resolve`` takes them."""
+        """The config overrides of the table (plugins, arms, model, set), dotted as ``resolve`` takes them."""
         out: dict[str, Any] = {}
+        if self.plugins:
+            out["plugins"] = ",".join(self.plugins)
         if self.arms:
             out["arms"] = ",".join(self.arms)
         for name, value in self.model.items():
@@ -148,6 +154,10 @@ def _read_key(key: Key, value: Any, source: str) -> Any:
         return tuple(value)
     elif name == "cases":   # the names are the registry's: checked when the suites are collected
         if not (_strings(value) and len(set(value)) == len(value)):
+            raise bad
+        return tuple(value)
+    elif name == "plugins":   # imported when the config is built (stability.config.extensions)
+        if not (isinstance(value, list) and all(isinstance(v, str) and v.strip() for v in value)):
             raise bad
         return tuple(value)
     elif name in ("baselines", "tracking_uri"):

@@ -21,6 +21,7 @@ import subprocess
 import uuid
 from collections.abc import Iterable
 
+from stability.config import extensions
 from stability.record.schema import (
     CASE_RESULTS,
     PURPOSES,
@@ -68,7 +69,8 @@ def env_info(device: str) -> dict:
     return {"python": platform.python_version(), "torch": str(torch.__version__), "triton": library_version("triton"),
             "bitsandbytes": library_version("bitsandbytes"), "mlflow": library_version("mlflow"),
             "transformers": library_version("transformers"), "torchao": library_version("torchao"), "device": device,
-            "device_name": name, "threads": torch.get_num_threads()}
+            "device_name": name, "threads": torch.get_num_threads(),
+            "extensions": [extension.describe() for extension in extensions.loaded()]}
 
 
 def _new_id() -> str:

@@ -325,6 +325,15 @@ class Git(TypedDict, total=False):
     dirty: bool | None
 
 
+class ExtensionInfo(TypedDict, total=False):
+    """One loaded extension (``stability.config.extensions.Extension``)."""
+
+    name: str
+    spec: str
+    source: str                       # "entry point" or "config"
+    version: str | None
+
+
 class Env(TypedDict, total=False):
     python: str
     torch: str
@@ -336,6 +345,7 @@ class Env(TypedDict, total=False):
     device: str
     device_name: str
     threads: int
+    extensions: list[ExtensionInfo]   # what this process had loaded (stability.config.extensions)
 
 
 class CorpusInfo(TypedDict, total=False):
