@@ -165,3 +165,33 @@ def test_the_pytest_plugin_loads_the_table_s_plugins_before_collecting(tmp_path)
     broken = command(pytest_command, tmp_path)
     assert broken.returncode == 4   # pytest's usage error: nothing collected, nothing run
     assert "extension 'ext_suite' (plugins) failed to load: ImportError: half installed" in broken.stderr
+
+
+def test_a_treatment_changes_only_its_arm_s_model_and_keeps_the_paired_start(monkeypatch):
+    import torch
+
+    from stability.cli.options import check_here
+    from stability.model.build import build_model
+    from stability.model.treatments import TREATMENTS, register
+
+    monkeypatch.setattr("stability.model.treatments.TREATMENTS", dict(TREATMENTS))
+
+    @register("halve_logits", "logits / 2")
+    def halve_logits(model, config):
+        model.register_forward_hook(lambda module, args, logits: logits / 2)
+
+    config = cfg.resolve("smoke", {"arms": "pair", "arms.halved.treatments": "halve_logits"})
+    runs = {arm: config.arm_config(arm, 0) for arm in ("baseline", "halved")}
+    assert runs["baseline"].model.treatments == () and runs["halved"].model.treatments == ("halve_logits",)
+    check_here(config)
+    models = {arm: build_model(run.model, run.seed) for arm, run in runs.items()}
+    weights = {arm: model.state_dict() for arm, model in models.items()}
+    assert weights["baseline"].keys() == weights["halved"].keys()
+    assert all(torch.equal(weights["baseline"][k], weights["halved"][k]) for k in weights["baseline"])
+    tokens = torch.randint(0, config.run.model.vocab_size, (2, 8))
+    torch.testing.assert_close(models["halved"](tokens), models["baseline"](tokens) / 2, rtol=0, atol=0)
+
+    unknown = cfg.resolve("smoke", {"arms": "pair", "arms.capped.treatments": "no_such_treatment"})
+    with pytest.raises(cfg.ConfigError, match=r"arms.capped.treatments=\('no_such_treatment',\) is invalid: "
+                                              r"'no_such_treatment' is not a registered treatment"):
+        check_here(unknown)

@@ -72,15 +72,18 @@ def resolve_from_args(args) -> cfg.ExperimentConfig:
 
 def check_here(config: cfg.ExperimentConfig) -> None:
     """Everything about ``config`` that the config itself cannot know, checked once before any work: the
-    names the registries define (training formats, quantization schemes), a device this machine has and a
+    names the registries define (training formats, quantization schemes, treatments), a device this machine has and a
     backend that runs on it. ConfigError naming the field, the value and what was expected. Whether this
     installation can train the format (torchao importable, the recipe known, MX blocks fitting the batch)
     is checked once by the case itself, before it reads the corpus (``stability.cases.experiment.load_inputs``)."""
     from stability import precision
+    from stability.model.treatments import check_treatments
     from stability.train.quantize import check_schemes
 
     extensions.load(config.plugins)   # a resumed run's config names them too
     check_schemes(config.quant_schemes)
+    for arm in config.arm_names:
+        check_treatments(config.arm_config(arm, 0).model.treatments, f"arms.{arm}.treatments")
     precision.check_formats(config.stress.precisions, "stress.precisions")
     check_device(config.run.device)
     check_backend(config.run.model.backend, config.run.device)

@@ -22,7 +22,9 @@ class ArmConfig:
 
     gate: the arm's attention gate (position "none": no gate). qk_norm, z_loss, attn_softcap:
     the arm's stabilizers, each None to keep the shared run's ``model.qk_norm``,
-    ``optim.z_loss`` and ``model.attn_softcap``. Everything else (model shape, data, optimiser,
+    ``optim.z_loss`` and ``model.attn_softcap``. treatments: names of registered mechanisms applied to the
+    arm's built model (``stability.model.treatments``: a stabilizer of your own), None to keep the shared
+    run's ``model.treatments``. Everything else (model shape, data, optimiser,
     seeds) is shared, so arms of a seed read the same batches and start from the same values in
     every parameter they have in common.
     """
@@ -32,6 +34,7 @@ class ArmConfig:
     qk_norm: bool | None = None
     z_loss: float | None = None
     attn_softcap: float | None = None
+    treatments: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check(isinstance(self.name, str) and ARM_NAME.fullmatch(self.name) is not None, "arm name", self.name,
@@ -47,7 +50,8 @@ class ArmConfig:
         """``run`` with this arm's gate and stabilizers."""
         model = replace(run.model, gate=self.gate,
                         qk_norm=run.model.qk_norm if self.qk_norm is None else self.qk_norm,
-                        attn_softcap=run.model.attn_softcap if self.attn_softcap is None else self.attn_softcap)
+                        attn_softcap=run.model.attn_softcap if self.attn_softcap is None else self.attn_softcap,
+                        treatments=run.model.treatments if self.treatments is None else self.treatments)
         optim = run.optim if self.z_loss is None else replace(run.optim, z_loss=self.z_loss)
         return replace(run, model=model, optim=optim)
 

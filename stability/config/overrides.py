@@ -235,8 +235,8 @@ def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None)
     for name in config.arm_names[1:]:
         if config.arm_config(name, 0) == baseline:
             raise ConfigError(f"arms.{name} is invalid: it trains the same run as the baseline (same gate and "
-                              f"stabilizers): expected an arm that differs in its gate, qk_norm, z_loss or "
-                              f"attn_softcap")
+                              f"stabilizers): expected an arm that differs in its gate, qk_norm, z_loss, "
+                              f"attn_softcap or treatments")
     return config
 
 

@@ -132,8 +132,12 @@ class ModelConfig:
     rope_fraction: float = 1.0
     gate_in_q: bool = False
     norm_plus_one: bool = False
+    treatments: tuple[str, ...] = ()  # registered mechanisms applied to the built model (stability.model.treatments)
 
     def __post_init__(self) -> None:
+        check(all(isinstance(t, str) and t.strip() for t in self.treatments)
+              and len(set(self.treatments)) == len(self.treatments), "model.treatments", self.treatments,
+              "distinct names of treatments (stability.model.treatments.TREATMENTS)")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context"):
             value = getattr(self, name)
             check(isinstance(value, int) and value > 0, f"model.{name}", value, "a positive integer")

@@ -174,7 +174,17 @@ def _factory_model(config: ModelConfig, seed: int) -> nn.Module:
 
 
 def build_model(config: ModelConfig, seed: int) -> nn.Module:
-    """The model of one arm (its gate is ``config.gate``), on the CPU, in fp32 (see module docstring)."""
+    """The model of one arm (its gate is ``config.gate``, its treatments ``config.treatments``), on the CPU, in
+    fp32 (see module docstring)."""
+    model = _build(config, seed)
+    if config.treatments:
+        from stability.model.treatments import apply_treatments
+
+        apply_treatments(model, config)
+    return model
+
+
+def _build(config: ModelConfig, seed: int) -> nn.Module:
     if config.kind == "factory":
         inner = _factory_model(config, seed)
         if isinstance(inner, GatedLM):
