@@ -79,9 +79,10 @@ def slim(record: dict) -> dict:
     """A record without what the check never reads (per-step series, probe snapshots, run summaries' curves)."""
     out = {k: v for k, v in record.items() if not k.startswith("_")}
     out["arms"] = [{k: v for k, v in arm.items() if k not in DROPPED} for arm in record["arms"]]
-    for key in ("lr_sweep", "precision_ladder"):
-        if isinstance(out.get(key), dict) and "runs" in out[key]:
-            out[key] = {**out[key], "runs": [{k: v for k, v in r.items() if k != "loss"} for r in out[key]["runs"]]}
+    if out.get("results"):   # a case's run summaries without their loss curves
+        out["results"] = {case: {**result, "runs": [{k: v for k, v in r.items() if k != "loss"} for r in result["runs"]]}
+                          if isinstance(result, dict) and "runs" in result else result
+                          for case, result in out["results"].items()}
     return out
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from stability.config import RunConfig, from_dict
 from stability.config.schedules import lr_scale, warmup_cosine
+from stability.record import case_result
 
 pytestmark = pytest.mark.stress
 KIND = "batch_ramp"
@@ -48,7 +49,7 @@ class TestInvariants:
             learns(record, arm, arm["series"]["loss"][0])
 
     def test_loss_against_tokens_recorded(self, record):
-        for entry in record[KIND]["per_arm"]:
+        for entry in case_result(record, KIND)["per_arm"]:
             curve = entry["loss_vs_tokens"]
             assert curve and all(a[0] < b[0] for a, b in itertools.pairwise(curve))
             assert curve[-1][0] == entry["tokens_seen"]

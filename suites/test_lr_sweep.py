@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from stability.record import Status
+from stability.record import Status, case_result
 
 pytestmark = pytest.mark.stress
 KIND = "lr_sweep"
@@ -28,7 +28,7 @@ class TestInvariants:
     def test_grid_fully_trained(self, record):
         grid = record["config"]["stress"]["sweep_lrs"]
         seeds = record["config"]["seeds"]
-        runs = record[KIND]["runs"]
+        runs = case_result(record, KIND)["runs"]
         assert sorted((r["arm"], r["seed"], r["lr"]) for r in runs) == sorted(
             (arm, seed, lr) for arm in ("baseline", "gated") for seed in seeds for lr in grid)
         assert all(r["status"] in (Status.COMPLETED, Status.DIVERGED) for r in runs), [r["stop_reason"] for r in runs]
@@ -40,8 +40,8 @@ class TestInvariants:
             learns(record, arm, arm["final"]["loss_init"])
 
     def test_sweep_figures_consistent(self, record, model_invariant):
-        reference = record[KIND]["reference_lr"]
-        for entry in record[KIND]["per_arm"]:
+        reference = case_result(record, KIND)["reference_lr"]
+        for entry in case_result(record, KIND)["per_arm"]:
             assert entry["lr_sensitivity"] >= 0.0
             diverged = [lr for lr, s in zip(entry["lrs"], entry["status"]) if s == Status.DIVERGED]
             if diverged:

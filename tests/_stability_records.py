@@ -113,7 +113,8 @@ def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2)
         "config": cfg.to_dict(config), "arms": arms, "paired": {}, "id": f"{name[:4]}{schedule[:4]}",
     }
     if lrs:
-        record["lr_sweep"] = {"lrs": list(lrs), "reference_lr": config.run.optim.lr, "per_arm": per_arm, "runs": []}
+        record["results"] = {"lr_sweep": {"lrs": list(lrs), "reference_lr": config.run.optim.lr, "per_arm": per_arm,
+                                          "runs": []}}
     record["paired"] = paired_summary(arms)
     return record
 

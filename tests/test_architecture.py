@@ -206,3 +206,54 @@ def test_check_baseline_and_report_run_without_torch(tmp_path):
     assert report.returncode == 0 and (tmp_path / "r.html").is_file(), report.stderr
     blocked = stability("run", "--preset", "smoke", "--no-track")
     assert blocked.returncode != 0 and "blocked in this test" in blocked.stderr   # the block is real
+
+
+# The registries' own packages, where a built-in name may be branched on: the config (it declares the
+# defaults and the ladder's reference), the formats' package, the cases' registry and the record's table of
+# cases and figures. Anywhere else a comparison with a built-in case, format or figure name is a special case
+# that an extension could never get.
+REGISTRY_HOMES = ("stability/config/", "stability/precision/", "stability/cases/stress.py", "stability/record/cases.py",
+                  "stability/record/figures.py")
+
+
+def built_in_names() -> dict[str, str]:
+    from stability.cases.stress import CASES
+    from stability.precision.formats import FORMATS
+    from stability.record.figures import FIGURES
+
+    return {**{name: "figure" for name in FIGURES}, **{name: "format" for name in FORMATS},
+            **{name: "case" for name in CASES}}
+
+
+def branches_on_names(source: str, names: dict[str, str]) -> list[tuple[int, str, str]]:
+    """(line, kind, name) of every comparison (==, !=, in, not in) with a string literal that is a built-in
+    name, alone or in a literal tuple, list or set."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in (node.left, *node.comparators):
+            items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            for item in items:
+                if isinstance(item, ast.Constant) and isinstance(item.value, str) and item.value in names:
+                    found.append((node.lineno, names[item.value], item.value))
+    return found
+
+
+def test_no_module_outside_the_registries_branches_on_a_built_in_name():
+    names = built_in_names()
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = path.relative_to(PACKAGE.parent).as_posix()
+        if not where.startswith(REGISTRY_HOMES):
+            offenders += [f"{where}:{line} {kind} {name!r}" for line, kind, name in branches_on_names(
+                path.read_text(), names)]
+    assert offenders == [], "special cases of built-in names outside their registries: " + "; ".join(offenders)
+
+
+def test_the_name_rule_catches_a_planted_special_case():
+    names = built_in_names()
+    planted = 'def steps(record):\n    if record["stress"] == "precision_ladder":\n        return 1\n' \
+              'def gap(p):\n    return p in ("fp32", "bf16")\n'
+    assert branches_on_names(planted, names) == [(2, "case", "precision_ladder"), (5, "format", "fp32"),
+                                                 (5, "format", "bf16")]

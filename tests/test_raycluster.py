@@ -176,7 +176,7 @@ def test_stress_cli_with_ray(ray_local, tmp_path, capsys):
     (path,) = tmp_path.glob("*/*shock*.json")
     record = json.loads(path.read_text())
     assert record["ray"]["address"] == "local:2" and len(record["arms"]) == 2 and str(path) in out
-    assert record["shock"]["per_arm"][0]["shock_step"] == 3 and record["status"] == Status.COMPLETED
+    assert record["results"]["shock"]["per_arm"][0]["shock_step"] == 3 and record["status"] == Status.COMPLETED
 
 
 def test_negative_retries_are_a_config_error():

@@ -127,7 +127,7 @@ def test_ladder_and_quant_tables_name_the_library_and_recipe_of_each_row(tmp_pat
         arm["final"].update(loss_gap_fp8=0.01 if gated else 0.03, underflow_fraction_fp8=1e-4,
                             overflow_fraction_fp8=0.0, diverged_fp8=False, loss_gap_mxfp4=0.02)
     record["paired"] = paired_summary(record["arms"])
-    record["precision_ladder"] = {
+    record["precision_ladder"] = {   # where a record written before the results slot kept them
         "precisions": ["fp32", "fp8", "mxfp4"],
         "sources": {"fp32": {"dtype": "fp32", "library": "torch", "version": "2.13.0", "recipe": "fp32",
                              "emulated": False},
@@ -147,6 +147,9 @@ def test_ladder_and_quant_tables_name_the_library_and_recipe_of_each_row(tmp_pat
     assert fp8_gated[3:6] == ["0.03", "0.01", "-0.02"]  # baseline gap, gated gap, gated - baseline
     assert (fp8_gated[1], fp8_gated[-1]) == ("torchao 0.18.0", "float8 tensorwise (emulated)")
     assert [row[0] for row in ladder[1:]] == ["fp8", "mxfp4", "mxfp8"]  # the trained rungs, then the skipped
+    moved = {key: value for key, value in record.items() if key != "precision_ladder"}
+    moved["results"] = {"precision_ladder": record["precision_ladder"]}
+    assert table.ladder_rows(moved) == ladder   # the results slot and a record written before it read alike
     plain = report.write_report([pair_record(seeds=(0,))], tmp_path / "plain.html")["html"].read_text()
     assert "Precision ladder" not in plain and "Post-training quantization" not in plain
 

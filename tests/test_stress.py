@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -115,17 +116,59 @@ def test_a_claim_refuses_the_seeds_it_was_discovered_on():
 
 def test_the_case_registry_names_every_case_once_in_order(monkeypatch):
     from stability.cases import stress
+    from stability.record import cases as record_cases
 
     assert list(stress.CASES) == ["standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock"]
     assert all(name == case.name for name, case in stress.CASES.items())
     monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
+    monkeypatch.setattr(record_cases, "KINDS", dict(record_cases.KINDS))
     with pytest.raises(ValueError, match="registered already"):
         stress.register(stress.StressCase("shock", stress.run_shock))
-    stress.register(stress.StressCase("toy", lambda config, session=None, runner=None: {"stress": "toy"}))
+    stress.register(stress.StressCase("toy", lambda case, config, session=None, runner=None: {"stress": case.name}))
     assert stress.check_cases(["toy", "shock"]) == ("toy", "shock") and run_case("toy", resolve("smoke")) == {
         "stress": "toy"}
     with pytest.raises(ConfigError, match=r"stress case 'nope' is unknown: expected one of \('standard'.*'toy'\)"):
         stress.check_cases(["shock", "nope"])
+
+
+def test_a_registered_case_keeps_results_of_its_own_checked_against_its_declared_type(monkeypatch, tmp_path):
+    """One declaration (name, result type, run length) reaches the record, its validation and the check's run
+    length; a result of the wrong shape is refused naming the key; a second declaration that disagrees too."""
+    from typing import TypedDict
+
+    from stability.cases import stress
+    from stability.record import RecordError, case_steps, validate_record
+    from stability.record import cases as record_cases
+
+    class Doubled(TypedDict):
+        lr: float
+        diverged: list[bool]
+
+    monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
+    monkeypatch.setattr(record_cases, "KINDS", dict(record_cases.KINDS))
+
+    def run_doubled(case, config, session=None, runner=None):
+        config = replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=2 * config.run.optim.lr)))
+        run = stress.CaseRun(case, config, "doubled", "every arm at twice the LR", session, runner)
+        per_arm = run.train_each_arm(Standard(), lambda _run, arm_record: ({}, {}))
+        stress.set_case_result(run.record, case.name, {"lr": config.run.optim.lr,
+                                                       "diverged": [a["status"] != "completed" for a in per_arm]})
+        return run.finish()
+
+    stress.register(stress.StressCase("doubled", run_doubled, result=Doubled, steps=lambda config: 7))
+    config = resolve("smoke", {"steps": 3, "seeds": "0"})
+    record = run_case("doubled", config)
+    assert record["stress"] == "doubled" and record["results"]["doubled"]["diverged"] == [False, False]
+    assert validate_record(record, "the doubled record") is record and case_steps(record) == 7
+    record["results"]["doubled"]["lr"] = "fast"
+    with pytest.raises(RecordError, match="results.doubled.lr = 'fast': expected a number"):
+        validate_record(record, "the doubled record")
+    record["results"]["undeclared"] = {}
+    del record["results"]["doubled"]
+    with pytest.raises(RecordError, match="results.undeclared: case result 'undeclared' is unknown"):
+        validate_record(record, "the doubled record")
+    with pytest.raises(ValueError, match="declared already, with another result type"):
+        record_cases.declare(record_cases.CaseKind("doubled", None))
 
 
 def test_unknown_case_is_a_config_error():

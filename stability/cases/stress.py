@@ -67,14 +67,19 @@ from stability.cases.runs import Rung, Unit, lr_rung, precision_rung
 from stability.config.schedules import Standard
 from stability.precision import ao
 from stability.record import (
+    CaseKind,
     Status,
     add_arm,
     add_figures,
+    case_result,
+    declare,
     finish_case,
     new_case_record,
     set_case_result,
     set_corpus,
 )
+from stability.record.cases import ladder_steps
+from stability.record.schema import BatchRamp, LrRamp, LrSweep, PrecisionLadder, Shock
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -122,26 +127,26 @@ class CaseRun:
     timings, the session (``stability.cases.experiment.train_arm``: record on disk after every run, resume,
     Ctrl-C), the runner (None: train here; see ``stability.cases.experiment.train_units``).
 
-    ``CaseRun(kind, config, schedule_name, description, session, runner)``: ``kind`` is the case's name (its
-    registry entry in ``CASES``, what its records say under "stress"); ``train_each_arm`` trains every arm and
-    seed, ``finish()`` returns the record."""
+    ``CaseRun(case, config, schedule_name, description, session, runner)``: ``case`` is the ``StressCase`` being
+    run (its registry entry: the name its records say under "stress", its rung), handed to its function by
+    ``StressCase.run``; ``train_each_arm`` trains every arm and seed, ``finish()`` returns the record."""
 
-    def __init__(self, kind: str, config: cfg.ExperimentConfig, schedule_name: str, description: str,
+    def __init__(self, case: StressCase, config: cfg.ExperimentConfig, schedule_name: str, description: str,
                  session=None, runner=None):
         self.started = time.perf_counter()
-        self.kind = kind
+        self.case = case
+        self.kind = case.name
         self.config = config
         self.session = session
         self.runner = runner
-        self.record = new_case_record(config, schedule_name, description, stress=kind)
+        self.record = new_case_record(config, schedule_name, description, stress=case.name)
         self.corpus = load_inputs(config)
         set_corpus(self.record, self.corpus.info)
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
-        """One run of the case, its rung as the case's registry entry declares it."""
-        entry = CASES.get(self.kind)
-        return Unit(self.kind, arm, seed, run, schedule, entry.rung(run) if entry and entry.rung else None)
+        """One run of the case, its rung as the case declares it."""
+        return Unit(self.kind, arm, seed, run, schedule, self.case.rung(run) if self.case.rung else None)
 
     def train_units(self, units: list[Unit]):
         """Yield the arm record of each unit, in order (trained here or by the runner)."""
@@ -167,7 +172,7 @@ class CaseRun:
     def finish(self) -> dict:
         record = self.record
         finish_case(record, self.runs, time.perf_counter() - self.started,
-                    [run["status"] for run in (record.get(self.kind) or {}).get("runs", [])])
+                    [run["status"] for run in (case_result(record, self.kind) or {}).get("runs", [])])
         return record
 
 
@@ -202,7 +207,7 @@ def reference_index(lrs: tuple[float, ...], lr: float) -> int:
     return min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i]) - math.log(lr)))
 
 
-def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None, runner=None) -> dict:
+def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, session=None, runner=None) -> dict:
     """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
 
     ``record["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
@@ -213,7 +218,7 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None, runner=None)
     grid = config.stress.sweep_lrs
     ref = reference_index(grid, config.run.optim.lr)
     with cpu_threads(config.stress.threads):
-        case = CaseRun("lr_sweep", config, "lr_sweep",
+        case = CaseRun(stress_case, config, "lr_sweep",
                      f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session, runner)
         per_arm, runs = [], []
         units = [case.unit(arm, seed, with_lr(config.arm_config(arm, seed), lr), Standard())
@@ -237,7 +242,7 @@ def run_sweep(config: cfg.ExperimentConfig, lrs=None, session=None, runner=None)
                 reference = records[ref]
                 add_figures(reference, {**figures, "peak_lr": grid[ref]})
                 add_arm(case.record, reference)
-        set_case_result(case.record, "lr_sweep",
+        set_case_result(case.record, case.kind,
                         {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs})
         return case.finish()
 
@@ -274,15 +279,15 @@ def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr
                 losses[max(0, best - smoothing + 1):best + 1])) if best is not None else None}
 
 
-def run_lr_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+def run_lr_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """One LR range test per arm and seed: exponential LR from ``stress.ramp.start_lr`` to ``stress.ramp.end_lr``."""
     stress = config.stress
     schedule = stress.ramp
     with cpu_threads(stress.threads):
-        case = CaseRun("lr_ramp", config, "lr_ramp", schedule.describe(), session, runner)
+        case = CaseRun(stress_case, config, "lr_ramp", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, schedule.end_lr), {}))
-        set_case_result(case.record, "lr_ramp", {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,
+        set_case_result(case.record, case.kind, {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,
                                                  "per_arm": per_arm})
         return case.finish()
 
@@ -303,7 +308,7 @@ def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
     return out
 
 
-def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+def run_batch_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """Batch doubling every ``stress.batch.double_every`` steps up to ``stress.batch.max_size``, LR by
     ``stress.batch.lr_rule``."""
     stress = config.stress
@@ -312,7 +317,7 @@ def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> d
         raise cfg.ConfigError(f"stress.batch.max_size={schedule.max_size!r} is invalid: expected at least "
                               f"data.batch_size={config.run.data.batch_size}")
     with cpu_threads(stress.threads):
-        case = CaseRun("batch_ramp", config, f"batch_ramp-{schedule.lr_rule}", schedule.describe(), session,
+        case = CaseRun(stress_case, config, f"batch_ramp-{schedule.lr_rule}", schedule.describe(), session,
                      runner)
 
         def figures_of(_run, arm_record):
@@ -322,7 +327,7 @@ def run_batch_ramp(config: cfg.ExperimentConfig, session=None, runner=None) -> d
             return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record)}
 
         per_arm = case.train_each_arm(schedule, figures_of)
-        set_case_result(case.record, "batch_ramp", {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
+        set_case_result(case.record, case.kind, {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
                                                     "max_batch_size": schedule.max_size, "per_arm": per_arm})
         return case.finish()
 
@@ -348,7 +353,7 @@ def at_precision(run: cfg.RunConfig, dtype: str, ladder_steps: int) -> cfg.RunCo
     return replace(run, precision=replace(run.precision, dtype=dtype), steps=ladder_steps or run.steps)
 
 
-def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """The same run (reference LR, Standard schedule) at every precision of ``stress.precisions``.
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
@@ -359,7 +364,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None
     skipped = ladder_skips(config)
     precisions = [p for p in config.stress.precisions if p not in skipped]
     with cpu_threads(config.stress.threads):
-        case = CaseRun("precision_ladder", config, "precision_ladder",
+        case = CaseRun(stress_case, config, "precision_ladder",
                      f"the same run in {', '.join(precisions)}"
                      + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session, runner)
         runs, sources = [], {}
@@ -374,10 +379,10 @@ def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None
                     by_precision[p] = arm_record
                     sources.setdefault(p, arm_record.get("precision"))
                     runs.append(run_summary(arm_record, precision=p))
-                reference = by_precision["fp32"]
+                reference = by_precision[cfg.REFERENCE_PRECISION]
                 ref_loss = reference["final"].get("heldout_loss")
                 for p, rec in by_precision.items():
-                    if p == "fp32":
+                    if p == cfg.REFERENCE_PRECISION:
                         continue
                     final = rec["final"]
                     loss = final.get("heldout_loss")
@@ -393,7 +398,7 @@ def run_precision_ladder(config: cfg.ExperimentConfig, session=None, runner=None
                         f"loss_spike_score_{p}": final.get("loss_spike_score"),
                     })
                 add_arm(case.record, reference)
-        set_case_result(case.record, "precision_ladder",
+        set_case_result(case.record, case.kind,
                         {"precisions": precisions, "sources": sources, "skipped": skipped, "runs": runs})
         return case.finish()
 
@@ -429,7 +434,7 @@ def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoo
             "shock_recovered": recovered, "shock_spikes": sum(spikes[shock_step + 1:])}
 
 
-def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+def run_shock(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """An LR shock: ``stress.shock.factor`` x the LR from ``stress.shock.at_step`` on ("jump"), or no warmup
     ("no_warmup")."""
     stress = config.stress
@@ -438,18 +443,18 @@ def run_shock(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
         raise cfg.ConfigError(f"stress.shock.at_step={schedule.at_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
-        case = CaseRun("shock", config, f"shock-{schedule.kind}", schedule.describe(), session, runner)
+        case = CaseRun(stress_case, config, f"shock-{schedule.kind}", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
-        set_case_result(case.record, "shock", {"kind": schedule.kind, "step": schedule.shock_step,
+        set_case_result(case.record, case.kind, {"kind": schedule.kind, "step": schedule.shock_step,
                                                "factor": schedule.factor, "per_arm": per_arm})
         return case.finish()
 
 
 # ----------------------------------------------------------------------------- the plain pair
 
-def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+def run_standard(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """The plain pair (every arm of the config) at the preset's settings: what ``stability run`` and
     ``stability stress standard`` run."""
     with cpu_threads(config.stress.threads):
@@ -460,32 +465,56 @@ def run_standard(config: cfg.ExperimentConfig, session=None, runner=None) -> dic
 
 @dataclass(frozen=True)
 class StressCase:
-    """A stress case: ``run(config, session=None, runner=None)`` trains it and returns its case record.
+    """A stress case, declared once: everything the harness knows about it.
 
-    name: what ``stability stress NAME`` calls it. rung: for a case of several runs per arm and seed, what
-    tells them apart (``rung(run) -> stability.cases.runs.Rung``: it names the runs and keys their files);
-    None for one run per arm and seed. Its records say ``name`` under "stress"."""
+    name: what ``stability stress NAME`` calls it, what its records say under "stress". train:
+    ``train(case, config, session=None, runner=None)`` trains it and returns its case record; it is handed
+    this entry (``CaseRun(case, ...)`` takes its name and rung from it: the name is never written twice).
+    rung: for a case of several runs per arm and seed, what tells them apart (``rung(run) ->
+    stability.cases.runs.Rung``: it names the runs and keys their files); None for one run per arm and seed.
+    result: the type (a TypedDict) of its own results, ``record["results"][name]``; None for none. steps:
+    the run length of one of its runs, from a record's config dict (None: ``run.steps``), what the merge
+    check reads. ``result`` and ``steps`` go into the record's table of cases (``stability.record.cases``),
+    which the check and the report read without torch."""
 
     name: str
-    run: Callable[..., dict]
+    train: Callable[..., dict]
     rung: Callable[[cfg.RunConfig], Rung] | None = None
+    result: type | None = None
+    steps: Callable[[dict], int] | None = None
+
+    @property
+    def kind(self) -> CaseKind:
+        """What records know of the case (``stability.record.cases.CaseKind``)."""
+        return CaseKind(self.name, self.result, self.steps)
+
+    def run(self, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+        """Train the case on ``config``; its case record."""
+        return self.train(self, config, session=session, runner=runner)
 
 
-# every stress case, in the order `stability stress` runs them; ``register`` adds one
+# every stress case, in the order `stability stress` runs them; ``register`` adds one. The record's table of
+# cases declares the same result types and run lengths for the readers without torch; ``declare`` refuses
+# an entry that disagrees with it.
 CASES: dict[str, StressCase] = {case.name: case for case in (
     StressCase("standard", run_standard),
-    StressCase("lr_sweep", run_sweep, rung=lr_rung),
-    StressCase("lr_ramp", run_lr_ramp),
-    StressCase("batch_ramp", run_batch_ramp),
-    StressCase("precision_ladder", run_precision_ladder, rung=precision_rung),
-    StressCase("shock", run_shock),
+    StressCase("lr_sweep", run_sweep, rung=lr_rung, result=LrSweep),
+    StressCase("lr_ramp", run_lr_ramp, result=LrRamp),
+    StressCase("batch_ramp", run_batch_ramp, result=BatchRamp),
+    StressCase("precision_ladder", run_precision_ladder, rung=precision_rung, result=PrecisionLadder,
+               steps=ladder_steps),
+    StressCase("shock", run_shock, result=Shock),
 )}
+for _case in CASES.values():
+    declare(_case.kind)
 
 
 def register(case: StressCase) -> StressCase:
-    """Add ``case`` to ``CASES`` (a name not taken): ``stability stress`` runs it after the others."""
+    """Add ``case`` to ``CASES`` (a name not taken) and its result type and run length to the record's table
+    of cases: ``stability stress`` runs it after the others."""
     if case.name in CASES:
         raise ValueError(f"stress case {case.name!r} is registered already")
+    declare(case.kind)
     CASES[case.name] = case
     return case
 

@@ -28,6 +28,7 @@ from stability.record import (
     Status,
     case_key,
     case_name,
+    case_steps,
     comparable_config,
     config_diff,
     config_fingerprint,
@@ -113,10 +114,7 @@ def case_values(records: list[dict]) -> dict[str, dict]:
         _check_usable(record, index)
         key = case_key(record)
         fingerprint = config_fingerprint(record["config"])
-        run = record["config"].get("run") or {}
-        steps = run.get("steps", 1)
-        if record.get("stress") == "precision_ladder":
-            steps = (record["config"].get("stress") or {}).get("ladder_steps") or steps
+        steps = case_steps(record)   # the run length its case declared (stability.record.cases)
         case = cases.setdefault(key, {"name": record["name"], "schedule": record["schedule"],
                                       "stress": case_name(record), "steps": steps, "fingerprint": fingerprint,
                                       "config": comparable_config(record["config"]), "records": [], "arms": {}})

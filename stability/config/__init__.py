@@ -83,13 +83,20 @@ from stability.config.schedules import (
     lr_scale,
     warmup_cosine,
 )
-from stability.config.stress import FLAT_NAMES, LADDER, StressConfig, flat_names, nested_names
+from stability.config.stress import (
+    FLAT_NAMES,
+    LADDER,
+    REFERENCE_PRECISION,
+    StressConfig,
+    flat_names,
+    nested_names,
+)
 
 __all__ = [
     "ARM_NAME", "ARM_SETS", "BACKENDS", "BASELINE_ARM", "DISTRIBUTED_STRATEGIES", "FAULT_KINDS", "FLAT_NAMES",
     "FP8_RECIPES", "FP8_SCALINGS", "GATE_ACTIVATIONS", "GATE_ALIASES", "GATE_GRANULARITIES", "GATE_MODES",
     "GATE_POSITIONS", "HF_CONFIGS", "INITS", "LADDER", "LR_SCALING_RULES", "LR_SCHEDULES", "MODEL_FAMILIES",
-    "MODEL_SOURCES", "NAMED_ARMS", "OPTIMIZERS", "PAPER_GATE", "PRESETS", "ROPE_SCALINGS", "SHOCK_KINDS", "SOFTCAP",
+    "MODEL_SOURCES", "NAMED_ARMS", "OPTIMIZERS", "PAPER_GATE", "PRESETS", "REFERENCE_PRECISION", "ROPE_SCALINGS", "SHOCK_KINDS", "SOFTCAP",
     "Z_LOSS", "ArmConfig", "BatchRamp", "CheckpointConfig", "ConfigError", "DataConfig", "DistributedConfig",
     "ExperimentConfig", "ExponentialRamp", "ExtrapolationConfig", "FaultConfig", "GateConfig", "ModelConfig",
     "OptimConfig", "PrecisionConfig", "ProbeConfig", "RunConfig", "Schedule", "Shock", "Standard", "StressConfig",

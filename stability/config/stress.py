@@ -12,7 +12,8 @@ from stability.config.schedules import BatchRamp, ExponentialRamp, Shock
 
 # the precision ladder's rungs unless stress.precisions says otherwise: every training format the harness
 # ships (stability.precision.FORMATS), fp32 first
-LADDER = ("fp32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4")
+REFERENCE_PRECISION = "fp32"   # the precision ladder's reference rung: every other rung is measured against it
+LADDER = (REFERENCE_PRECISION, "bf16", "fp16", "fp8", "mxfp8", "mxfp4")
 
 # The schedules' settings by the flat names they had before they were sub-configs (stress.ramp_end_lr is
 # stress.ramp.end_lr): still accepted in overrides and read in older records' configs, and the names
@@ -76,10 +77,10 @@ class StressConfig:
               "a non-empty, strictly increasing tuple of positive finite learning rates")
         check(isinstance(self.recovery_smoothing, int) and self.recovery_smoothing > 0,
               "stress.recovery_smoothing", self.recovery_smoothing, "a positive integer")
-        check(len(self.precisions) > 0 and self.precisions[0] == "fp32"
+        check(len(self.precisions) > 0 and self.precisions[0] == REFERENCE_PRECISION
               and all(isinstance(p, str) and p != "" for p in self.precisions)
               and len(set(self.precisions)) == len(self.precisions), "stress.precisions", self.precisions,
-              "distinct training formats (stability.precision.FORMATS), starting with 'fp32'")
+              f"distinct training formats (stability.precision.FORMATS), starting with {REFERENCE_PRECISION!r}")
         check(isinstance(self.ladder_steps, int) and self.ladder_steps >= 0, "stress.ladder_steps",
               self.ladder_steps, "a non-negative integer (0 = the run's steps)")
         check(isinstance(self.threads, int) and self.threads >= 0, "stress.threads", self.threads,

@@ -59,6 +59,9 @@ class Format:
     where the model lives; ``real_fp8``: fp8 only (None: real fp8 matmuls where the device has them)."""
 
     name = ""
+    counts_range = True      # whether the probes report what it cannot hold (overflow / underflow fractions)
+    distributed = False      # whether an arm can train in it under torchrun (stability.train.distributed)
+    shard_dtype = None       # the dtype FSDP2 gathers parameters in for it (None: as stored, fp32)
 
     def __init__(self, config: PrecisionConfig, device: torch.device, real_fp8: bool | None = None) -> None:
         self.config = config
@@ -101,6 +104,8 @@ class Format:
 @register
 class Fp32(Format):
     name = "fp32"
+    counts_range = False
+    distributed = True
 
 
 class Autocast(Format):
@@ -150,6 +155,8 @@ class Autocast(Format):
 class Bf16(Autocast):
     name = "bf16"
     dtype = torch.bfloat16
+    distributed = True
+    shard_dtype = torch.bfloat16
 
 
 @register

@@ -11,14 +11,15 @@ without them). One idea per module:
                   statuses, figures, a case's results, a session's notes, tracking, Ray)
     summary.py    the figures of a record: an arm's trajectory figures, usable values, the paired summary
     io.py         reading and writing records (strict JSON, atomic, validated both ways)
+    cases.py      the stress cases as records know them: each one's result type and run length (``KINDS``)
     identity.py   what makes records comparable: case key, comparable config, fingerprints, device, draw
     figures.py    the one table of figures; stats.py: paired statistics; rundir.py: run directories
 
 A case record (``CaseRecord``) holds ``schema_version``, ``id``, ``created_at``, ``name``, ``preset``,
 ``schedule``, ``stress``, ``purpose``, ``description``, ``status``, ``git``, ``env``, ``config`` (the
 resolved ExperimentConfig), ``corpus``, ``arms`` (one ``ArmRecord`` per arm and seed), ``paired`` (per
-treatment arm and figure a ``PairedFigure``), ``timing``, the stress case's own results under its name
-(``lr_sweep`` ...), and, written by a training command, ``runs``, ``replay_bundles``,
+treatment arm and figure a ``PairedFigure``), ``timing``, the stress case's own results in ``results``
+under its name (``results["lr_sweep"]`` ..., of the type its case declared: ``cases.py``), and, written by a training command, ``runs``, ``replay_bundles``,
 ``checkpoint_dir``, ``resumed_from``, ``tracking``, ``record_path`` and ``ray``. An arm record is one
 arm at one seed: its status, what was built, the per-step ``series``, ``events``, ``probes``,
 ``final`` figures, ``quant``, ``extrapolation``, ``timing`` and the run's names. Every key with its
@@ -72,6 +73,7 @@ from stability.record.build import (
     start_timing,
     stop_case,
 )
+from stability.record.cases import KINDS, CaseKind, case_result, case_steps, declare
 from stability.record.identity import (
     FIELDS_ABOUT,
     case_key,
@@ -86,7 +88,6 @@ from stability.record.identity import (
 )
 from stability.record.io import clean, read_record, record_filename, where, write_json, write_record
 from stability.record.schema import (
-    CASE_RESULTS,
     PURPOSES,
     SCHEMA_VERSION,
     SERIES_KEYS,
@@ -109,16 +110,85 @@ from stability.record.summary import (
 from stability.record.validate import validate_record
 
 __all__ = [
-    "CASE_RESULTS", "FIELDS_ABOUT", "PURPOSES", "REFERENCE_ARM", "SCHEMA_VERSION",
-    "SERIES_KEYS", "UNFINISHED", "USABLE", "ArmRecord", "CaseRecord", "PairedFigure", "RecordError", "Status",
-    "add_arm", "add_event", "add_figures", "add_precision_stats", "add_probes", "add_tracking_seconds",
-    "append_step", "arm_names", "case_key", "case_name", "case_timing", "clean",
-    "comparable_config", "config_diff", "config_fingerprint", "describe_arm", "device_kind", "ensure_id",
-    "env_info", "final_figures", "finish_case", "finish_status", "git_info", "library_version", "mark_case_killed",
-    "mark_completed", "mark_diverged", "mark_error", "mark_killed", "mark_running", "name_run", "new_arm_record",
-    "new_case_record", "note_attempts", "note_resumed", "note_run", "note_skipped", "note_wall_seconds",
-    "paired_summary", "read_record", "record_device", "record_draw", "record_filename", "resume_config",
-    "set_arm_timing", "set_case_result", "set_checkpoint_dir", "set_corpus", "set_extrapolation", "set_paired",
-    "set_quant", "set_ray", "set_record_path", "set_replay_bundles", "set_tracking", "set_unit", "spike_score",
-    "start_timing", "stop_case", "usable_value", "validate_record", "where", "write_json", "write_record"
+    "FIELDS_ABOUT",
+    "KINDS",
+    "PURPOSES",
+    "REFERENCE_ARM",
+    "SCHEMA_VERSION",
+    "SERIES_KEYS",
+    "UNFINISHED",
+    "USABLE",
+    "ArmRecord",
+    "CaseKind",
+    "CaseRecord",
+    "PairedFigure",
+    "RecordError",
+    "Status",
+    "add_arm",
+    "add_event",
+    "add_figures",
+    "add_precision_stats",
+    "add_probes",
+    "add_tracking_seconds",
+    "append_step",
+    "arm_names",
+    "case_key",
+    "case_name",
+    "case_result",
+    "case_steps",
+    "case_timing",
+    "clean",
+    "comparable_config",
+    "config_diff",
+    "config_fingerprint",
+    "declare",
+    "describe_arm",
+    "device_kind",
+    "ensure_id",
+    "env_info",
+    "final_figures",
+    "finish_case",
+    "finish_status",
+    "git_info",
+    "library_version",
+    "mark_case_killed",
+    "mark_completed",
+    "mark_diverged",
+    "mark_error",
+    "mark_killed",
+    "mark_running",
+    "name_run",
+    "new_arm_record",
+    "new_case_record",
+    "note_attempts",
+    "note_resumed",
+    "note_run",
+    "note_skipped",
+    "note_wall_seconds",
+    "paired_summary",
+    "read_record",
+    "record_device",
+    "record_draw",
+    "record_filename",
+    "resume_config",
+    "set_arm_timing",
+    "set_case_result",
+    "set_checkpoint_dir",
+    "set_corpus",
+    "set_extrapolation",
+    "set_paired",
+    "set_quant",
+    "set_ray",
+    "set_record_path",
+    "set_replay_bundles",
+    "set_tracking",
+    "set_unit",
+    "spike_score",
+    "start_timing",
+    "stop_case",
+    "usable_value",
+    "validate_record",
+    "where",
+    "write_json",
+    "write_record"
 ]

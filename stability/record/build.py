@@ -22,8 +22,8 @@ import uuid
 from collections.abc import Iterable
 
 from stability.config import extensions
+from stability.record.cases import result_type
 from stability.record.schema import (
-    CASE_RESULTS,
     PURPOSES,
     SCHEMA_VERSION,
     SERIES_KEYS,
@@ -233,11 +233,9 @@ def set_paired(record: CaseRecord) -> None:
 
 
 def set_case_result(record: CaseRecord, case: str, result: dict) -> None:
-    """A stress case's own results, under its name (one of ``CASE_RESULTS``)."""
-    if case not in CASE_RESULTS:
-        raise RecordError(f"case result {case!r} is unknown: expected one of {CASE_RESULTS} "
-                          f"(stability.record.schema)")
-    record[case] = result
+    """A stress case's own results: ``results[case]``, of the type the case declared (``stability.record.cases``)."""
+    result_type(case)
+    record.setdefault("results", {})[case] = result
 
 
 def finish_status(record: CaseRecord, extra_statuses: Iterable[str] = ()) -> Status:

@@ -575,7 +575,9 @@ class CaseRecord(TypedDict, total=False):
     arms: Required[list[ArmRecord]]   # one per arm and seed; of a multi-run case, the reference runs
     paired: dict[str, dict[FigureName, PairedFigure]]   # per treatment arm, per figure
     timing: CaseTiming
-    # the case's own results, under its name
+    # the case's own results, under its name, of the type its case declared (stability.record.cases)
+    results: dict[str, Any]
+    # where records written before the results slot kept them
     lr_sweep: LrSweep
     lr_ramp: LrRamp
     batch_ramp: BatchRamp
@@ -590,6 +592,3 @@ class CaseRecord(TypedDict, total=False):
     record_path: str                  # where the record was written
     ray: RayInfo
 
-
-CASE_RESULTS = ("lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock")
-"""The keys of the stress cases' own results (each named after its case)."""

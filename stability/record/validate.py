@@ -19,6 +19,8 @@ import typing
 from enum import Enum
 from typing import Any, Literal, Union
 
+from stability.config import extensions
+from stability.record.cases import result_type
 from stability.record.figures import figure
 from stability.record.schema import (
     FIGURES_BESIDE,
@@ -51,6 +53,19 @@ def validate_record(record, where: str) -> CaseRecord:
         raise RecordError(f"{where}: 'arms' must be a list of arm objects, got "
                           f"{type(arms).__name__ if not isinstance(arms, list) else 'a list holding non-objects'}")
     _entry({k: v for k, v in record.items() if not k.startswith("_")}, CaseRecord, "", where)
+    results = record.get("results") or {}
+    if not isinstance(results, dict):
+        raise RecordError(f"{where}: results = {_show(results)}: expected an object (case name -> its results)")
+    for case, result in results.items():
+        try:
+            kind = result_type(case)
+        except RecordError:   # a case of an extension this process has not loaded: the record names it
+            extensions.load(tuple((record.get("config") or {}).get("plugins") or ()))
+            try:
+                kind = result_type(case)
+            except RecordError as error:
+                raise RecordError(f"{where}: results.{case}: {error}") from None
+        _check(result, kind, f"results.{case}", where)
     return record
 
 

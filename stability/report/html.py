@@ -21,7 +21,8 @@ import math
 import re
 from pathlib import Path
 
-from stability.record import Status, usable_value
+from stability.config.schedules import Standard
+from stability.record import Status, case_result, usable_value
 from stability.record import figures as fig
 from stability.report.tables import fmt, ladder_rows, quant_rows, side_means
 
@@ -49,7 +50,7 @@ def _finite(values) -> list:
 def lr_sweep(record: dict) -> dict[str, list[dict]] | None:
     """Per arm, the sweep points {lr, loss, diverged, seed, loss_init} when the record holds several peak LRs
     (``record["lr_sweep"]["per_arm"]`` from stability.cases.stress.run_sweep), else None."""
-    sweep = record.get("lr_sweep") or {}
+    sweep = case_result(record, "lr_sweep") or {}
     points: dict[str, list[dict]] = {}
     for entry in sweep.get("per_arm") or []:
         statuses = entry.get("status") or [Status.COMPLETED] * len(entry.get("lrs") or [])
@@ -67,7 +68,7 @@ def _lr_varies(record: dict) -> bool:
     """True when an arm's LR spans more than a factor 10 (an LR range test / ramp): loss vs LR is worth a plot."""
     for arm in record.get("arms") or []:
         lrs = [v for v in (arm.get("series") or {}).get("lr") or [] if isinstance(v, (int, float)) and v > 0]
-        if lrs and max(lrs) / min(lrs) > 10 and record.get("schedule") != "standard":
+        if lrs and max(lrs) / min(lrs) > 10 and record.get("schedule") != Standard.name:
             return True
     return False
 

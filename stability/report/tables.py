@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from stability.record import REFERENCE_ARM, usable_value
+from stability.config import REFERENCE_PRECISION
+from stability.record import REFERENCE_ARM, case_result, usable_value
 
 
 def fmt(value) -> str:
@@ -118,12 +119,12 @@ def ladder_rows(record: dict) -> list[list[str]]:
     (means over seeds), their paired difference with its 95% interval, and each arm's underflow and
     overflow fractions and diverged share, and the recipe; a skipped rung gets one row with its
     reason. Only the header when the record is not a precision ladder."""
-    ladder = record.get("precision_ladder") or {}
+    ladder = case_result(record, "precision_ladder") or {}
     rows = [["precision", "library", "arm", "baseline gap", "arm gap", "arm-baseline", "95% CI",
              "baseline underflow", "arm underflow", "baseline overflow", "arm overflow", "baseline diverged",
              "arm diverged", "recipe"]]
     for rung in ladder.get("precisions") or []:
-        if rung == "fp32":
+        if rung == REFERENCE_PRECISION:
             continue
         library, recipe = source_text((ladder.get("sources") or {}).get(rung))
         for arm, paired in (record.get("paired") or {}).items():

@@ -36,8 +36,12 @@ import torch
 from torch import nn
 
 from stability.config import ConfigError, RunConfig
+from stability.precision.formats import FORMATS
 
-PRECISIONS = ("fp32", "bf16")   # the training formats an arm can use under a process group
+
+def precisions() -> tuple[str, ...]:
+    """The training formats an arm can use under a process group (``Format.distributed``)."""
+    return tuple(name for name, format in FORMATS.items() if format.distributed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +55,10 @@ class World:
 
     def describe(self, run: RunConfig) -> dict:
         """What an arm record says about how it was trained across the processes."""
-        bf16 = run.precision.dtype == "bf16"
+        shard = FORMATS[run.precision.dtype].shard_dtype
         return {"world_size": self.size, "backend": self.backend, "strategy": run.distributed.strategy,
-                "param_dtype": "bf16" if bf16 and run.distributed.strategy == "fsdp" else "fp32",
+                "param_dtype": run.precision.dtype if shard is not None and run.distributed.strategy == "fsdp"
+                else "fp32",
                 "reduce_dtype": "fp32", "torch": torch.__version__}
 
 
@@ -116,9 +121,9 @@ def check(run: RunConfig, world: World) -> None:
         raise ConfigError(f"data.batch_size={run.data.batch_size} is invalid under torchrun with {world.size} "
                           f"processes: expected a multiple of the process count (every rank reads an equal "
                           f"slice of the global batch)")
-    if run.precision.dtype not in PRECISIONS:
+    if run.precision.dtype not in precisions():
         raise ConfigError(f"precision.dtype={run.precision.dtype!r} is invalid under torchrun: expected one of "
-                          f"{PRECISIONS} (fp16 loss scaling, fp8 and MX train in one process only)")
+                          f"{precisions()} (fp16 loss scaling, fp8 and MX train in one process only)")
     if run.optim.optimizer != "adamw":
         raise ConfigError(f"optim.optimizer={run.optim.optimizer!r} is invalid under torchrun: expected 'adamw' "
                           f"(the 8-bit optimiser does not take sharded parameters)")
@@ -140,9 +145,8 @@ def wrap(model: nn.Module, run: RunConfig, world: World) -> nn.Module:
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=devices, **quiet)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    bf16 = run.precision.dtype == "bf16"
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
-                                  reduce_dtype=torch.float32 if bf16 else None)
+    shard = FORMATS[run.precision.dtype].shard_dtype
+    policy = MixedPrecisionPolicy(param_dtype=shard, reduce_dtype=torch.float32 if shard is not None else None)
     reshard = run.distributed.reshard_after_forward
     for block in model.blocks:
         fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)

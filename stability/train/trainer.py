@@ -211,7 +211,7 @@ def take_probes(parts: Parts, state: TrainState, step: int) -> None:
     """The heavy probes on the fixed probe batch, and the precision's overflow/underflow counts so far."""
     t0 = time.perf_counter()
     add_probes(state.record, probes.heavy_probes(parts.model, parts.probe_x), step)
-    if parts.run.precision.dtype != "fp32":
+    if parts.policy.format.counts_range:
         parts.reducer.precision_tally(parts.policy.tally)
         add_precision_stats(state.record, step, parts.policy.pop_stats())
     state.probe_seconds += time.perf_counter() - t0
