@@ -29,8 +29,8 @@ import torch
 from stability.cases.experiment import run_pair
 from stability.config import resolve
 from stability.data import load_corpus
+from stability.evaluate.extrapolation import evaluate_lengths
 from stability.report.tables import text_table
-from stability.train.extrapolation import evaluate_lengths
 from stability.train.trainer import ArmHooks, train
 
 

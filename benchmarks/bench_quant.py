@@ -26,7 +26,7 @@ import torch
 
 from stability.config import resolve
 from stability.data import eval_batches, load_corpus, probe_batch
-from stability.train import quantize as q
+from stability.evaluate import quantize as q
 from stability.train.evaluate import evaluate
 from stability.train.trainer import ArmHooks, train
 

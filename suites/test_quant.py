@@ -37,10 +37,10 @@ from stability.cases.experiment import run_pair
 from stability.cli import build_parser, main
 from stability.cli.options import check_here, resolve_from_args
 from stability.config import ConfigError
+from stability.evaluate import quantize
 from stability.record import Status
 from stability.report.tables import quant_rows, quant_table
 from stability.track.runs import log_to_mlflow
-from stability.train import quantize
 from stability.train.optimizer import make_optimizer
 from stability.train.trainer import train
 

@@ -64,7 +64,7 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
     }
     if status == "killed":
         record.update(stop_reason="interrupted (Ctrl-C)")
-    if quant:   # stability.train.quantize.evaluate_schemes layout
+    if quant:   # stability.evaluate.quantize.evaluate_schemes layout
         schemes = {}
         for scheme, damage in (("int8", 0.01 if gated else 0.05), ("nf4", 0.10 if gated else 0.30)):
             schemes[scheme] = {"library": "bitsandbytes", "version": "0.50.2", "method": f"bitsandbytes {scheme} recipe",

@@ -12,8 +12,8 @@ from torch import nn
 
 from stability import precision
 from stability.config import ConfigError, PrecisionConfig, resolve
+from stability.evaluate.quantize import full_precision_copy
 from stability.precision import Fp8Linear, PrecisionPolicy, ao
-from stability.train.quantize import full_precision_copy
 
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 

@@ -96,7 +96,7 @@ def test_only_the_cli_package_builds_parsers():
 
 
 # Which rooms of the package each room may import (docs: README "What is where"). Data flows one way:
-# config -> data + model -> precision -> train -> cases -> record -> track / check / report, with the CLI and
+# config -> data + model -> precision -> train -> evaluate -> cases -> record -> track / check / report, with the CLI and
 # the pytest plugin on top; record, check, report and track read JSON and never need torch.
 ALLOWED = {
     "config": set(),
@@ -108,9 +108,11 @@ ALLOWED = {
     "model": {"config", "kernels"},
     "precision": {"config", "record"},
     "train": {"config", "record", "report", "data", "model", "precision"},
-    "cases": {"config", "record", "report", "track", "data", "model", "precision", "train"},
+    "evaluate": {"config", "record", "data", "model", "precision", "train"},
+    "cases": {"config", "record", "report", "track", "data", "model", "precision", "train", "evaluate"},
     "plugin": {"config", "record", "cases"},
-    "cli": {"config", "record", "report", "track", "check", "data", "model", "precision", "train", "cases", "plugin"},
+    "cli": {"config", "record", "report", "track", "check", "data", "model", "precision", "train", "evaluate", "cases",
+            "plugin"},
 }
 TORCH_FREE = ("config", "record", "report", "check", "track")
 

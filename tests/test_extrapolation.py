@@ -10,11 +10,11 @@ import torch
 from stability.cases.stress import cpu_threads
 from stability.config import ConfigError, ExtrapolationConfig, resolve
 from stability.data import eval_batches, load_corpus
+from stability.evaluate.extrapolation import check_corpus, evaluate_lengths, extrapolation_figures, ntk_theta
 from stability.model.attention import rope_tables
 from stability.model.lm import GatedLM
 from stability.precision import PrecisionPolicy
 from stability.train.evaluate import evaluate
-from stability.train.extrapolation import check_corpus, evaluate_lengths, extrapolation_figures, ntk_theta
 
 CONFIG = resolve("smoke", {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.n_kv_heads": 1,
                            "model.context": 16, "data.batch_size": 2, "data.builtin_bytes": 20_000,

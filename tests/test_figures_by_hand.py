@@ -31,6 +31,18 @@ from stability.check.calibration import arrangements, split_runs
 from stability.check.claims import claim_rows, claims_table, held_out
 from stability.config import ConfigError, resolve
 from stability.config.schedules import BatchRamp, ExponentialRamp, Shock, Standard, lr_scale, warmup_cosine
+from stability.evaluate.quantize import (
+    HEAD,
+    FakeQuantLinear,
+    _cast_counts,
+    damage,
+    fake_quant_int8,
+    linear_input_stats,
+    output_kl,
+    per_linear_damage,
+    quant_figures,
+    relative_output_error,
+)
 from stability.record import (
     RecordError,
     arm_names,
@@ -50,18 +62,6 @@ from stability.record.stats import (
     t_upper_tail,
 )
 from stability.train import probes
-from stability.train.quantize import (
-    HEAD,
-    FakeQuantLinear,
-    _cast_counts,
-    damage,
-    fake_quant_int8,
-    linear_input_stats,
-    output_kl,
-    per_linear_damage,
-    quant_figures,
-    relative_output_error,
-)
 
 # ----------------------------------------------------------------------------- the spike detector
 

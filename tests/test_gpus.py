@@ -1,4 +1,4 @@
-"""One GPU per pytest-xdist worker (stability.cases.gpus) and the kernel's launch under its tensors' device."""
+"""One GPU per pytest-xdist worker (stability.plugin.gpus) and the kernel's launch under its tensors' device."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stability.cases.gpus import GpuAssignmentError, pin_this_worker, worker_devices
+from stability.plugin.gpus import GpuAssignmentError, pin_this_worker, worker_devices
 
 
 def test_workers_index_into_the_callers_visible_devices():

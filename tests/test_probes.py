@@ -162,9 +162,14 @@ def test_a_registered_layer_probe_is_measured_and_summarised(monkeypatch):
     probes.register(probes.LayerProbe("row_max", "attn_probs", lambda p: p.max().item(), max="row_max_max"))
     with pytest.raises(ValueError, match="new name"):
         probes.register(probes.LayerProbe("row_max", "attn_probs", lambda p: p.max().item()))
+    # the probe and its figure in one registration
+    probes.register(probes.LayerProbe("row_min", "attn_probs", lambda p: p.min().item(), mean=figures.Figure(
+        "row_min_mean", None, "probability", "smallest attention weight, mean over layers")))
+    assert figures.figure("row_min_mean").unit == "probability" and probes.LAYER_PROBES["row_min"].mean == "row_min_mean"
     snapshot = probes.heavy_probes(GatedLM(ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, context=16),
                                            seed=0), torch.zeros(1, 8, dtype=torch.long))
     assert snapshot["row_max_max"] == max(layer["row_max"] for layer in snapshot["layers"]) == 1.0  # query 0
+    assert snapshot["row_min_mean"] == sum(layer["row_min"] for layer in snapshot["layers"]) / 2
 
 
 def test_spike_detector_waits_for_ten_values_by_default():

@@ -1,4 +1,4 @@
-"""Unit tests of stability.train.quantize's helpers (tiny untrained models; seconds on a CPU)."""
+"""Unit tests of stability.evaluate.quantize's helpers (tiny untrained models; seconds on a CPU)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from torch import nn
 from stability.cli.options import check_here
 from stability.config import ConfigError, GateConfig, ModelConfig, PrecisionConfig, resolve
 from stability.data import load_corpus
+from stability.evaluate import quantize as q
 from stability.model.lm import GatedLM
 from stability.precision import Fp8Linear, PrecisionPolicy
 from stability.record import Status, paired_summary
-from stability.train import quantize as q
 from stability.train.probes import heavy_probes
 
 QUANT_SCHEMES = tuple(q.SCHEMES)

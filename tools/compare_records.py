@@ -9,7 +9,8 @@ case, config and the command's folder below BEFORE / AFTER), never by their rand
 compared exactly (floats bit for bit, NaN equal to NaN) except the keys that say when, where and how
 fast something ran (``VOLATILE``: times, durations, ids, paths, git, host details) and the keys named
 with ``--ignore`` (left out everywhere, in what matches records too: a config field added by the change,
-say, or a record key whose value changed on purpose). Exit 0 when nothing differs, 1 otherwise; the summary line says how many numbers were
+say, or a record key whose value changed on purpose). ``--results-slot`` reads a case's results in
+``results[case]`` as the top-level key ``case`` that held them before the slot. Exit 0 when nothing differs, 1 otherwise; the summary line says how many numbers were
 compared.
 """
 
@@ -89,7 +90,14 @@ def record_key(root: Path, path: Path, record: dict, ignore: set[str] = frozense
     return "/".join(str(x) for x in (command, *fields, config))
 
 
-def records(root: Path, ignore: set[str] = frozenset()) -> dict[str, dict]:
+def unslotted(document: dict) -> dict:
+    """A record with its case results (``results[case]``) back under top-level keys named after the case: the
+    layout records had before the results slot."""
+    results = document.get("results") or {}
+    return {**{k: v for k, v in document.items() if k != "results"}, **results}
+
+
+def records(root: Path, ignore: set[str] = frozenset(), slot: bool = False) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for path in sorted(root.rglob("*.json")):
         if path.name == "manifest.json" or "mlartifacts" in path.parts:
@@ -100,6 +108,8 @@ def records(root: Path, ignore: set[str] = frozenset()) -> dict[str, dict]:
             continue
         if not isinstance(document, dict) or "arms" not in document:
             continue
+        if slot:
+            document = unslotted(document)
         key = record_key(root, path, document, ignore)
         if key in found:
             raise SystemExit(f"two records of {key} under {root}: compare one command's output per folder")
@@ -110,9 +120,9 @@ def records(root: Path, ignore: set[str] = frozenset()) -> dict[str, dict]:
     return found
 
 
-def compare(before: Path, after: Path, ignore: set[str] = frozenset()) -> Comparison:
+def compare(before: Path, after: Path, ignore: set[str] = frozenset(), slot: bool = False) -> Comparison:
     result = Comparison(set(ignore))
-    old, new = records(before, result.ignore), records(after, result.ignore)
+    old, new = records(before, result.ignore, slot), records(after, result.ignore, slot)
     for key in sorted(set(old) | set(new)):
         if key not in old or key not in new:
             result.differences.append(f"{key}: only {'after' if key not in old else 'before'}")
@@ -127,8 +137,11 @@ def main(argv=None) -> int:
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
     parser.add_argument("--ignore", action="append", default=[], help="another key to leave out (repeatable)")
+    parser.add_argument("--results-slot", action="store_true",
+                        help="compare a case's results in the slot results[case] with a top-level key named after "
+                             "the case (the layout before the slot), on either side")
     args = parser.parse_args(argv)
-    result = compare(args.before, args.after, set(args.ignore))
+    result = compare(args.before, args.after, set(args.ignore), args.results_slot)
     for line in result.differences[:50]:
         print(line)
     if len(result.differences) > 50:

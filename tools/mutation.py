@@ -83,7 +83,7 @@ TARGETS = {
                       "ramp_figures", "loss_vs_tokens", "shock_figures"),
                      ("tests/test_stress.py", HAND)),
     "claims": Target("stability/check/claims.py", ("*",), ("tests/test_stress.py", HAND)),
-    "quantize": Target("stability/train/quantize.py",
+    "quantize": Target("stability/evaluate/quantize.py",
                        ("fake_quant_int8", "FakeQuantLinear.forward", "linear_input_stats", "_capture_inputs",
                         "relative_output_error", "output_kl", "per_linear_damage", "damage", "_cast_counts",
                         "quant_figures"),

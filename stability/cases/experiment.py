@@ -50,7 +50,7 @@ def load_inputs(config: cfg.ExperimentConfig):
     importable, the recipe known, MX blocks fitting the batch), that the corpus holds the longest
     extrapolation length and that each arm's model can be built and run: a model the harness did not
     write (HF, factory) is built once per arm here, so bad input is a ConfigError before any training."""
-    from stability.train.extrapolation import check_corpus
+    from stability.evaluate.extrapolation import check_corpus
 
     run = config.run   # the arms share the run's precision: one check, before the corpus is read
     precision.check(run.precision, run.device, run.data.batch_size * run.model.context)
@@ -128,7 +128,7 @@ def quantization_hook(run: cfg.RunConfig, schemes: tuple[str, ...]):
     and store the result in the arm record's "quant" entry (None when no scheme is asked)."""
     if not schemes:
         return None
-    from stability.train.quantize import check_schemes, evaluate_schemes, quant_figures
+    from stability.evaluate.quantize import check_schemes, evaluate_schemes, quant_figures
 
     check_schemes(schemes)  # a name no scheme is registered under: ConfigError before the arm trains
 
@@ -145,7 +145,7 @@ def extrapolation_hook(run: cfg.RunConfig, extrapolation: cfg.ExtrapolationConfi
         return None
 
     def evaluate_extrapolation(model, corpus, record):
-        from stability.train.extrapolation import evaluate_lengths, extrapolation_figures
+        from stability.evaluate.extrapolation import evaluate_lengths, extrapolation_figures
 
         result = evaluate_lengths(model, corpus, run, extrapolation)
         set_extrapolation(record, result, extrapolation_figures(result))

@@ -51,9 +51,19 @@ def precision_rung(run: cfg.RunConfig) -> Rung:
     return Rung(f"precision={run.precision.dtype}", run.precision.dtype)
 
 
+# Run fields added after runs were first fingerprinted, each with the value every earlier run had: left out of
+# the fingerprint while they hold it, so that a run keeps its key (its per-step file, checkpoints, MLflow run)
+# across the upgrade, and an interrupted run resumes.
+LATER_FIELDS = (("model", "treatments", ()),)
+
+
 def run_fingerprint(run: cfg.RunConfig, schedule: str) -> str:
     """Identity of one run (its whole RunConfig and schedule): a checkpoint resumes only the run it came from."""
-    text = json.dumps({"run": dataclasses.asdict(run), "schedule": schedule}, sort_keys=True, default=str)
+    fields = dataclasses.asdict(run)
+    for section, name, before in LATER_FIELDS:
+        if fields[section].get(name) == before:
+            del fields[section][name]
+    text = json.dumps({"run": fields, "schedule": schedule}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -60,7 +60,7 @@ from stability.record import (
     write_record,
 )
 from stability.record.rundir import MANIFEST, ensure_run_dir, is_session, sessions
-from stability.train.checkpoint import Bundles, Checkpoints, load_state
+from stability.train.checkpoint import NO_BUNDLES, Bundles, Checkpoints, load_state
 from stability.train.trainer import ArmHooks
 
 LOCK = ".lock"
@@ -292,7 +292,7 @@ class Session:
                 steps_file = compressed(steps_file)
             kept = (self.run_dir / steps_file).is_file() or self.finished_steps != "drop"
             note_run(case_record, arm_record, str(steps_file) if kept else "")
-        if case["bundles"] is not None:
+        if case["bundles"].enabled:
             set_replay_bundles(case_record, case["bundles"].index())
         self.write(case_record)
 
@@ -359,7 +359,7 @@ class Session:
         inside = self.checkpoint_dir.resolve().is_relative_to(self.run_dir.resolve())
         set_checkpoint_dir(case_record, str(self.checkpoint_dir.resolve().relative_to(self.run_dir.resolve())
                                             if inside else self.checkpoint_dir.resolve()))
-        bundles = None
+        bundles = NO_BUNDLES
         run_cfg = (case_record.get("config") or {}).get("run") or {}
         budget = run_cfg.get("checkpoint") or {}
         if budget.get("replay_first", 0) or budget.get("replay_worst", 0):

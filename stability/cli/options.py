@@ -62,7 +62,7 @@ def resolve_from_args(args) -> cfg.ExperimentConfig:
     overrides = overrides_of(args)
     quant = getattr(args, "quant", None)
     if quant:  # --quant int8,nf4 or --quant all
-        from stability.train.quantize import SCHEMES
+        from stability.evaluate.quantize import SCHEMES
 
         overrides["quant_schemes"] = ",".join(SCHEMES) if quant.strip() == "all" else quant
     config = cfg.resolve(args.preset or "smoke", overrides)
@@ -77,8 +77,8 @@ def check_here(config: cfg.ExperimentConfig) -> None:
     installation can train the format (torchao importable, the recipe known, MX blocks fitting the batch)
     is checked once by the case itself, before it reads the corpus (``stability.cases.experiment.load_inputs``)."""
     from stability import precision
+    from stability.evaluate.quantize import check_schemes
     from stability.model.treatments import check_treatments
-    from stability.train.quantize import check_schemes
 
     extensions.load(config.plugins)   # a resumed run's config names them too
     check_schemes(config.quant_schemes)

@@ -161,7 +161,7 @@ def add_parsers(sub) -> None:
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
     run.add_argument("--quant", metavar="SCHEMES",
                      help="post-training quantization schemes to evaluate on every arm: a comma list of names "
-                          "(int8, nf4, w8a8-token, torchao-int8wo ...: stability.train.quantize.SCHEMES, "
+                          "(int8, nf4, w8a8-token, torchao-int8wo ...: stability.evaluate.quantize.SCHEMES, "
                           "docs/quantization.md), or 'all' (sets quant_schemes)")
     run.set_defaults(func=cmd_run)
     presets = sub.add_parser("presets", help="print the named presets")

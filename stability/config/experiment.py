@@ -75,7 +75,7 @@ class ExperimentConfig:
         check(len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds,
               "a non-empty tuple of distinct seeds")
         check(all(isinstance(s, str) and s != "" for s in self.quant_schemes), "quant_schemes", self.quant_schemes,
-              "names of post-training quantization schemes (stability.train.quantize.SCHEMES)")
+              "names of post-training quantization schemes (stability.evaluate.quantize.SCHEMES)")
         model = self.run.model
         check(not self.quant_schemes or model.kind == "harness", "quant_schemes",
               self.quant_schemes, "() unless the model is the harness's own (model.source='harness', no factory)")

@@ -12,7 +12,7 @@ repository):
 * the markers of ``MARKERS``; ``gpu`` tests are skipped without CUDA, ``slow`` ones unless --run-slow;
 * one run directory per test session, reports/runs/<UTC time>-pytest-<id>/ ($STABILITY_RUN_DIR names
   another), which the pytest-xdist workers share; one GPU per xdist worker, pinned before torch is
-  imported (``stability.cases.gpus``);
+  imported (``stability.plugin.gpus``);
 * the fixtures scale, device, seeds, tracking_uri, run_dir, replicate, stability_settings, stress_config,
   ray_runner, stress_record and model_invariant;
 * the table's ``cases``: the suites of the other stress cases are deselected; when the table names a
@@ -153,7 +153,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     """Before the conftests (which may import torch): pin this xdist worker's GPU where the plugin is in
     use. After them: the short option names that no one else took."""
     if _load_settings(early_config) is not None or _runs_the_suites(args):
-        from stability.cases.gpus import GpuAssignmentError, pin_this_worker
+        from stability.plugin.gpus import GpuAssignmentError, pin_this_worker
 
         try:
             pin_this_worker()

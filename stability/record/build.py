@@ -180,13 +180,13 @@ def set_arm_timing(arm: ArmRecord, wall_seconds: float, train_seconds: float, pr
 
 
 def set_quant(arm: ArmRecord, quant: dict, figures: dict) -> None:
-    """The post-training quantization results (``stability.train.quantize.evaluate_schemes``) and their figures."""
+    """The post-training quantization results (``stability.evaluate.quantize.evaluate_schemes``) and their figures."""
     arm["quant"] = quant
     add_figures(arm, figures)
 
 
 def set_extrapolation(arm: ArmRecord, result: dict, figures: dict) -> None:
-    """The length-extrapolation points (``stability.train.extrapolation.evaluate_lengths``) and their figures."""
+    """The length-extrapolation points (``stability.evaluate.extrapolation.evaluate_lengths``) and their figures."""
     arm["extrapolation"] = result
     add_figures(arm, figures)
 

@@ -164,19 +164,13 @@ class LinearInput(TypedDict, total=False):
 
 class ProbeSnapshot(TypedDict, total=False):
     """The heavy probes on the fixed probe batch at one step (``stability.train.probes.heavy_probes``).
-    Besides these keys a snapshot may hold any other figure of the table (``FIGURES_BESIDE``)."""
+    Besides these keys a snapshot holds the model figures of the layer probes and the logit probe
+    (``m_act_max``, ``f_attn_mean``, ``logit_max`` ...): figures of the table (``FIGURES_BESIDE``), whatever
+    registered them (``stability.train.probes.LAYER_PROBES``)."""
 
     step: int
     layers: list[dict[str, float | None]]    # per layer: m_act, m_act_ratio, f_attn, sink_rate, ...
     linear_inputs: dict[str, LinearInput]   # per Linear (by module name)
-    m_act_mean: float | None
-    m_act_max: float | None
-    f_attn_mean: float | None
-    sink_rate_mean: float | None
-    max_attn_logit: float | None
-    gate_score_mean: float | None
-    logit_max: float | None
-    log_z_mean: float | None
 
 
 FIGURES_BESIDE = (ProbeSnapshot,)
@@ -205,7 +199,7 @@ class LinearDamage(TypedDict, total=False):
 
 
 class QuantScheme(TypedDict, total=False):
-    """One post-training quantization scheme (``stability.train.quantize``): figures, or why it was skipped."""
+    """One post-training quantization scheme (``stability.evaluate.quantize``): figures, or why it was skipped."""
 
     skipped: str
     library: str
@@ -253,7 +247,7 @@ class ExtrapolationPoint(TypedDict, total=False):
 
 
 class Extrapolation(TypedDict, total=False):
-    """The length-extrapolation probe (``stability.train.extrapolation``)."""
+    """The length-extrapolation probe (``stability.evaluate.extrapolation``)."""
 
     scaling: str
     factors: list[float]

@@ -196,7 +196,7 @@ def plot_layers(record: dict) -> bytes | None:
 
 def quant_damage(record: dict) -> dict[str, dict[str, float]]:
     """{scheme: {arm: damage}}: held-out loss after quantization minus full precision, mean over seeds, from
-    the arms' ``quant["schemes"]`` (stability.train.quantize); skipped schemes are left out."""
+    the arms' ``quant["schemes"]`` (stability.evaluate.quantize); skipped schemes are left out."""
     out: dict[str, dict[str, list[float]]] = {}
     for arm in record["arms"]:
         for scheme, entry in ((arm.get("quant") or {}).get("schemes") or {}).items():
@@ -233,7 +233,7 @@ def plot_quant(record: dict) -> bytes | None:
 
 def extrapolation_curves(record: dict) -> dict[str, dict[str, list[tuple[float, float, float, float]]]]:
     """{arm: {rope: [(factor, held-out loss, F-Attn, sink rate), ...]}}, means over seeds (completed arms),
-    from the arms' ``extrapolation`` points (stability.train.extrapolation); the NTK curve starts at plain 1x."""
+    from the arms' ``extrapolation`` points (stability.evaluate.extrapolation); the NTK curve starts at plain 1x."""
     sums: dict[tuple[str, str, float], list[list[float]]] = {}
     for arm in record.get("arms") or []:
         if arm.get("status") != Status.COMPLETED:

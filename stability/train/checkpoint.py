@@ -143,7 +143,10 @@ class Checkpoints:
     """When and where one arm's checkpoints go: ``due(step)`` every ``every`` steps (0: never, only at a
     stop), ``save(state)`` replaces the arm's one checkpoint file. ``resume_state``: the checkpoint this
     arm continues from, or None. ``on_saved(step)`` runs after each save (the per-step file syncs there).
-    A failing write is reported once and training goes on (the run only loses its resume point)."""
+    A failing write is reported once and training goes on (the run only loses its resume point).
+    ``NO_CHECKPOINTS``: an arm that keeps none (``enabled`` False)."""
+
+    enabled = True
 
     def __init__(self, path: str | Path, every: int, resume_state: dict | None = None, on_saved=None):
         self.path = Path(path)
@@ -177,6 +180,24 @@ class Checkpoints:
                 break
 
 
+class NoCheckpoints(Checkpoints):
+    """An arm that keeps no checkpoint and resumes from none."""
+
+    enabled = False
+
+    def __init__(self):
+        super().__init__(Path(), 0)
+
+    def save(self, state: dict) -> None:
+        raise RuntimeError("an arm without checkpoints was asked to save one")
+
+    def remove(self) -> None:
+        pass
+
+
+NO_CHECKPOINTS = NoCheckpoints()
+
+
 # ----------------------------------------------------------------------------- replay bundles
 
 def step_bundle(step: int, model, optimizer, policy_state: dict, x, y, identity: dict, measured: dict,
@@ -195,7 +216,10 @@ def step_bundle(step: int, model, optimizer, policy_state: dict, x, y, identity:
 class Bundles:
     """The replay bundles of one case, within a budget: the first ``first`` flagged steps are kept, and of
     the rest the ``worst`` most severe (non-finite counts as infinitely severe); a bundle pushed out by a
-    worse one is deleted. ``index`` lists the bundles on disk: step, run, reasons, severity, path."""
+    worse one is deleted. ``index`` lists the bundles on disk: step, run, reasons, severity, path.
+    ``NO_BUNDLES``: an arm that keeps none (``enabled`` False: the step does not even copy the precision state)."""
+
+    enabled = True
 
     def __init__(self, directory: str | Path, first: int, worst: int):
         self.directory = Path(directory)
@@ -242,3 +266,18 @@ class Bundles:
 
     def index(self) -> list[dict]:
         return sorted(self.kept_first + self.kept_worst, key=lambda b: (b["run_key"], b["step"]))
+
+
+class NoBundles(Bundles):
+    """An arm that keeps no replay bundle."""
+
+    enabled = False
+
+    def __init__(self):
+        super().__init__(Path(), 0, 0)
+
+    def save(self, bundle: dict) -> Path | None:
+        raise RuntimeError("an arm without replay bundles was asked to keep one")
+
+
+NO_BUNDLES = NoBundles()

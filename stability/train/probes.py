@@ -15,6 +15,7 @@ computes is declared there once; its direction and unit are in ``stability.recor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable
@@ -273,15 +274,16 @@ class LayerProbe:
         model's observer, "attn_logits" ((B, H, S, S) scaled scores, masked entries -inf), "attn_probs"
         ((B, H, S, S) rows summing to 1) or "gate_score" (the gate's values).
     compute: that tensor -> a float (without autograd).
-    mean / max: the names of the model figures that are the mean / the max of it over the layers that
-        show it ("": none), each an entry of the figure table (``stability.record.figures``: direction, unit).
+    mean / max: the model figures that are the mean / the max of it over the layers that show it ("": none):
+        a ``stability.record.figures.Figure`` (direction, unit, meaning), added to the figure table when the
+        probe is registered, or the name of one already there.
     """
 
     name: str
     reads: str
     compute: Callable[[torch.Tensor], float]
-    mean: str = ""
-    max: str = ""
+    mean: str | figures.Figure = ""
+    max: str | figures.Figure = ""
 
 
 READS = ("block", "attn_logits", "attn_probs", "gate_score")
@@ -294,6 +296,12 @@ def register(probe: LayerProbe) -> LayerProbe:
     if probe.name in LAYER_PROBES or probe.reads not in READS:
         raise ValueError(f"layer probe {probe.name!r}: expected a new name and reads in {READS} "
                          f"(got reads={probe.reads!r})")
+    declared = {field: value for field, value in (("mean", probe.mean), ("max", probe.max))
+                if isinstance(value, figures.Figure)}
+    for entry in declared.values():   # the probe and its figures: one registration
+        if figures.figure(entry.name) != entry:
+            figures.add(entry)
+    probe = dataclasses.replace(probe, **{field: entry.name for field, entry in declared.items()})
     for name in (probe.mean, probe.max):
         if name and figures.figure(name) is None:
             raise ValueError(f"layer probe {probe.name!r}: figure {name!r} is not in the figure table "

@@ -22,6 +22,7 @@ from torch import nn
 
 from stability.config import ConfigError, RunConfig
 from stability.train import distributed
+from stability.train.checkpoint import NO_BUNDLES, NO_CHECKPOINTS
 
 
 def reducer_for(run: RunConfig) -> SingleProcess | ProcessGroup:
@@ -88,9 +89,9 @@ class ProcessGroup:
     def supported(self, hooks):
         """``hooks`` without checkpoints and replay bundles (single-process only); ConfigError when they
         resume an arm."""
-        if hooks.checkpoints is not None and hooks.checkpoints.resume_state is not None:
+        if hooks.checkpoints.resume_state is not None:
             raise ConfigError("resuming an arm is single-process only: expected a run started without torchrun")
-        return dataclasses.replace(hooks, checkpoints=None, bundles=None)
+        return dataclasses.replace(hooks, checkpoints=NO_CHECKPOINTS, bundles=NO_BUNDLES)
 
     def describe(self) -> dict | None:
         return self.world.describe(self.run)

@@ -69,7 +69,7 @@ def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
     x, y = get_batch(parts.corpus, "train", step, batch_size, run.model.context, run.seed, run.data.bos, parts.device)
     tokens = x.numel()
     x, y = parts.reducer.local_rows(x), parts.reducer.local_rows(y)
-    policy_before = policy.state_dict() if hooks.bundles is not None else None
+    policy_before = policy.state_dict() if hooks.bundles.enabled else None
     with policy.autocast():
         logits = parts.forward(x)
     loss = next_token_loss(logits, y)  # the logged loss: cross-entropy only, comparable across arms
@@ -83,7 +83,7 @@ def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
     if nonfinite:  # localise before the optimizer step can spread the NaN into the weights
         _nonfinite_event(parts, state, step, nonfinite, x)
     loss_spike, grad_spike = monitor.gradients(loss_value, grad_norm)
-    if hooks.bundles is not None and (loss_spike or grad_spike or nonfinite):
+    if hooks.bundles.enabled and (loss_spike or grad_spike or nonfinite):
         measured = {"loss": loss_value, "grad_norm": grad_norm, "layer_grad_norm": layer_norms, "lr": lr}
         _keep_bundle(parts, hooks, step, policy_before, x, y, measured, loss_spike, grad_spike, nonfinite, monitor)
     if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:

@@ -32,7 +32,6 @@ import time
 import traceback
 import types
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -59,7 +58,7 @@ from stability.record import (
     set_arm_timing,
 )
 from stability.train import faults, probes
-from stability.train.checkpoint import arm_state, restore
+from stability.train.checkpoint import NO_BUNDLES, NO_CHECKPOINTS, Bundles, Checkpoints, arm_state, restore
 from stability.train.evaluate import evaluate
 from stability.train.monitor import Monitor
 from stability.train.optimizer import make_optimizer
@@ -70,7 +69,7 @@ from stability.train.step import Parts, train_step
 
 @dataclasses.dataclass
 class ArmHooks:
-    """What a caller attaches to one arm's training; every field is optional.
+    """What a caller attaches to one arm's training; every field is optional (the defaults do nothing).
 
     on_start(record): before the first step trained in this call (a resumed record holds the steps so far).
     on_step(step, row): after every step, with that step's series values (the keys of ``SERIES_KEYS``).
@@ -84,12 +83,12 @@ class ArmHooks:
     replay_optimizer: put the optimiser state into replay bundles too.
     """
 
-    on_start: Callable[[dict], None] | None = None
-    on_step: Callable[[int, dict], None] | None = None
-    on_trained: Callable[[torch.nn.Module, Corpus, dict], None] | None = None
-    on_end: Callable[[dict], None] | None = None
-    checkpoints: Any = None
-    bundles: Any = None
+    on_start: Callable[[dict], None] = lambda record: None
+    on_step: Callable[[int, dict], None] = lambda step, row: None
+    on_trained: Callable[[torch.nn.Module, Corpus, dict], None] | None = None   # None: no evaluation after training
+    on_end: Callable[[dict], None] = lambda record: None
+    checkpoints: Checkpoints = NO_CHECKPOINTS
+    bundles: Bundles = NO_BUNDLES
     identity: dict = dataclasses.field(default_factory=dict)
     replay_optimizer: bool = False
 
@@ -128,15 +127,14 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     parts = build(run, faults.with_lr_spike(schedule or Standard(), run), corpus, reducer)
     state = TrainState(record=new_record(parts, arm), monitor=Monitor(run.probes))
     fault_hooks = faults.install(parts.model, parts.forward, run, lambda: state.step, reducer.rank, reducer.size)
-    resume = hooks.checkpoints.resume_state if hooks.checkpoints is not None else None
+    resume = hooks.checkpoints.resume_state
     if resume is not None:
         restore(resume, parts.model, parts.optimizer, parts.policy, state)
         state.first_step = resume["step"] + 1
         mark_running(state.record)
     state.start_clock()
     record = state.record
-    if hooks.on_start:
-        hooks.on_start(record)
+    hooks.on_start(record)
     parts.model.train()
     try:
         with stop_after_step() as stop:
@@ -144,14 +142,13 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
                 state.between_steps = False
                 row = train_step(parts, state, hooks, step, stop)
                 stop_reason = state.monitor.verdict(row)
-                if hooks.on_step:
-                    hooks.on_step(step, row)
+                hooks.on_step(step, row)
                 if stop_reason is not None:
                     mark_diverged(record, step, stop_reason)
                     break
                 if step % run.probes.every == 0:
                     take_probes(parts, state, step)
-                if hooks.checkpoints is not None and hooks.checkpoints.due(step) and step < run.steps - 1:
+                if hooks.checkpoints.due(step) and step < run.steps - 1:
                     checkpoint(parts, state, hooks, step)
                 state.between_steps = True
                 if reducer.stop_requested(stop.requested):   # under torchrun: any rank's Ctrl-C
@@ -160,7 +157,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
                 mark_completed(record)
     except KeyboardInterrupt:
         mark_killed(record)
-        if hooks.checkpoints is not None and state.between_steps and record["series"]["step"]:
+        if hooks.checkpoints.enabled and state.between_steps and record["series"]["step"]:
             checkpoint(parts, state, hooks, record["series"]["step"][-1])   # resume continues after the last step
     except Exception as error:  # noqa: BLE001 -- recorded, never lost; the caller reports it
         mark_error(record, error, traceback.format_exc())
@@ -169,8 +166,7 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
             handle.remove()
         parts.policy.unwatch()
     finish(parts, state, hooks)
-    if hooks.on_end:
-        hooks.on_end(record)
+    hooks.on_end(record)
     return record
 
 
