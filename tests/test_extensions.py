@@ -130,19 +130,37 @@ def command_env(folder: Path) -> dict:
     return env
 
 
+PROBE = """
+from stability.record.figures import Figure
+from stability.train.probes import LayerProbe, register
+
+register(LayerProbe("toy_abs", "block", lambda x: x.abs().mean().item(), mean=Figure(
+    "toy_abs_mean", None, "activation", "mean absolute activation of the blocks' outputs")))
+"""
+
+
 def test_the_command_records_what_it_loaded_and_stops_before_writing_on_a_broken_one(tmp_path):
     write_module(tmp_path, "ext_cmd")
+    write_module(tmp_path, "ext_probe", PROBE)
     write_distribution(tmp_path, "toy_cmd", "ext_cmd")
     write_module(tmp_path, "ext_bad", "import no_such_dependency\n")
     stability = [sys.executable, "-m", "stability.cli", "run", "--preset", "smoke", "--set", "steps=2",
                  "--set", "seeds=0", "--no-track", "--quiet"]
-    good = command([*stability, "--set", "plugins=ext_cmd:register", "--out", str(tmp_path / "good")], tmp_path)
+    good = command([*stability, "--set", "plugins=ext_cmd:register,ext_probe", "--out", str(tmp_path / "good")],
+                   tmp_path)
     assert good.returncode == 0, good.stderr[-2000:]
     (record_path,) = [p for p in (tmp_path / "good").rglob("*.json") if p.name != "manifest.json"]
-    loaded = json.loads(record_path.read_text())["env"]["extensions"]
-    assert [(e["name"], e["spec"], e["source"], e["version"]) for e in loaded] == [
-        ("toy_cmd", "ext_cmd", "entry point", "1.2.3"), ("ext_cmd:register", "ext_cmd:register", "config", None)]
+    record = json.loads(record_path.read_text())
+    assert [(e["name"], e["spec"], e["source"], e["version"]) for e in record["env"]["extensions"]] == [
+        ("toy_cmd", "ext_cmd", "entry point", "1.2.3"), ("ext_cmd:register", "ext_cmd:register", "config", None),
+        ("ext_probe", "ext_probe", "config", None)]
     assert marks(tmp_path) == ["ext_cmd imported", "ext_cmd registered"]
+    assert all("toy_abs_mean" in arm["final"] for arm in record["arms"])
+    # a reader started without --set plugins loads what the record was made with: its figure is known
+    report = command([sys.executable, "-m", "stability.cli", "report", str(record_path.parent), "--out",
+                      str(tmp_path / "report.html")], tmp_path)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "toy_abs_mean" in (tmp_path / "report.md").read_text()
 
     bad = command([*stability, "--set", "plugins=ext_bad", "--out", str(tmp_path / "bad")], tmp_path)
     assert bad.returncode == 2

@@ -8,7 +8,8 @@ figure of ``stability.record.figures`` and every figure value a number, true/fal
 (``float``) may always be null: the JSON of a NaN or an Inf, which a run may produce anywhere (a NaN
 learning rate, an overflowing norm) and which is a result to keep, never a reason to refuse the record. The first
 problem is a RecordError (exit 2) naming the record, the key's path (``arms[1].final.heldout_loss``)
-and what was expected. Keys starting with "_" at the top (``_path``) are notes in memory, never checked.
+and what was expected. The extensions the record was made with (``config.plugins``) are loaded first: they
+define some of its figures and case results. Keys starting with "_" at the top (``_path``) are notes in memory, never checked.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def validate_record(record, where: str) -> CaseRecord:
     if not isinstance(arms, list) or not all(isinstance(a, dict) for a in arms):
         raise RecordError(f"{where}: 'arms' must be a list of arm objects, got "
                           f"{type(arms).__name__ if not isinstance(arms, list) else 'a list holding non-objects'}")
+    plugins = (record.get("config") or {}).get("plugins") or ()
+    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
+        extensions.load(tuple(plugins))   # what the record was made with defines some of its figures and results
     _entry({k: v for k, v in record.items() if not k.startswith("_")}, CaseRecord, "", where)
     results = record.get("results") or {}
     if not isinstance(results, dict):
@@ -59,12 +63,8 @@ def validate_record(record, where: str) -> CaseRecord:
     for case, result in results.items():
         try:
             kind = result_type(case)
-        except RecordError:   # a case of an extension this process has not loaded: the record names it
-            extensions.load(tuple((record.get("config") or {}).get("plugins") or ()))
-            try:
-                kind = result_type(case)
-            except RecordError as error:
-                raise RecordError(f"{where}: results.{case}: {error}") from None
+        except RecordError as error:
+            raise RecordError(f"{where}: results.{case}: {error}") from None
         _check(result, kind, f"results.{case}", where)
     return record
 
