@@ -1,15 +1,16 @@
 """Stress cases: each a pure function of a resolved ``ExperimentConfig`` -> a pair record.
 
-    run_sweep(config, lrs=None)     learning-rate sweep over ``stress.sweep_lrs`` (several runs per arm):
-                                    LR sensitivity and critical LR (Wortsman et al. 2023)
-    run_lr_ramp(config)             LR range test: exponential LR until the arm diverges
-    run_batch_ramp(config)          batch doubling every N steps, LR scaled by a rule
-    run_precision_ladder(config)    the same run in fp32, bf16, fp16 (+GradScaler), fp8, mxfp8, mxfp4
-    run_shock(config)               LR jump by a factor mid-run (or no warmup)
-    run_standard(config)            the plain pair at the preset's settings (what `stability run` runs)
+    run_case(kind, config)          a case by name: ``CASES``, the registry of stress cases, in which
+                                    each is declared once (``register(StressCase(name, train, ...))``
+                                    adds one; ``train(case, config, session, runner)`` is handed its entry)
 
-    run_case(kind, config)          any of the above by name: ``CASES``, the registry of stress cases
-                                    (``register(StressCase(name, run))`` adds one)
+    lr_sweep            run_sweep: every arm at every peak LR of ``stress.sweep_lrs`` (several runs per
+                        arm): LR sensitivity and critical LR (Wortsman et al. 2023)
+    lr_ramp             run_lr_ramp: LR range test, exponential LR until the arm diverges
+    batch_ramp          run_batch_ramp: batch doubling every N steps, LR scaled by a rule
+    precision_ladder    run_precision_ladder: the same run in fp32, bf16, fp16 (+GradScaler), fp8, mxfp8, mxfp4
+    shock               run_shock: LR jump by a factor mid-run (or no warmup)
+    standard            run_standard: the plain pair at the preset's settings (what `stability run` runs)
 
 Nothing here keeps state between calls: the config (including its ``stress`` settings) is the
 whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task.
@@ -24,7 +25,7 @@ Every case trains every arm of the config (``config.arm_names``: the baseline an
 per arm and seed, with
 ``arm``, ``seed``, ``status``, ``final`` ...) and ``paired`` (per treatment arm and figure: baseline,
 treatment, difference, 95% interval, p). The case-specific results sit under a key named after the
-case (``record["lr_sweep"]`` ...), and the key figures of each case are added to the arms' ``final``
+case (``record["results"]["lr_sweep"]`` ...), and the key figures of each case are added to the arms' ``final``
 and so to ``paired`` (directions, units and meanings in ``stability.record.figures``). For the multi-run cases (sweep, ladder) the ``arms`` entry of
 an arm and seed is its *reference* run (the grid LR nearest ``optim.lr``; fp32), and the other
 runs are summarised under the case key.
@@ -210,7 +211,7 @@ def reference_index(lrs: tuple[float, ...], lr: float) -> int:
 def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, session=None, runner=None) -> dict:
     """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
 
-    ``record["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
+    ``record["results"]["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
     sweep figures, and a compact summary of every run. The ``arms`` entries are the runs at the grid
     LR nearest ``optim.lr``, with ``lr_sensitivity``, ``critical_lr`` ... added to ``final``."""
     if lrs is not None:
@@ -358,7 +359,7 @@ def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, 
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
     ``nonfinite_events_<p>``, ``nonfinite_unhandled_<p>``, ``diverged_<p>``, ``overflow_fraction_<p>``, ``underflow_fraction_<p>``,
-    ``loss_scale_drops_<p>`` and ``loss_spike_score_<p>``. ``record["precision_ladder"]`` holds the
+    ``loss_scale_drops_<p>`` and ``loss_spike_score_<p>``. ``record["results"]["precision_ladder"]`` holds the
     rungs, per rung the library, version and recipe that trained it (``sources``), the rungs skipped
     with their reason (torchao not installed), and a summary of every run."""
     skipped = ladder_skips(config)
