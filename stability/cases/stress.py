@@ -28,7 +28,7 @@ treatment, difference, 95% interval, p). The case-specific results sit under a k
 case (``record["results"]["lr_sweep"]`` ...), and the key figures of each case are added to the arms' ``final``
 and so to ``paired`` (directions, units and meanings in ``stability.record.figures``). For the multi-run cases (sweep, ladder) the ``arms`` entry of
 an arm and seed is its *reference* run (the grid LR nearest ``optim.lr``; fp32), and the other
-runs are summarised under the case key.
+runs are summarised in its results.
 
 Figure definitions (the stress-case ones; the others are in docs/figures.md):
 
