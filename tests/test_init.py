@@ -221,3 +221,8 @@ def test_baseline_make_writes_the_baseline_and_lists_the_model_invariants_that_f
     exit_code[0] = 1
     assert main(["baseline", "make"]) == 2
     assert "pytest exit 1" in (err := capsys.readouterr().err) and "the records so far are in reports/runs/" in err
+
+
+def test_every_settings_key_is_in_the_documented_table():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "your-repository.md").read_text()
+    assert [key.name for key in KEYS if f"| `{key.name}` |" not in text] == []
