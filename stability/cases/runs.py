@@ -14,6 +14,7 @@ declares it). The unit gives the run every name it is known by:
     unit.run_name      "gated-seed0-lr0.01": the run's MLflow child run (arm, seed, rung)
     unit.key           "gated-seed0-lr0.01-<fingerprint8>": its per-step file and its checkpoint
     unit.label         "[lr_sweep] gated-seed0-lr0.01": the run in progress lines
+    unit.identity(id)  all of that with the run config, as its per-step file, checkpoints and bundles keep it
 
 The runs are independent (every run builds its own model and reads its own batches from the seed),
 so a runner may train them in any order and in parallel; the case reads the results back in the
@@ -26,8 +27,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from typing import Any, TypedDict
 
 from stability import config as cfg
+
+
+class RunIdentity(TypedDict):
+    """Which run a per-step file, checkpoint or replay bundle belongs to (``Unit.identity``)."""
+
+    run_key: str
+    name: str
+    arm: str
+    seed: int
+    fingerprint: str
+    case: str
+    case_id: str
+    config: dict[str, Any]
+    schedule: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +123,13 @@ class Unit:
     @property
     def label(self) -> str:
         return f"[{self.case}] {self.run_name}"
+
+    def identity(self, case_id: str) -> RunIdentity:
+        """Which run this is, as its per-step file, checkpoints and replay bundles state it (``case_id``: the
+        case record's id)."""
+        return {"run_key": self.key, "name": self.run_name, "arm": self.arm, "seed": self.seed,
+                "fingerprint": self.fingerprint, "case": self.case, "case_id": case_id,
+                "config": dataclasses.asdict(self.run), "schedule": self.schedule.name}
 
 
 def check_unique(units: list[Unit]) -> None:

@@ -233,9 +233,7 @@ class Session:
             if checkpoint_file.is_file():
                 resume_state = load_state(checkpoint_file, map_location=run.device)
                 resume_after = resume_state["step"]
-        identity = {"run_key": key, "name": name, "arm": arm, "seed": unit.seed, "fingerprint": unit.fingerprint,
-                    "case": unit.case, "case_id": case_record["id"],
-                    "config": dataclasses.asdict(run), "schedule": unit.schedule.name}
+        identity = unit.identity(case_record["id"])
         steplog = StepLog(steps_file, {k: v for k, v in identity.items() if k != "config"}, resume_after)
         checkpoints = Checkpoints(checkpoint_file, run.checkpoint.every, resume_state,
                                   on_saved=lambda _step: steplog.sync())
