@@ -403,8 +403,7 @@ class _Sender:
             held = {}
             if not first_step:
                 runs["complete_children"].add(key)   # every step of it goes through this tracker
-        params = {"arm": str(arm["arm"]), "variant": str(arm.get("variant")), "seed": str(arm["seed"]),
-                  **tracking.arm_definition(runs["record"], arm["arm"])}
+        params = tracking.child_params(runs["record"], arm)
         self.store(client.log_batch, run_id, params=[Param(k, v) for k, v in params.items() if k not in held])
         self.report(record_id)
 

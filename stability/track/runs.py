@@ -291,6 +291,13 @@ def _numbers(mapping, prefix: str) -> dict[str, float]:
     return out
 
 
+def child_params(record: dict, arm: dict) -> dict[str, str]:
+    """The params of an arm's child run, whoever sends them (live or at upload): arm, variant, seed and the
+    arm's definition."""
+    return {"arm": str(arm["arm"]), "variant": str(arm.get("variant")), "seed": str(arm["seed"]),
+            **arm_definition(record, arm["arm"])}
+
+
 def arm_definition(record: dict, name: str) -> dict[str, str]:
     """The arm's definition from the record's config, as params: {"arm.gate.position": "G1", ...}."""
     for arm in (record.get("config") or {}).get("arms") or []:
@@ -449,8 +456,7 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                 for arm in record["arms"]:
                     key = child_name(arm)
                     arm_start, arm_end = arm_times(arm)
-                    arm_params = {"arm": str(arm["arm"]), "variant": str(arm.get("variant")), "seed": str(arm["seed"]),
-                                  **arm_definition(record, arm["arm"])}
+                    arm_params = child_params(record, arm)
                     child_id = children.get(key)
                     with_steps = key not in ((live or {}).get("complete_children") or ())   # else all went live
                     if child_id is None:
