@@ -136,7 +136,6 @@ class CaseRun:
                  session=None, runner=None):
         self.started = time.perf_counter()
         self.case = case
-        self.kind = case.name
         self.config = config
         self.session = session
         self.runner = runner
@@ -144,6 +143,11 @@ class CaseRun:
         self.corpus = load_inputs(config)
         set_corpus(self.record, self.corpus.info)
         self.runs: list[dict] = []  # timing dicts of every run trained
+
+    @property
+    def kind(self) -> str:
+        """The case's name (its entry's)."""
+        return self.case.name
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
         """One run of the case, its rung as the case declares it."""
