@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 
@@ -18,6 +19,7 @@ from stability.check.baseline import make_baseline
 from stability.check.claims import claim_rows, claims_table
 from stability.config import ConfigError, ExperimentConfig, from_dict, resolve, to_dict
 from stability.model.lm import GatedLM, z_loss
+from stability.record import figures as fig
 from stability.report import html as report
 from stability.train.trainer import train
 
@@ -231,6 +233,7 @@ def test_the_report_has_a_per_arm_table_and_the_extrapolation_curves(three_arms,
     assert [row[0] for row in rows[1:]] == ["baseline", "gated", "gated_floored"]
     column = rows[0].index("extrap_gap_plain_x4")
     assert float(rows[1][column]) == pytest.approx(0.3) and float(rows[3][column]) == pytest.approx(0.12)
+    assert "heldout_loss" in rows[0] and "logit_max" not in rows[0]       # the columns the table marks headline
     curves = report.extrapolation_curves(record)
     assert [p[0] for p in curves["gated"]["ntk"]] == [1.0, 2.0, 4.0]    # NTK starts from the plain 1x point
     paths = report.write_report([record], tmp_path / "r.html")
@@ -246,8 +249,21 @@ def test_every_stress_case_runs_more_than_two_arms():
     config = resolve("smoke", {**TINY, "steps": 4, "arms": "gated,qk_norm", "stress.sweep_lrs": "0.001,0.01",
                                "stress.precisions": "fp32,bf16", "stress.ladder_steps": 2, "stress.shock.at_step": 2,
                                "stress.batch.double_every": 2, "stress.batch.max_size": 8})
-    for kind in CASES:
-        record = run_case(kind, config)
-        assert [a["arm"] for a in record["arms"]] == ["baseline", "gated", "qk_norm"], kind
-        assert list(record["paired"]) == ["gated", "qk_norm"], kind
-        assert all(math.isfinite(a["final"]["final_train_loss"]) for a in record["arms"]), kind
+    for case in CASES:
+        record = run_case(case, config)
+        assert [a["arm"] for a in record["arms"]] == ["baseline", "gated", "qk_norm"], case
+        assert list(record["paired"]) == ["gated", "qk_norm"], case
+        assert all(math.isfinite(a["final"]["final_train_loss"]) for a in record["arms"]), case
+
+
+def test_the_per_arm_columns_are_the_figure_tables_headline_figures_an_extension_adds_one(three_arms, monkeypatch):
+    """The report's per-arm columns are derived from the figure table: a figure added with headline=True
+    (as an extension adds its probe's figure) becomes a column, in table order; a family's members each one."""
+    monkeypatch.setitem(fig.FIGURES, "ext_probe_mean", fig.Figure("ext_probe_mean", None, "nats", "an extension's",
+                                                                  headline=True))
+    record = copy.deepcopy(three_arms)
+    for arm in record["arms"]:
+        arm["final"].update(ext_probe_mean=1.5, extrap_gap_plain_x2=0.1, extrap_gap_plain_x4=0.2)
+    header = report.per_arm_rows(record)[0]
+    assert header[-3:] == ["extrap_gap_plain_x2", "extrap_gap_plain_x4", "ext_probe_mean"]
+    assert header.index("heldout_loss") < header.index("m_act_mean") < header.index("extrap_gap_plain_x2")

@@ -28,6 +28,7 @@ Fields of a ``Figure``:
   the run, "seed" one seed's 0/1 outcome, "head" one attention head of all layers, "batch" one step's
   tokens; None for a continuous figure. The regression check never judges a figure at a noise width
   below its quantum, so a figure identical in every baseline run is not judged at zero width.
+* ``headline``: a column of the report's per-arm table (a family: each of its members an arm has).
 
 Definitions follow docs/figures.md (and the papers cited there).
 """
@@ -49,6 +50,7 @@ class Figure:
     rel_floor: float = 0.0
     quantum: str | None = None
     outcome: bool = False
+    headline: bool = False
 
     def __post_init__(self) -> None:
         if self.better not in (None, "lower", "higher"):
@@ -83,7 +85,7 @@ def _table(*figures: Figure) -> dict[str, Figure]:
 FIGURES: dict[str, Figure] = _table(
     # the trained model, on the fixed held-out batches
     Figure("heldout_loss", "lower", "nats/token", "mean next-token cross-entropy on the held-out batches",
-           floor=0.02, rel_floor=0.005),
+           floor=0.02, rel_floor=0.005, headline=True),
     Figure("perplexity", "lower", "", "exp(heldout_loss)", floor=0.1, rel_floor=0.01),
     Figure("accuracy", "higher", "fraction", "next-token top-1 accuracy on the held-out batches", floor=0.005, quantum="token"),
     Figure("final_train_loss", "lower", "nats/token", "mean training loss of the last 10 steps",
@@ -92,7 +94,7 @@ FIGURES: dict[str, Figure] = _table(
            rel_floor=0.005),
     # the trajectory
     Figure("loss_spike_score", "lower", "% of steps", "steps whose loss is >= k std above the rolling mean",
-           kind="peak", floor=1.0, quantum="step_pct"),
+           kind="peak", floor=1.0, quantum="step_pct", headline=True),
     Figure("grad_spike_score", "lower", "% of steps", "steps whose gradient norm is >= k std above the rolling mean",
            kind="peak", floor=2.0, quantum="step_pct"),
     Figure("nonfinite_events", "lower", "count", "steps with a NaN/Inf loss or gradient", kind="run", floor=0.5, quantum="count"),
@@ -128,18 +130,18 @@ FIGURES: dict[str, Figure] = _table(
     # heavy probes of the final model (probe batch, explicit attention path)
     Figure("m_act_mean", "lower", "|activation|",
            "max |value| of each block's residual output, mean over layers (Qiu et al. Table 4)", floor=1.0,
-           rel_floor=0.1),
+           rel_floor=0.1, headline=True),
     Figure("m_act_max", "lower", "|activation|", "max |value| of any block's residual output", floor=1.0,
            rel_floor=0.1),
     Figure("f_attn_mean", "lower", "probability",
-           "attention on position 0 from query positions >= 1, mean over heads and layers", floor=0.02),
+           "attention on position 0 from query positions >= 1, mean over heads and layers", floor=0.02, headline=True),
     Figure("sink_rate_mean", "lower", "fraction of heads",
-           "heads whose mean attention on position 0 exceeds 0.3 (Gu et al. 2025)", floor=0.1, quantum="head"),
+           "heads whose mean attention on position 0 exceeds 0.3 (Gu et al. 2025)", floor=0.1, quantum="head", headline=True),
     Figure("max_attn_logit", "lower", "logit", "largest q.k/sqrt(d) of any head and layer (Wortsman et al. 2023)",
-           floor=0.5, rel_floor=0.1),
+           floor=0.5, rel_floor=0.1, headline=True),
     Figure("logit_max", "lower", "logit", "largest |logit| of the LM head", floor=0.5, rel_floor=0.1),
     Figure("log_z_mean", None, "nats", "mean log-partition of the LM head"),
-    Figure("gate_score_mean", None, "gate value", "mean gate value over layers (Qiu et al.: 0.116)"),
+    Figure("gate_score_mean", None, "gate value", "mean gate value over layers (Qiu et al.: 0.116)", headline=True),
     Figure("overflow_fraction", "lower", "fraction", "Linear inputs beyond the low-precision format's range",
            floor=0.001),
     Figure("underflow_fraction", "lower", "fraction", "non-zero Linear inputs flushed to zero", floor=0.001),
@@ -213,7 +215,7 @@ FIGURES: dict[str, Figure] = _table(
            floor=0.02, rel_floor=0.005),
     Figure("extrap_gap_*", "lower", "nats/token",
            "held-out loss at this multiple of the training context minus the loss at the training context",
-           floor=0.02, rel_floor=0.05),
+           floor=0.02, rel_floor=0.05, headline=True),
     Figure("extrap_f_attn_*", "lower", "probability", "F-Attn at this multiple of the training context",
            floor=0.02),
     Figure("extrap_sink_rate_*", "lower", "fraction of heads", "sink rate at this multiple of the training context",
@@ -242,14 +244,20 @@ def better(name: str) -> str | None:
     return entry.better if entry else None
 
 
+def _table_position(name: str) -> tuple[int, str]:
+    """Where a known name sorts: its entry's row of the table (a family member at its family's), then its name."""
+    return (list(FIGURES).index(figure(name).name), name)
+
+
 def judged(names) -> list[str]:
     """The names with a direction, in table order (families after their members' position)."""
-    order = list(FIGURES)
+    return sorted((n for n in names if better(n) is not None), key=_table_position)
 
-    def position(name):
-        entry = figure(name)
-        return (order.index(entry.name), name)
-    return sorted((n for n in names if better(n) is not None), key=position)
+
+def headline(names) -> list[str]:
+    """The distinct names that are headline figures (their own entry or their family's), in table order."""
+    return sorted((n for n in set(names) if (entry := figure(n)) is not None and entry.headline),
+                  key=_table_position)
 
 
 def quantum(name: str, config: dict, steps: int) -> float:

@@ -315,16 +315,12 @@ def summary_rows(record: dict) -> list[list[str]]:
     return rows
 
 
-PER_ARM_FIGURES = ("heldout_loss", "f_attn_mean", "sink_rate_mean", "m_act_mean", "max_attn_logit",
-                   "loss_spike_score", "gate_score_mean", "extrap_gap_plain_x4", "extrap_gap_ntk_x4")
-
-
 def per_arm_rows(record: dict) -> list[list[str]]:
-    """One row per arm (baseline first): its variant, seeds, statuses and the mean over seeds of the main
-    figures (evaluation figures over completed seeds only); extrapolation columns when measured."""
+    """One row per arm (baseline first): its variant, seeds, statuses and the mean over seeds of the headline
+    figures of the figure table that its arms have (evaluation figures over completed seeds only)."""
     arms = record.get("arms") or []
     names = list(dict.fromkeys(a["arm"] for a in sorted(arms, key=lambda a: a["arm"] != "baseline")))
-    figures = [f for f in PER_ARM_FIGURES if any(f in (a.get("final") or {}) for a in arms)]
+    figures = fig.headline(name for a in arms for name in (a.get("final") or {}))
     rows = [["arm", "variant", "seeds", "completed", "diverged"] + figures]
     for name in names:
         mine = [a for a in arms if a["arm"] == name]
