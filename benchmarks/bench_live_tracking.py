@@ -56,10 +56,10 @@ def migrated_store(folder: Path) -> Path:
 def step_times(run, mode: str, workdir: Path, tracker) -> tuple[list[float], list[float]]:
     """Train ``run`` once in ``mode``; (seconds between consecutive non-probe steps, callback seconds)."""
     from stability.cases.runs import Unit
-    from stability.cases.session import Session
     from stability.config import ExperimentConfig
     from stability.config.schedules import Standard
     from stability.record import new_case_record
+    from stability.session.session import Session
     from stability.train.trainer import ArmHooks, train
 
     stamps: list[tuple[int, float, float]] = []

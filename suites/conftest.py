@@ -1,7 +1,7 @@
 """Fixtures of the stress suites (``pytest --pyargs stability.suites -m stress``; ``pytest suites/`` here).
 
-Each stress case has one file, whose ``KIND`` names the case (the settings' ``cases`` select them); the
-stress files without ``KIND`` (faults, config properties, low-precision training) check the harness's own
+Each stress case has one file, whose ``CASE`` names the case (the settings' ``cases`` select them); the
+stress files without ``CASE`` (faults, config properties, low-precision training) check the harness's own
 model and detectors. A case file keeps two kinds of tests apart:
 
 * ``TestInvariants``  - properties that hold at any scale. Those of the harness (a record written, the

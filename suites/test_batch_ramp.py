@@ -15,11 +15,11 @@ from stability.config.schedules import lr_scale, warmup_cosine
 from stability.record import case_result
 
 pytestmark = pytest.mark.stress
-KIND = "batch_ramp"
+CASE = "batch_ramp"
 
 @pytest.fixture(scope="module")
 def record(stress_record, report_figures):
-    record = stress_record(KIND)
+    record = stress_record(CASE)
     report_figures(record, ["loss_spike_score", "grad_spike_score", "final_train_loss", "m_act_mean", "f_attn_mean"], "batch ramp")
     return record
 
@@ -49,7 +49,7 @@ class TestInvariants:
             learns(record, arm, arm["series"]["loss"][0])
 
     def test_loss_against_tokens_recorded(self, record):
-        for entry in case_result(record, KIND)["per_arm"]:
+        for entry in case_result(record, CASE)["per_arm"]:
             curve = entry["loss_vs_tokens"]
             assert curve and all(a[0] < b[0] for a, b in itertools.pairwise(curve))
             assert curve[-1][0] == entry["tokens_seen"]

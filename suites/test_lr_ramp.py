@@ -14,11 +14,11 @@ import pytest
 from stability.record import Status
 
 pytestmark = pytest.mark.stress
-KIND = "lr_ramp"
+CASE = "lr_ramp"
 
 @pytest.fixture(scope="module")
 def record(stress_record, report_figures):
-    record = stress_record(KIND)
+    record = stress_record(CASE)
     report_figures(record, ["ramp_divergence_lr", "ramp_divergence_step", "ramp_spikes", "m_act_mean", "f_attn_mean"], "LR range test")
     return record
 

@@ -11,11 +11,11 @@ import pytest
 from stability.record import Status, case_result
 
 pytestmark = pytest.mark.stress
-KIND = "lr_sweep"
+CASE = "lr_sweep"
 
 @pytest.fixture(scope="module")
 def record(stress_record, report_figures):
-    record = stress_record(KIND)
+    record = stress_record(CASE)
     report_figures(record, ["lr_sensitivity", "critical_lr", "m_act_mean", "f_attn_mean", "loss_spike_score",
                             "heldout_loss"], "LR sweep")
     return record
@@ -28,7 +28,7 @@ class TestInvariants:
     def test_grid_fully_trained(self, record):
         grid = record["config"]["stress"]["sweep_lrs"]
         seeds = record["config"]["seeds"]
-        runs = case_result(record, KIND)["runs"]
+        runs = case_result(record, CASE)["runs"]
         assert sorted((r["arm"], r["seed"], r["lr"]) for r in runs) == sorted(
             (arm, seed, lr) for arm in ("baseline", "gated") for seed in seeds for lr in grid)
         assert all(r["status"] in (Status.COMPLETED, Status.DIVERGED) for r in runs), [r["stop_reason"] for r in runs]
@@ -40,8 +40,8 @@ class TestInvariants:
             learns(record, arm, arm["final"]["loss_init"])
 
     def test_sweep_figures_consistent(self, record, model_invariant):
-        reference = case_result(record, KIND)["reference_lr"]
-        for entry in case_result(record, KIND)["per_arm"]:
+        reference = case_result(record, CASE)["reference_lr"]
+        for entry in case_result(record, CASE)["per_arm"]:
             assert entry["lr_sensitivity"] >= 0.0
             diverged = [lr for lr, s in zip(entry["lrs"], entry["status"]) if s == Status.DIVERGED]
             if diverged:

@@ -13,7 +13,7 @@ import pytest
 from stability.record import case_result
 
 pytestmark = pytest.mark.stress
-KIND = "precision_ladder"
+CASE = "precision_ladder"
 
 # Stated tolerance, nats per token, on the held-out loss at the reference LR: the systematic gap of a
 # rung, |mean over seeds of (loss(p) - loss(fp32))|, must stay within MAX_MEAN_LOSS_GAP, and no
@@ -29,7 +29,7 @@ MAX_SEED_LOSS_GAP = 1.0
 
 def rungs_of(record):
     """The rungs below fp32 that trained (a rung skipped for want of torchao has no figures)."""
-    return [p for p in case_result(record, KIND)["precisions"] if p != "fp32"]
+    return [p for p in case_result(record, CASE)["precisions"] if p != "fp32"]
 
 
 def unhandled_events(record, precision, arm, seed):
@@ -37,14 +37,14 @@ def unhandled_events(record, precision, arm, seed):
     torch.amp.GradScaler, whose design is to meet gradient overflow, skip that step and lower the scale;
     such an event (non-finite gradients, step skipped) is the recipe working. Any other event (a
     non-finite loss or activation, or a non-finite step that was taken) is not."""
-    run = next(r for r in case_result(record, KIND)["runs"]
+    run = next(r for r in case_result(record, CASE)["runs"]
                if r["precision"] == precision and r["arm"] == arm and r["seed"] == seed)
     return [e for e in run["events"] if not (precision == "fp16" and e["what"] == "grad" and e["skipped"])]
 
 
 @pytest.fixture(scope="module")
 def record(stress_record, report_figures):
-    record = stress_record(KIND)
+    record = stress_record(CASE)
     report_figures(record, [f"loss_gap_{p}" for p in rungs_of(record)] + ["m_act_mean", "f_attn_mean", "max_attn_logit"], "precision ladder")
     return record
 
@@ -56,9 +56,9 @@ class TestInvariants:
     def test_every_rung_trained(self, record):
         """Every rung trained every arm and seed, except the rungs skipped for want of torchao
         (recorded with the reason; none where torchao is installed, as the package requires)."""
-        runs = case_result(record, KIND)["runs"]
+        runs = case_result(record, CASE)["runs"]
         seeds = record["config"]["seeds"]
-        skipped = case_result(record, KIND)["skipped"]
+        skipped = case_result(record, CASE)["skipped"]
         assert all("torchao" in reason for reason in skipped.values())
         assert sorted((r["precision"], r["arm"], r["seed"]) for r in runs) == sorted(
             (p, arm, s) for p in record["config"]["stress"]["precisions"] if p not in skipped
@@ -67,7 +67,7 @@ class TestInvariants:
     def test_each_rung_names_its_library_and_recipe(self, record):
         """torchao trains fp8 (the configured float8 recipe) and the MX rungs, emulated on the CPU;
         torch's autocast and GradScaler the bf16 / fp16 ones; the versions are in the record."""
-        sources = case_result(record, KIND)["sources"]
+        sources = case_result(record, CASE)["sources"]
         recipe = record["config"]["run"]["precision"]["fp8_recipe"]
         for rung, source in sources.items():
             assert source["dtype"] == rung and source["version"]
@@ -121,7 +121,7 @@ class TestInvariants:
     def test_precision_statistics_recorded(self, record):
         """The policy's counters reach the record: overflow / underflow fractions for every low
         rung, loss-scale drops for fp16; fp32 has none of them."""
-        for run in case_result(record, KIND)["runs"]:
+        for run in case_result(record, CASE)["runs"]:
             final = run["final"]
             if run["precision"] == "fp32":
                 assert final.get("overflow_fraction") is None

@@ -16,11 +16,11 @@ from stability.config.schedules import Shock, warmup_cosine
 from stability.record import Status, clean
 
 pytestmark = pytest.mark.stress
-KIND = "shock"
+CASE = "shock"
 
 @pytest.fixture(scope="module")
 def record(stress_record, report_figures):
-    record = stress_record(KIND)
+    record = stress_record(CASE)
     report_figures(record, ["shock_peak_excess", "shock_recovery_steps", "shock_spikes", "loss_spike_score", "m_act_mean", "f_attn_mean"], "LR shock")
     return record
 
@@ -65,7 +65,7 @@ class TestDeterminism:
         if stress_baseline is None:
             pytest.skip("no committed baseline for this preset and device: determinism not needed here")
         config = from_dict(ExperimentConfig, record["config"])
-        again = run_case(KIND, config)
+        again = run_case(CASE, config)
         for first, second in zip(record["arms"], again["arms"]):
             assert clean(first["final"]) == clean(second["final"]), (first["arm"], first["seed"])
             assert clean(first["series"]["loss"]) == clean(second["series"]["loss"])

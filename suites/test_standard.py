@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 pytestmark = pytest.mark.stress
-KIND = "standard"
+CASE = "standard"
 
 
 @pytest.fixture(scope="module")
 def record(stress_record, report_figures):
-    record = stress_record(KIND)
+    record = stress_record(CASE)
     report_figures(record, ["heldout_loss", "m_act_mean", "f_attn_mean", "sink_rate_mean", "max_attn_logit",
                             "loss_spike_score"], "standard pair")
     return record

@@ -96,7 +96,7 @@ def test_only_the_cli_package_builds_parsers():
 
 
 # Which rooms of the package each room may import (docs: README "What is where"). Data flows one way:
-# config -> data + model -> precision -> train -> evaluate -> cases -> record -> track / check / report, with the CLI and
+# config -> data + model -> precision -> train -> evaluate -> session -> cases -> record -> track / check / report, with the CLI and
 # the pytest plugin on top; record, check, report and track read JSON and never need torch.
 ALLOWED = {
     "config": set(),
@@ -107,12 +107,13 @@ ALLOWED = {
     "data": {"config"},
     "model": {"config", "kernels"},
     "precision": {"config", "record"},
-    "train": {"config", "record", "report", "data", "model", "precision"},
+    "train": {"config", "record", "data", "model", "precision"},
     "evaluate": {"config", "record", "data", "model", "precision", "train"},
-    "cases": {"config", "record", "report", "track", "data", "model", "precision", "train", "evaluate"},
-    "plugin": {"config", "record", "cases"},
+    "session": {"config", "record", "track", "train"},
+    "cases": {"config", "record", "report", "track", "data", "model", "precision", "train", "evaluate", "session"},
+    "plugin": {"config", "record", "cases", "session"},
     "cli": {"config", "record", "report", "track", "check", "data", "model", "precision", "train", "evaluate", "cases",
-            "plugin"},
+            "session", "plugin"},
 }
 TORCH_FREE = ("config", "record", "report", "check", "track")
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from stability.cases.steplog import read_steplog
 from stability.config import ConfigError, DistributedConfig, FaultConfig, PrecisionConfig, resolve
 from stability.record import Status
+from stability.session.steplog import read_steplog
 from stability.train import distributed
 from stability.train.trainer import train
 

@@ -15,10 +15,10 @@ from _watch import watching
 
 from stability.cases.experiment import run_pair
 from stability.cases.pipeline import keep
-from stability.cases.session import Session
 from stability.cli import main
 from stability.config import resolve
 from stability.record import Status
+from stability.session.session import Session
 from stability.track import runs as tracking
 from stability.track.live import LiveTracker
 

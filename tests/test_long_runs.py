@@ -17,11 +17,11 @@ import torch
 from _watch import watching
 
 from stability.cases.experiment import Interrupted, run_pair
-from stability.cases.session import Resume, Session, find_interrupted
-from stability.cases.steplog import read_steplog
 from stability.cli import main
 from stability.config import resolve
 from stability.record import Status
+from stability.session.session import Resume, Session, find_interrupted
+from stability.session.steplog import read_steplog
 from stability.train import probes
 from stability.train.checkpoint import Bundles
 

@@ -1,4 +1,4 @@
-"""Progress while a command trains (stability/cases/progress.py): bars with rate and ETA on a terminal
+"""Progress while a command trains (stability/session/progress.py): bars with rate and ETA on a terminal
 (the command runs on a pseudo-terminal here), plain lines with the same figures in a log (a pipe),
 nothing with --quiet."""
 
@@ -17,7 +17,7 @@ import termios
 
 import pytest
 
-from stability.cases.progress import Progress, clock
+from stability.session.progress import Progress, clock
 
 STEPS = 100   # long enough for the bars to redraw several times on a fast machine
 SETS = [arg for key, value in {"seeds": "0", "steps": STEPS, "probes.every": 50, "probes.eval_batches": 1,

@@ -17,9 +17,9 @@ import torch
 from _stopping import CONFIG, SETS, STEPS, ctrl_c, finish, start, store_copier, the_record, wait_for
 
 from stability.cases.experiment import run_pair
-from stability.cases.steplog import read_steplog
 from stability.config import resolve
 from stability.record import Status
+from stability.session.steplog import read_steplog
 
 
 @pytest.fixture(scope="module")

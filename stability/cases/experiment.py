@@ -14,7 +14,7 @@ task per unit), so a case reads the same records either way.
 
 ``train_arm`` trains one run here with the run's ``ArmHooks``: the evaluations after training the
 config asks for (``after_training``: quantization, length extrapolation) and, with a ``session``
-(``stability.cases.session``), its callbacks: the case record is on disk after every run, each step
+(``stability.session.session``), its callbacks: the case record is on disk after every run, each step
 is in a per-step file, checkpoints and replay bundles are kept, and a resumed case takes its
 finished runs from disk. On Ctrl-C the case stops as a whole: ``Interrupted`` carries the
 case record so far (the killed arm included) up to the command; under torchrun an arm that ended

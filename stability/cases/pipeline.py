@@ -6,7 +6,7 @@ The order is the point: the record is written into the run directory before anyt
 a tracking store, so an unreachable server or a killed process never loses a measured figure
 (``stability upload`` sends it later). The plots and the report are rendered here, not in
 ``stability.track.runs``, and handed to it as artifact files. While the case trains, a
-``stability.cases.session.Session`` keeps the record, per-step files and checkpoints on disk after every
+``stability.session.session.Session`` keeps the record, per-step files and checkpoints on disk after every
 run (and the live MLflow runs going); on Ctrl-C the partial record is kept the same way and
 ``Interrupted`` goes on up to the command.
 """
@@ -67,22 +67,22 @@ def keep(record: dict, run_dir: str | Path, tracking_uri: str | None = None, exp
     return record
 
 
-def run_recorded(kind: str, config, run_dir: str | Path, tracking_uri: str | None = None,
+def run_recorded(case: str, config, run_dir: str | Path, tracking_uri: str | None = None,
                  experiment: str | None = None, track: bool = True, plots: bool = True, session=None,
                  runner=None) -> dict:
-    """Run the stress case ``kind`` on ``config`` and keep its record (see ``keep``). ``runner``: who
+    """Run the stress case ``case`` on ``config`` and keep its record (see ``keep``). ``runner``: who
     trains the runs (None: this process; ``stability.cases.ray_runner.RayRunner``: Ray tasks).
 
     Without a ``session``, one that keeps the record and per-step files in ``run_dir`` after every run
     (no live tracking, no lock: pytest-xdist workers share a run directory). On Ctrl-C the partial
     record is kept (and its MLflow runs marked killed) before ``Interrupted`` is raised again."""
     from stability.cases.experiment import Interrupted
-    from stability.cases.session import Session
     from stability.cases.stress import run_case
+    from stability.session.session import Session
 
     session = session or Session(run_dir, label="cases")
     try:
-        record = run_case(kind, config, session=session, runner=runner)
+        record = run_case(case, config, session=session, runner=runner)
     except KeyboardInterrupt as stop:
         record = stopped_record(stop, session)
         if record is None:

@@ -102,9 +102,9 @@ def resolve_session(args, label: str):
     ``--resume TARGET``, or the interrupted run of the same command and config found under ``--out``
     (unless ``--fresh``). Every check (config, resume target, checkpoints, a writable checkpoint
     directory) happens here, before anything is written."""
-    from stability.cases.session import Resume, find_interrupted
     from stability.record import RecordError
     from stability.record.rundir import new_run_dir
+    from stability.session.session import Resume, find_interrupted
     from stability.train.checkpoint import check_writable, untrusted_factory
 
     resume = None

@@ -15,7 +15,7 @@ from stability.report.tables import paired_table, quant_table
 def make_session(args, label: str, run_dir, checkpoint_dir, resume):
     """The session of a training command: records, per-step files and checkpoints in the run directory,
     live MLflow tracking unless --no-track / --no-live, progress lines unless --quiet."""
-    from stability.cases.session import Session
+    from stability.session.session import Session
 
     tracker = None
     if not args.no_track and not args.no_live:

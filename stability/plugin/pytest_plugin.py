@@ -17,7 +17,7 @@ repository):
   ray_runner, stress_record and model_invariant;
 * the table's ``cases``: the suites of the other stress cases are deselected; when the table names a
   model other than the harness's own, so are the stress tests of the harness's own model and detectors
-  (suite modules without ``KIND``);
+  (suite modules without ``CASE``);
 * model invariants: ``model_invariant(record, name, arm, seed, held, value, bound, message)`` records a
   property of the model under test, never failing the test, as one line of
   ``<run dir>/invariants-<xdist worker>.jsonl`` (worker "main" without xdist) with the fields ``case`` (the
@@ -264,13 +264,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def suite_cases(where: Path) -> tuple[str, ...]:
-    """The stress cases the suites have a file for (their ``KIND``), read without importing them (no torch)."""
+    """The stress cases the suites have a file for (their ``CASE``), read without importing them (no torch)."""
     import ast
 
     names = []
     for path in sorted(where.glob("test_*.py")):
         for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["KIND"] \
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["CASE"] \
                     and isinstance(node.value, ast.Constant):
                 names.append(node.value.value)
     return tuple(names)
@@ -278,13 +278,13 @@ def suite_cases(where: Path) -> tuple[str, ...]:
 
 def _left_out(item: pytest.Item, settings: Settings, where: Path) -> bool:
     """A stress test of the suites that the settings leave out: another case's, or (with a model other than
-    the harness's own) one of the harness's own model and detectors (a module without KIND)."""
+    the harness's own) one of the harness's own model and detectors (a module without CASE)."""
     if "stress" not in item.keywords or not item.path.is_relative_to(where):
         return False
-    kind = getattr(getattr(item, "module", None), "KIND", None)
-    if kind is None:
+    case = getattr(getattr(item, "module", None), "CASE", None)
+    if case is None:
         return not settings.own_model
-    return settings.cases is not None and kind not in settings.cases
+    return settings.cases is not None and case not in settings.cases
 
 
 def _has_cuda() -> bool:
@@ -401,28 +401,28 @@ def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig
     a run has ended: their figures are in their records); the tests see the reference. Each reference run's
     per-step file is gzipped when it ends; the progress goes to stderr (``progress_display``)."""
     from stability.cases.pipeline import run_recorded
-    from stability.cases.session import Session
+    from stability.session.session import Session
 
     cache: dict = {}
     plots = os.environ.get("STABILITY_PLOTS", "1") != "0"
     replicates = option(pytestconfig, "replicates")
 
-    def run(kind: str, config, draw: int, **keep) -> dict:
+    def run(case: str, config, draw: int, **keep) -> dict:
         session = Session(run_dir, label="cases", display=progress_display(pytestconfig, draw, replicates),
                           finished_steps="gzip" if draw == 0 else "drop")
         try:
-            return run_recorded(kind, config, run_dir, runner=ray_runner, session=session, **keep)
+            return run_recorded(case, config, run_dir, runner=ray_runner, session=session, **keep)
         finally:
             session.close()
 
-    def get(kind: str, overrides: dict | None = None) -> dict:
+    def get(case: str, overrides: dict | None = None) -> dict:
         config = stress_config(overrides)
-        if (kind, config) not in cache:
-            cache[(kind, config)] = run(kind, config, 0, tracking_uri=tracking_uri, plots=plots)
+        if (case, config) not in cache:
+            cache[(case, config)] = run(case, config, 0, tracking_uri=tracking_uri, plots=plots)
             for draw in range(1, replicates + 1):
-                run(kind, stress_config({**(overrides or {}), "run.replicate": draw, **NO_BUNDLES}), draw, track=False,
+                run(case, stress_config({**(overrides or {}), "run.replicate": draw, **NO_BUNDLES}), draw, track=False,
                     plots=False)
-        return cache[(kind, config)]
+        return cache[(case, config)]
 
     get.records = cache
     return get
@@ -457,11 +457,11 @@ class _Uncaptured:
 
 
 def progress_display(config: pytest.Config, draw: int, replicates: int):
-    """What the stress runs of a test show (``stability.cases.progress``): on a terminal, without
+    """What the stress runs of a test show (``stability.session.progress``): on a terminal, without
     pytest-xdist, the case's and the run's bars; elsewhere (a CI log, xdist workers) one line per run when it
     ends (and one every half minute of a long run) with its step, loss, rate and the ETA of the case.
     ``draw``: the rounding replicate (0: the reference runs), named in each line when there are replicates."""
-    from stability.cases.progress import Progress
+    from stability.session.progress import Progress
 
     stream = _Uncaptured(config)
     bars = stream.isatty() and not os.environ.get("PYTEST_XDIST_WORKER")

@@ -389,7 +389,7 @@ class CaseTiming(TypedDict, total=False):
 
 
 class RunEntry(TypedDict, total=False):
-    """A run a session trained (``stability.cases.session``), in order."""
+    """A run a session trained (``stability.session.session``), in order."""
 
     run_key: str | None
     name: str | None
@@ -577,7 +577,7 @@ class CaseRecord(TypedDict, total=False):
     batch_ramp: BatchRamp
     precision_ladder: PrecisionLadder
     shock: Shock
-    # written by a training command (stability.cases.session, pipeline, ray_runner)
+    # written by a training command (stability.session.session, pipeline, ray_runner)
     runs: list[RunEntry]
     replay_bundles: list[ReplayBundle]
     checkpoint_dir: str               # relative to the run directory when inside it

@@ -225,6 +225,41 @@ class LiveTracker:
             self._process.terminate()   # a call stuck on a silent server goes with it
 
 
+class NoLiveTracking:
+    """The tracker of a session that does not track live (``LiveTracker``'s calls, each doing nothing): no run
+    is ever live, nothing ever fails."""
+
+    uri = None
+    failed = None
+
+    def __init__(self):
+        self.record_file = None
+
+    def case_started(self, record: dict, resumed: dict | None = None, ids_path=None) -> None:
+        pass
+
+    def arm_started(self, record: dict, arm: dict, first_step: int = 0) -> None:
+        pass
+
+    def step(self, record: dict, arm: dict, row: dict) -> None:
+        pass
+
+    def arm_ended(self, record: dict, arm: dict) -> None:
+        pass
+
+    def runs_of(self, record: dict) -> None:
+        return None
+
+    def experiment_of(self, record: dict) -> None:
+        return None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return False
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+
 def _light(arm: dict) -> dict:
     """An arm record without its bulk (series, probes): what the sending process needs of it."""
     return {k: v for k, v in arm.items() if k not in ("series", "probes", "events", "quant", "precision_stats")}

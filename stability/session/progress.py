@@ -172,6 +172,29 @@ class Progress:
             bar.close()
 
 
+class Quiet(Progress):
+    """The display of a session that shows no progress: no bars, no progress lines, no notes; only what must be
+    said (where to watch the live runs) is printed, as a plain line."""
+
+    def __init__(self, stream):
+        super().__init__(stream, bars=False, notes=False)
+
+    def case_started(self, label: str, steps: int, done: int = 0) -> None:
+        pass
+
+    def skip(self, steps: int) -> None:
+        pass
+
+    def run_started(self, label: str, steps: int, first: int = 0) -> None:
+        pass
+
+    def step(self, step: int, row: dict) -> None:
+        pass
+
+    def run_ended(self, steps: int) -> None:
+        pass
+
+
 def _number(value, spec: str) -> str:
     """A figure of a step's row ("nan" when a non-finite value was recorded as None)."""
     return "nan" if value is None else format(value, spec)

@@ -18,7 +18,7 @@ For every run of a case (an arm at a seed; in sweeps and ladders also an LR or a
                                                     at a stop; deleted once the run has finished
     <run dir>/replay/<case id>/<run key>-step<N>.pt replay bundles of flagged steps, within the budget
 
-shows progress (``stability.cases.progress``: bars on a terminal, a line every tenth of a run in a log),
+shows progress (``stability.session.progress``: bars on a terminal, a line every tenth of a run in a log),
 sends the steps to the live MLflow runs and says where to watch them (the runs-table link) as soon as
 they exist. The checkpoint directory defaults to ``<run dir>/checkpoints``.
 
@@ -40,8 +40,6 @@ import sys
 from pathlib import Path
 
 from stability import config as cfg
-from stability.cases.progress import Progress
-from stability.cases.steplog import StepLog, compressed, read_steplog
 from stability.record import (
     UNFINISHED,
     RecordError,
@@ -60,6 +58,9 @@ from stability.record import (
     write_record,
 )
 from stability.record.rundir import MANIFEST, ensure_run_dir, is_session, sessions
+from stability.session.progress import Progress, Quiet
+from stability.session.steplog import StepLog, compressed, read_steplog
+from stability.track.live import NoLiveTracking
 from stability.train.checkpoint import NO_BUNDLES, Bundles, Checkpoints, load_state
 from stability.train.trainer import ArmHooks
 
@@ -179,9 +180,10 @@ class Session:
     """What one command keeps while it trains (see the module docstring).
 
     run_dir: the run directory. label: the command ("run", "stress"; the run directory's manifest).
-    tracker: a ``stability.track.live.LiveTracker``, or None. checkpoint_dir: default ``<run dir>/checkpoints``.
-    progress: show progress (bars or lines) and what each run did. display: the ``Progress`` to show it with
-    (default: one on ``stream`` when ``progress``). resume: a checked ``Resume``. lock: hold the run directory's
+    tracker: a ``stability.track.live.LiveTracker``, or None (no live tracking: a ``NoLiveTracking`` stands in).
+    checkpoint_dir: default ``<run dir>/checkpoints``. progress: show progress (bars or lines) and what each run
+    did. display: the ``Progress`` to show it with (default: one on ``stream`` when ``progress``, else a
+    ``Quiet`` one). resume: a checked ``Resume``. lock: hold the run directory's
     lock (so a resume can tell a live run from an interrupted one; off when several processes share a
     directory). finished_steps: what becomes of a run's per-step file once the run has ended: "keep" it, "gzip"
     it (``<run key>.jsonl.gz``), or "drop" it (its figures are in the record; a run stopped before its end keeps
@@ -192,7 +194,8 @@ class Session:
                  display: Progress | None = None, finished_steps: str = "keep"):
         self.run_dir = Path(run_dir)
         self.label = label
-        self.tracker = tracker
+        self.live = tracker is not None       # tracked live: the record names the live runs while it trains
+        self.tracker = tracker if tracker is not None else NoLiveTracking()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else self.run_dir / "checkpoints"
         self.progress = progress
         self.resume = resume
@@ -205,7 +208,7 @@ class Session:
         self.current: dict | None = None     # the case record in flight
         self._cases: dict[int, dict] = {}     # id(case record) -> its bookkeeping
         self._lock_handle = None
-        self.display = display or (Progress(self.stream) if progress else None)
+        self.display = display or (Progress(self.stream) if progress else Quiet(self.stream))
         self._watched: set[str] = set()       # cases whose live runs were looked for, and found
         self._shown_experiments: set[str] = set()   # experiments whose runs-table link was printed
         self._written_children: set[tuple] = set()  # (case id, child run) whose live id the record holds
@@ -237,7 +240,7 @@ class Session:
         steplog = StepLog(steps_file, {k: v for k, v in identity.items() if k != "config"}, resume_after)
         checkpoints = Checkpoints(checkpoint_file, run.checkpoint.every, resume_state,
                                   on_saved=lambda _step: steplog.sync())
-        tracker = self.tracker
+        tracker, display = self.tracker, self.display
         case["shown"].add(key)
 
         def on_start(record):
@@ -245,22 +248,17 @@ class Session:
             first = len(record["series"]["step"])
             self._say(f"{label}: {'resuming after step ' + str(first - 1) + ', ' if first else ''}"
                       f"{run.steps} steps")
-            if self.display is not None:
-                self.display.run_started(label, run.steps, first)
-            if tracker is not None:
-                tracker.arm_started(case_record, record, first)
+            display.run_started(label, run.steps, first)
+            tracker.arm_started(case_record, record, first)
 
         def on_step(step, row):
             steplog.append(row)
-            if tracker is not None:
-                tracker.step(case_record, {"arm": arm, "seed": unit.seed, "run_name": name}, row)
-                self._watch(case_record, name)
-            if self.display is not None:
-                self.display.step(step, row)
+            tracker.step(case_record, {"arm": arm, "seed": unit.seed, "run_name": name}, row)
+            self._watch(case_record, name)
+            display.step(step, row)
 
         def on_end(record):
-            if self.display is not None:
-                self.display.run_ended(len(record["series"]["step"]))
+            display.run_ended(len(record["series"]["step"]))
             if record["status"] == Status.KILLED:
                 steplog.close()          # no end line: the run is continued from its checkpoint
                 self._say(f"{label}: stopped after step {len(record['series']['step']) - 1} "
@@ -272,9 +270,8 @@ class Session:
                 checkpoints.remove()
                 self._say(f"{label}: {record['status']} after {len(record['series']['step'])} steps"
                           + (f" - {record['stop_reason']}" if record.get("stop_reason") else ""))
-            if tracker is not None:
-                tracker.arm_ended(case_record, record)
-                self._watch(case_record)
+            tracker.arm_ended(case_record, record)
+            self._watch(case_record)
 
         return ArmHooks(on_start=on_start, on_step=on_step, on_end=on_end, checkpoints=checkpoints,
                         bundles=case["bundles"], identity=identity, replay_optimizer=run.checkpoint.replay_optimizer)
@@ -299,7 +296,7 @@ class Session:
         ids it holds stay until the tracker reports newer ones)."""
         ensure_run_dir(self.run_dir, self.label)
         self._hold_lock()
-        if self.tracker is not None and case_record.get("status") in UNFINISHED:
+        if self.live and case_record.get("status") in UNFINISHED:
             live = self.tracker.runs_of(case_record)
             held = case_record.get("tracking") or {}
             if live:
@@ -309,13 +306,12 @@ class Session:
                                            **self.tracker.status()})
         path = write_record(case_record, self.run_dir)
         self.record_paths[case_record["id"]] = path
-        if self.tracker is not None:
-            self.tracker.record_file = path
+        self.tracker.record_file = path
         return path
 
     def live_runs(self, case_record: dict) -> dict | None:
         """The live MLflow runs of a case (after sending everything queued), for ``log_to_mlflow(live=...)``."""
-        if self.tracker is None or not self.tracker.flush():
+        if not self.tracker.flush():
             return None
         self._watch(case_record)
         return self.tracker.runs_of(case_record)
@@ -323,7 +319,7 @@ class Session:
     def case_units(self, case_record: dict, units: list) -> None:
         """The runs (``stability.cases.runs.Unit``) a case is about to train: the size of its progress bar."""
         case = self._case(case_record)
-        if self.display is not None and not case["units"] and units:
+        if not case["units"] and units:
             self.display.case_started(f"[{units[0].case}]", sum(unit.run.steps for unit in units))
         case["units"] = len(units)
 
@@ -331,15 +327,13 @@ class Session:
         """End the progress display and the live tracking (sending what is queued); a stopped case whose record
         does not name its live runs yet (a second Ctrl-C came before the tracker reported them) is written
         once more, with their ids."""
-        if self.display is not None:
-            self.display.close()
-        if self.tracker is not None:
-            self.tracker.close()
-            for case in self._cases.values():
-                record = case["record"]
-                if record.get("status") in UNFINISHED and not (record.get("tracking") or {}).get("parent_run_id") \
-                        and self.tracker.runs_of(record):
-                    self.write(record)
+        self.display.close()
+        self.tracker.close()
+        for case in self._cases.values():
+            record = case["record"]
+            if record.get("status") in UNFINISHED and not (record.get("tracking") or {}).get("parent_run_id") \
+                    and self.tracker.runs_of(record):
+                self.write(record)
         if self._lock_handle is not None:
             self._lock_handle.close()
             self._lock_handle = None
@@ -375,8 +369,8 @@ class Session:
             known = known_runs(old)
             if known:
                 set_tracking(case_record, {**{k: v for k, v in known.items() if k != "error"}, "status": "live"}
-                             if self.tracker is not None else known)
-        if self.tracker is not None:
+                             if self.live else known)
+        if self.live:
             from stability.track.ids import ids_file
 
             self.tracker.case_started(case_record, known, ids_file(self.run_dir / record_filename(case_record)))
@@ -401,8 +395,7 @@ class Session:
     def _done_elsewhere(self, case: dict, arm_record: dict) -> None:
         """A run of the case not trained through this session's hooks: its steps count as done."""
         case["shown"].add(arm_record.get("run_key"))
-        if self.display is not None:
-            self.display.skip(len(arm_record["series"]["step"]))
+        self.display.skip(len(arm_record["series"]["step"]))
 
     def _watch(self, case_record: dict, child: str | None = None) -> None:
         """Once the tracker has made a case's live runs: print where to watch them (once per experiment, also
@@ -426,11 +419,7 @@ class Session:
 
         line = (f"mlflow: live in experiment {where['experiment']!r} at {where['uri']}; "
                 f"{where_to_look(where['uri'], where['experiment_id'])}")
-        if self.display is not None:
-            self.display.say(line)
-        else:
-            print(line, file=self.stream, flush=True)
+        self.display.say(line)
 
     def _say(self, line: str) -> None:
-        if self.display is not None:
-            self.display.note(line)
+        self.display.note(line)
