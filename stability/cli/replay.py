@@ -10,7 +10,8 @@ def cmd_replay(args) -> int:
     """Exit 0 when every step reproduced bit for bit, 1 when one did not, 2 for a bundle that cannot be used
     (checked before any replay)."""
     from stability.record import RecordError
-    from stability.train.replay import format_report, replay
+    from stability.report.replay import replay_text
+    from stability.train.replay import replay
 
     for bundle in args.bundles:
         if not Path(bundle).is_file():
@@ -20,7 +21,7 @@ def cmd_replay(args) -> int:
     for index, bundle in enumerate(args.bundles):
         report = replay(bundle, trust_factory=args.trust_factory)
         reports.append(report)
-        print(("\n" if index else "") + format_report(report))
+        print(("\n" if index else "") + replay_text(report))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(reports, indent=1, default=str))

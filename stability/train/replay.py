@@ -1,7 +1,7 @@
 """Re-run one flagged training step from its replay bundle and say what happened inside it.
 
     report = replay("reports/runs/<run>/replay/<case id>/gated-seed0-1a2b3c4d-step21.pt")
-    print(format_report(report))              # what `stability replay BUNDLE` prints
+    print(replay_text(report))                # stability.report.replay: what `stability replay BUNDLE` prints
 
 A bundle (``stability.train.checkpoint.step_bundle``) holds the weights before the step, the precision
 state at its start, its batch, the run config and what training measured. The replay builds the
@@ -35,8 +35,9 @@ from stability.train.optimizer import make_optimizer
 
 
 def replay(path: str | Path, trust_factory: bool = False) -> dict:
-    """Re-run the bundle's step on the CPU; returns the report (see ``format_report``). A bundle is data: a
-    ``model.factory`` its config names is imported (its module's code run) only with ``trust_factory``."""
+    """Re-run the bundle's step on the CPU; returns the report (``stability.report.replay.replay_text`` shows
+    it). A bundle is data: a ``model.factory`` its config names is imported (its module's code run) only with
+    ``trust_factory``."""
     bundle = load_state(path, kind="bundle")
     try:
         run = cfg.from_dict(cfg.RunConfig, bundle["config"])
@@ -133,12 +134,14 @@ def _replay(bundle: dict, run: cfg.RunConfig, path: Path, notes: list[str]) -> d
         is_attention = name.endswith(".attn") and layer is not None
         modules.append({"module": name, "max_abs_output": outputs.get(name), "grad_norm": grads.get(name),
                         "attn_logit_max": logit_max.get(layer) if is_attention else None})
+    same_loss, same_grad_norm = _same(loss_value, measured.get("loss")), _same(grad_norm, measured.get("grad_norm"))
     return {"bundle": str(path), "run_key": bundle.get("run_key"), "name": bundle.get("name"),
             "case": bundle.get("case"), "arm": bundle.get("arm"), "seed": bundle.get("seed"), "step": step,
             "reasons": measured.get("reasons", []), "severity": measured.get("severity"), "notes": notes,
             "loss": loss_value, "recorded_loss": measured.get("loss"), "grad_norm": grad_norm,
             "recorded_grad_norm": measured.get("grad_norm"),
-            "reproduced": _same(loss_value, measured.get("loss")) and _same(grad_norm, measured.get("grad_norm")),
+            "reproduced_loss": same_loss, "reproduced_grad_norm": same_grad_norm,
+            "reproduced": same_loss and same_grad_norm,
             "first_nonfinite_module": first_nonfinite[0] if first_nonfinite else None,
             "nonfinite_grads": bad_grads[:10], "update_norm": update, "modules": modules}
 
@@ -180,40 +183,3 @@ def _attention_logit_max(model: torch.nn.Module, x: torch.Tensor, policy: Precis
     finally:
         model.set_observer(None)
     return found
-
-
-def _number(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return f"{value:.6g}"
-
-
-def format_report(report: dict) -> str:
-    """The report as text: what was replayed, whether it reproduced, then one row per module."""
-    from stability.report.tables import text_table
-
-    reasons = ", ".join(report["reasons"]) or "flagged"
-    severity = report.get("severity")
-    lines = [f"replay of {report['bundle']}",
-             f"  run {report['name']} (case {report['case']}), step {report['step']}: {reasons}"
-             + (f" (severity {severity:.3g} std)" if isinstance(severity, float) and math.isfinite(severity) else ""),
-             *(f"  note: {note}" for note in report["notes"])]
-    for what in ("loss", "grad_norm"):
-        value, recorded = report[what], report[f"recorded_{what}"]
-        verdict = "reproduced exactly" if _same(value, recorded) else (
-            f"NOT reproduced (differs by {value - recorded:.3g})" if value is not None and recorded is not None
-            else "NOT reproduced")
-        lines.append(f"  {what.replace('_', ' '):9s} {value!r:>24}   recorded {recorded!r:>24}   {verdict}")
-    lines.append(f"  first module that went non-finite: {report['first_nonfinite_module'] or 'none'}"
-                 + (f"; non-finite gradients in {', '.join(report['nonfinite_grads'])}"
-                    if report["nonfinite_grads"] else ""))
-    if report["update_norm"] is not None:
-        lines.append(f"  update norm ||W_after - W_before|| {_number(report['update_norm']['global'])} (per group: "
-                     + ", ".join(f"{k} {_number(v)}" for k, v in report["update_norm"].items() if k != "global")
-                     + ")")
-    rows = [[m["module"], _number(m["max_abs_output"]), _number(m["grad_norm"]), _number(m["attn_logit_max"])]
-            for m in report["modules"]]
-    lines += ["", text_table([["module", "max |output|", "grad norm", "attn logit max"], *rows])]
-    return "\n".join(lines)
