@@ -424,8 +424,6 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                             parent_id, children)
     try:
         check_reachable(uri)
-        from mlflow.entities import Metric, Param, RunTag
-
         with tempfile.TemporaryDirectory(prefix="stability-artifacts-") as tmp:
             copy = write_json(Path(tmp) / "record" / f"{record['name']}-{record['schedule']}-{record.get('id')}.json",
                               {k: v for k, v in record.items() if not k.startswith("_")})
@@ -433,51 +431,24 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
             client = open_client(uri)
             with store_lock(uri):
                 name = experiment_name(record, experiment)
-                experiment_id = live["experiment_id"] if live else ensure_experiment(client, uri, name)
-                ids = live or reopen(client, experiment_id, record, known)
+                if live:      # made while training: the children whose arms ended hold their steps already
+                    experiment_id, ids, sent_live = live["experiment_id"], live, set(live.get("complete_children") or ())
+                else:         # uploaded now: the runs an earlier process made of this record, else new ones
+                    experiment_id = ensure_experiment(client, uri, name)
+                    ids, sent_live = reopen(client, experiment_id, record, known), set()
                 parent_id, children = ids.get("parent_run_id"), dict(ids.get("child_run_ids") or {})
-                start, end = case_times(record)
-                tags = parent_tags(record)
-                if parent_id:
-                    _log_batched(client, parent_id, tags=[RunTag(k, v) for k, v in tags.items()])
-                    params_held, held = _retry(client.get_run, parent_id).data.params, held_points(client, parent_id)
-                else:
-                    parent_id = _retry(client.create_run, experiment_id, start_time=start, tags=tags,
-                                       run_name=run_name(record)).info.run_id
-                    params_held, held = {}, {}
                 now = int(time.time() * 1000)
-                paired = {f"paired.{arm}.{figure}.{key}": value
-                          for arm, table in (record.get("paired") or {}).items()
-                          for figure, summary in table.items() for key, value in summary.items()
-                          if key in ("baseline", "treatment", "difference", "ci_low", "ci_high", "p_value")}
-                _log_batched(client, parent_id,
-                             params=[Param(k, v) for k, v in params_of(record["config"]).items() if k not in params_held],
-                             metrics=new_points([Metric(k, v, now, 0) for k, v in _finite_metrics(paired).items()], held))
+                fresh = parent_id is None
+                parent_id = parent_id or _retry(client.create_run, experiment_id, start_time=case_times(record)[0],
+                                                tags=parent_tags(record), run_name=run_name(record)).info.run_id
+                _complete_parent(client, parent_id, record, now, fresh)
                 for arm in record["arms"]:
                     key = child_name(arm)
-                    arm_start, arm_end = arm_times(arm)
-                    arm_params = child_params(record, arm)
-                    child_id = children.get(key)
-                    with_steps = key not in ((live or {}).get("complete_children") or ())   # else all went live
-                    if child_id is None:
-                        child_id = _retry(client.create_run, experiment_id, start_time=arm_start,
-                                          tags=child_tags(record, arm, parent_id), run_name=key).info.run_id
-                        params_held, held = {}, {}
-                    else:
-                        _log_batched(client, child_id, tags=[RunTag(k, v) for k, v in
-                                                             child_tags(record, arm, parent_id).items()])
-                        run = _retry(client.get_run, child_id)
-                        params_held = run.data.params
-                        # a child made live holds its steps and, sent when its arm ended, its final figures
-                        held = held_points(client, child_id) if with_steps else {
-                            (k, final_step(arm)): {v} for k, v in run.data.metrics.items() if k.startswith("final.")}
-                    _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps, held),
-                                 params=[Param(k, v) for k, v in arm_params.items() if k not in params_held])
-                    _retry(client.set_terminated, child_id, status=arm_status(arm), end_time=arm_end)
-                    children[key] = child_id
+                    children[key] = _complete_child(client, experiment_id, parent_id, children.get(key), record,
+                                                    arm, now, with_steps=key not in sent_live)
                 for path, artifact_dir in files:
                     _retry(client.log_artifact, parent_id, str(path), artifact_dir or None)
-                _retry(client.set_terminated, parent_id, status=record_status(record), end_time=end)
+                _retry(client.set_terminated, parent_id, status=record_status(record), end_time=case_times(record)[1])
         _FAILED.pop(uri, None)
         return {"status": "tracked", "uri": uri, "experiment": name, "experiment_id": experiment_id,
                 "parent_run_id": parent_id, "child_run_ids": children}
@@ -493,6 +464,48 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
             with contextlib.suppress(Exception):
                 client.set_terminated(parent_id, status="FAILED")
         return _not_tracked(uri, message, parent_id, children)
+
+
+def _complete_parent(client, parent_id: str, record: dict, now: int, fresh: bool) -> None:
+    """The parent run's tags, config params and paired figures, less what it holds (nothing when ``fresh``)."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    params_held, held = {}, {}
+    if not fresh:
+        _log_batched(client, parent_id, tags=[RunTag(k, v) for k, v in parent_tags(record).items()])
+        params_held, held = _retry(client.get_run, parent_id).data.params, held_points(client, parent_id)
+    paired = {f"paired.{arm}.{figure}.{key}": value
+              for arm, table in (record.get("paired") or {}).items()
+              for figure, summary in table.items() for key, value in summary.items()
+              if key in ("baseline", "treatment", "difference", "ci_low", "ci_high", "p_value")}
+    _log_batched(client, parent_id,
+                 params=[Param(k, v) for k, v in params_of(record["config"]).items() if k not in params_held],
+                 metrics=new_points([Metric(k, v, now, 0) for k, v in _finite_metrics(paired).items()], held))
+
+
+def _complete_child(client, experiment_id: str, parent_id: str, child_id: str | None, record: dict, arm: dict,
+                    now: int, with_steps: bool) -> str:
+    """Make (``child_id`` None) or complete one arm's child run and end it; returns its id. ``with_steps``:
+    send its per-step points (False for a child made live whose steps all went while it trained)."""
+    from mlflow.entities import Param, RunTag
+
+    tags = child_tags(record, arm, parent_id)
+    arm_start, arm_end = arm_times(arm)
+    if child_id is None:
+        child_id = _retry(client.create_run, experiment_id, start_time=arm_start, tags=tags,
+                          run_name=child_name(arm)).info.run_id
+        params_held, held = {}, {}
+    else:
+        _log_batched(client, child_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        run = _retry(client.get_run, child_id)
+        params_held = run.data.params
+        # a child made live holds its steps and, sent when its arm ended, its final figures
+        held = held_points(client, child_id) if with_steps else {
+            (k, final_step(arm)): {v} for k, v in run.data.metrics.items() if k.startswith("final.")}
+    _log_batched(client, child_id, metrics=_arm_metrics(arm, now, with_steps, held),
+                 params=[Param(k, v) for k, v in child_params(record, arm).items() if k not in params_held])
+    _retry(client.set_terminated, child_id, status=arm_status(arm), end_time=arm_end)
+    return child_id
 
 
 def _not_tracked(uri: str, error: str, parent_id: str | None, children: dict) -> dict:
