@@ -64,15 +64,29 @@ def declared() -> list[Extension]:
     return sorted(found, key=lambda extension: extension.name)
 
 
+class NotFound(LookupError):
+    """The module imported, but has no attribute of the name asked for."""
+
+
+def import_target(spec: str):
+    """What ``spec`` names: ``"module"`` the module, ``"module:name"`` (or ``"module:name.attribute"``) the object
+    the module holds under that name. The module's own import errors propagate; ``NotFound`` when the module
+    imported but lacks the name. Every "module:function" of the harness (extensions, ``model.factory``) is
+    resolved here."""
+    module_name, _, attribute = spec.partition(":")
+    target = importlib.import_module(module_name.strip())
+    for part in filter(None, attribute.strip().split(".")):
+        if not hasattr(target, part):
+            raise NotFound(f"module {module_name.strip()!r} has no {attribute.strip()!r}")
+        target = getattr(target, part)
+    return target
+
+
 def _import(extension: Extension) -> None:
-    module_name, _, function = extension.spec.partition(":")
     where = f"entry point {extension.name!r} of {GROUP}" if extension.source == "entry point" else "plugins"
     try:
-        module = importlib.import_module(module_name.strip())
-        if function:
-            target = module
-            for part in function.strip().split("."):
-                target = getattr(target, part)
+        target = import_target(extension.spec)
+        if extension.spec.partition(":")[2].strip():     # module:function: call it
             target()
     except Exception as error:   # the extension's own error, whatever it is, stops the command with its name
         first = (str(error).strip().splitlines() or [""])[0]

@@ -30,12 +30,11 @@ so every parameter with the same name and shape starts identical whatever the fa
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 from torch import nn
 
 from stability.config import ConfigError, GateConfig, ModelConfig
+from stability.config.extensions import NotFound, import_target
 from stability.model.lm import GatedLM
 
 __all__ = ["WrappedLM", "build_model", "load_factory"]
@@ -45,11 +44,12 @@ def load_factory(path: str):
     """The function named by ``"package.module:function"``; a ConfigError naming it when it cannot be had."""
     module_name, _, function_name = path.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        function = import_target(path)
+    except NotFound:
+        function = None
     except Exception as error:  # noqa: BLE001 -- any import failure is the user's bad input
         raise ConfigError(f"model.factory={path!r} does not import: {type(error).__name__}: {error}") from None
-    function = getattr(module, function_name, None)
-    if not callable(function):
+    if not callable(function) or not function_name.strip():
         raise ConfigError(f"model.factory={path!r}: module {module_name!r} has no function {function_name!r}")
     return function
 
