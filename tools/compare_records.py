@@ -1,17 +1,19 @@
 """Compare every number of two sets of run directories: the proof that a refactor changed no figure.
 
-    python tools/compare_records.py BEFORE AFTER [--ignore KEY ...]
+    python tools/compare_records.py BEFORE AFTER [--ignore KEY ...] [--rename OLD=NEW ...]
 
 BEFORE and AFTER are folders holding run directories (or records) written by the same commands
 before and after a change. Records are matched by what they are (name, schedule, purpose, stress
 case, config and the command's folder below BEFORE / AFTER), never by their random ids; per-step files
-(``steps/<case id>/<run name>-<fingerprint>.jsonl``) by their run name. Every value below them is
+(``steps/<case id>/<run name>-<run hash>.jsonl``) by their run name. Every value below them is
 compared exactly (floats bit for bit, NaN equal to NaN) except the keys that say when, where and how
 fast something ran (``VOLATILE``: times, durations, ids, paths, git, host details) and the keys named
 with ``--ignore`` (left out everywhere, in what matches records too: a config field added by the change,
 say, or a record key whose value changed on purpose). ``--results-slot`` reads a case's results in
-``results[case]`` as the top-level key ``case`` that held them before the slot. Exit 0 when nothing differs, 1 otherwise; the summary line says how many numbers were
-compared.
+``results[case]`` as the top-level key ``case`` that held them before the slot. ``--rename OLD=NEW`` reads
+a key OLD of BEFORE's documents (at every level, per-step files included) as NEW: a key renamed on purpose,
+its value still compared. Exit 0 when nothing differs, 1 otherwise; the summary line says how many numbers
+were compared.
 """
 
 from __future__ import annotations
@@ -97,7 +99,17 @@ def unslotted(document: dict) -> dict:
     return {**{k: v for k, v in document.items() if k != "results"}, **results}
 
 
-def records(root: Path, ignore: set[str] = frozenset(), slot: bool = False) -> dict[str, dict]:
+def renamed(value, names: dict[str, str]):
+    """``value`` with every key in ``names`` replaced by its new name, at every level."""
+    if isinstance(value, dict):
+        return {names.get(k, k): renamed(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [renamed(v, names) for v in value]
+    return value
+
+
+def records(root: Path, ignore: set[str] = frozenset(), slot: bool = False,
+            names: dict[str, str] | None = None) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for path in sorted(root.rglob("*.json")):
         if path.name == "manifest.json" or "mlartifacts" in path.parts:
@@ -110,19 +122,21 @@ def records(root: Path, ignore: set[str] = frozenset(), slot: bool = False) -> d
             continue
         if slot:
             document = unslotted(document)
+        document = renamed(document, names or {})
         key = record_key(root, path, document, ignore)
         if key in found:
             raise SystemExit(f"two records of {key} under {root}: compare one command's output per folder")
         found[key] = document
         for steps in sorted(path.parent.glob(f"steps/{document.get('id')}/*.jsonl")):
-            lines = [json.loads(line) for line in steps.read_text().splitlines() if line.strip()]
-            found[f"{key}/steps/{steps.stem.rsplit('-', 1)[0]}"] = {"lines": lines}   # without the fingerprint
+            lines = [renamed(json.loads(line), names or {}) for line in steps.read_text().splitlines() if line.strip()]
+            found[f"{key}/steps/{steps.stem.rsplit('-', 1)[0]}"] = {"lines": lines}   # without the run hash
     return found
 
 
-def compare(before: Path, after: Path, ignore: set[str] = frozenset(), slot: bool = False) -> Comparison:
+def compare(before: Path, after: Path, ignore: set[str] = frozenset(), slot: bool = False,
+            names: dict[str, str] | None = None) -> Comparison:
     result = Comparison(set(ignore))
-    old, new = records(before, result.ignore, slot), records(after, result.ignore, slot)
+    old, new = records(before, result.ignore, slot, names), records(after, result.ignore, slot)
     for key in sorted(set(old) | set(new)):
         if key not in old or key not in new:
             result.differences.append(f"{key}: only {'after' if key not in old else 'before'}")
@@ -140,8 +154,14 @@ def main(argv=None) -> int:
     parser.add_argument("--results-slot", action="store_true",
                         help="compare a case's results in the slot results[case] with a top-level key named after "
                              "the case (the layout before the slot), on either side")
+    parser.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                        help="a key of BEFORE read as NEW (repeatable)")
     args = parser.parse_args(argv)
-    result = compare(args.before, args.after, set(args.ignore), args.results_slot)
+    bad = [r for r in args.rename if r.count("=") != 1 or "" in r.split("=")]
+    if bad:
+        parser.error(f"--rename {bad[0]!r}: expected OLD=NEW, two key names")
+    names = dict(r.split("=") for r in args.rename)
+    result = compare(args.before, args.after, set(args.ignore), args.results_slot, names)
     for line in result.differences[:50]:
         print(line)
     if len(result.differences) > 50:
