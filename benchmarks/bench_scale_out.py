@@ -52,7 +52,7 @@ def main(argv=None) -> int:
             runner.connect()
             start_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        records = [run_case(kind, config, runner=runner) for kind in cases]
+        records = [run_case(case, config, runner=runner) for case in cases]
         wall = time.perf_counter() - t0
         if runner is not None:
             runner.close()

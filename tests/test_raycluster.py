@@ -60,7 +60,7 @@ def test_unit_ids_are_stable_and_tell_runs_apart():
               Unit("lr_ramp", "gated", 0, run, Standard())]
     assert len({unit.id, *(u.id for u in others)}) == 5
     assert other_lr.rung.name == "lr=0.5" and other_lr.name == "lr_sweep/gated/seed0/lr=0.5"
-    assert other_lr.run_name == "gated-seed0-lr0.5" and other_lr.key == f"gated-seed0-lr0.5-{other_lr.fingerprint[:8]}"
+    assert other_lr.run_name == "gated-seed0-lr0.5" and other_lr.key == f"gated-seed0-lr0.5-{other_lr.run_hash[:8]}"
     with pytest.raises(ValueError, match=unit.id):
         check_unique([unit, again])
 

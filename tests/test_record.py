@@ -299,19 +299,19 @@ CASE_SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(CASES))
-def test_the_record_of_every_stress_case_validates(tmp_path, kind):
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_record_of_every_stress_case_validates(tmp_path, case):
     """Trained (tiny), written through a session and the pipeline (validated on every write), read back."""
     assert set(CASE_SETTINGS) == set(CASES)
     torch.set_num_threads(1)
-    config = resolve("smoke", {**TINY, **CASE_SETTINGS[kind]})
-    record = run_recorded(kind, config, tmp_path, track=False, plots=False)
+    config = resolve("smoke", {**TINY, **CASE_SETTINGS[case]})
+    record = run_recorded(case, config, tmp_path, track=False, plots=False)
     back = read_record(record["record_path"])
-    assert back["status"] == Status.COMPLETED and back["stress"] == kind
-    assert kind == "standard" or kind in back["results"]
+    assert back["status"] == Status.COMPLETED and back["stress"] == case
+    assert case == "standard" or case in back["results"]
     assert not set(back) & set(CASES)   # the case's results in the one slot, never under a key of their own
     assert {r["status"] for r in back["runs"]} <= USABLE and "checkpoint_dir" in back
-    if kind == "standard":
+    if case == "standard":
         assert all("quant" in arm and "extrapolation" in arm for arm in back["arms"])
 
 

@@ -121,7 +121,7 @@ def test_the_case_registry_names_every_case_once_in_order(monkeypatch):
     assert list(stress.CASES) == ["standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock"]
     assert all(name == case.name for name, case in stress.CASES.items())
     monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
-    monkeypatch.setattr(record_cases, "KINDS", dict(record_cases.KINDS))
+    monkeypatch.setattr(record_cases, "RECORDED_CASES", dict(record_cases.RECORDED_CASES))
     with pytest.raises(ValueError, match="registered already"):
         stress.register(stress.StressCase("shock", stress.run_shock))
     stress.register(stress.StressCase("toy", lambda case, config, session=None, runner=None: {"stress": case.name}))
@@ -145,7 +145,7 @@ def test_a_registered_case_keeps_results_of_its_own_checked_against_its_declared
         diverged: list[bool]
 
     monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
-    monkeypatch.setattr(record_cases, "KINDS", dict(record_cases.KINDS))
+    monkeypatch.setattr(record_cases, "RECORDED_CASES", dict(record_cases.RECORDED_CASES))
 
     def run_doubled(case, config, session=None, runner=None):
         config = replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=2 * config.run.optim.lr)))
@@ -168,7 +168,7 @@ def test_a_registered_case_keeps_results_of_its_own_checked_against_its_declared
     with pytest.raises(RecordError, match="results.undeclared: case result 'undeclared' is unknown"):
         validate_record(record, "the doubled record")
     with pytest.raises(ValueError, match="declared already, with another result type"):
-        record_cases.declare(record_cases.CaseKind("doubled", None))
+        record_cases.declare(record_cases.RecordedCase("doubled", None))
 
 
 def test_unknown_case_is_a_config_error():

@@ -6,13 +6,13 @@ the precisions of a ladder. A ``Unit`` is one of them: the case, the arm, the se
 ``Rung`` (what tells it apart from the other runs of its arm and seed; the case's registry entry
 declares it). The unit gives the run every name it is known by:
 
-    unit.fingerprint   16 hex digits of the whole run config and the schedule's name
-    unit.id            16 hex digits of the case, arm, seed, rung and fingerprint: the same run of the
+    unit.run_hash      16 hex digits of the whole run config and the schedule's name
+    unit.id            16 hex digits of the case, arm, seed, rung and run hash: the same run of the
                        same case has the same id in every process and on every machine, so a runner
                        that trains it twice (a retried Ray task) keeps one result under that id
     unit.name          "lr_sweep/gated/seed0/lr=0.01": the unit in a Ray record and in messages
     unit.run_name      "gated-seed0-lr0.01": the run's MLflow child run (arm, seed, rung)
-    unit.key           "gated-seed0-lr0.01-<fingerprint8>": its per-step file and its checkpoint
+    unit.key           "gated-seed0-lr0.01-<run hash 8>": its per-step file and its checkpoint
     unit.label         "[lr_sweep] gated-seed0-lr0.01": the run in progress lines
     unit.identity(id)  all of that with the run config, as its per-step file, checkpoints and bundles keep it
 
@@ -39,7 +39,7 @@ class RunIdentity(TypedDict):
     name: str
     arm: str
     seed: int
-    fingerprint: str
+    run_hash: str
     case: str
     case_id: str
     config: dict[str, Any]
@@ -67,13 +67,13 @@ def precision_rung(run: cfg.RunConfig) -> Rung:
     return Rung(f"precision={run.precision.dtype}", run.precision.dtype)
 
 
-# Run fields added after runs were first fingerprinted, each with the value every earlier run had: left out of
-# the fingerprint while they hold it, so that a run keeps its key (its per-step file, checkpoints, MLflow run)
+# Run fields added after runs were first hashed, each with the value every earlier run had: left out of
+# the run hash while they hold it, so that a run keeps its key (its per-step file, checkpoints, MLflow run)
 # across the upgrade, and an interrupted run resumes.
 LATER_FIELDS = (("model", "treatments", ()),)
 
 
-def run_fingerprint(run: cfg.RunConfig, schedule: str) -> str:
+def hash_run(run: cfg.RunConfig, schedule: str) -> str:
     """Identity of one run (its whole RunConfig and schedule): a checkpoint resumes only the run it came from."""
     fields = dataclasses.asdict(run)
     for section, name, before in LATER_FIELDS:
@@ -98,14 +98,14 @@ class Unit:
     rung: Rung | None = None
 
     @property
-    def fingerprint(self) -> str:
-        return run_fingerprint(self.run, self.schedule.name)
+    def run_hash(self) -> str:
+        return hash_run(self.run, self.schedule.name)
 
     @property
     def id(self) -> str:
         """16 hex digits, the same for the same run of the same case wherever it is computed."""
         text = json.dumps({"case": self.case, "arm": self.arm, "seed": self.seed,
-                           "rung": self.rung.name if self.rung else "", "run": self.fingerprint}, sort_keys=True)
+                           "rung": self.rung.name if self.rung else "", "run": self.run_hash}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
@@ -118,7 +118,7 @@ class Unit:
 
     @property
     def key(self) -> str:
-        return f"{self.run_name}-{self.fingerprint[:8]}"
+        return f"{self.run_name}-{self.run_hash[:8]}"
 
     @property
     def label(self) -> str:
@@ -128,7 +128,7 @@ class Unit:
         """Which run this is, as its per-step file, checkpoints and replay bundles state it (``case_id``: the
         case record's id)."""
         return {"run_key": self.key, "name": self.run_name, "arm": self.arm, "seed": self.seed,
-                "fingerprint": self.fingerprint, "case": self.case, "case_id": case_id,
+                "run_hash": self.run_hash, "case": self.case, "case_id": case_id,
                 "config": dataclasses.asdict(self.run), "schedule": self.schedule.name}
 
 

@@ -1,6 +1,6 @@
 """Stress cases: each a pure function of a resolved ``ExperimentConfig`` -> a pair record.
 
-    run_case(kind, config)          a case by name: ``CASES``, the registry of stress cases, in which
+    run_case(case, config)          a case by name: ``CASES``, the registry of stress cases, in which
                                     each is declared once (``register(StressCase(name, train, ...))``
                                     adds one; ``train(case, config, session, runner)`` is handed its entry)
 
@@ -68,7 +68,7 @@ from stability.cases.runs import Rung, Unit, lr_rung, precision_rung
 from stability.config.schedules import Standard
 from stability.precision import ao
 from stability.record import (
-    CaseKind,
+    RecordedCase,
     Status,
     add_arm,
     add_figures,
@@ -145,13 +145,13 @@ class CaseRun:
         self.runs: list[dict] = []  # timing dicts of every run trained
 
     @property
-    def kind(self) -> str:
+    def name(self) -> str:
         """The case's name (its entry's)."""
         return self.case.name
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
         """One run of the case, its rung as the case declares it."""
-        return Unit(self.kind, arm, seed, run, schedule, self.case.rung(run) if self.case.rung else None)
+        return Unit(self.name, arm, seed, run, schedule, self.case.rung(run) if self.case.rung else None)
 
     def train_units(self, units: list[Unit]):
         """Yield the arm record of each unit, in order (trained here or by the runner)."""
@@ -177,7 +177,7 @@ class CaseRun:
     def finish(self) -> dict:
         record = self.record
         finish_case(record, self.runs, time.perf_counter() - self.started,
-                    [run["status"] for run in (case_result(record, self.kind) or {}).get("runs", [])])
+                    [run["status"] for run in (case_result(record, self.name) or {}).get("runs", [])])
         return record
 
 
@@ -247,7 +247,7 @@ def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, s
                 reference = records[ref]
                 add_figures(reference, {**figures, "peak_lr": grid[ref]})
                 add_arm(case.record, reference)
-        set_case_result(case.record, case.kind,
+        set_case_result(case.record, case.name,
                         {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs})
         return case.finish()
 
@@ -292,7 +292,7 @@ def run_lr_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, session=N
         case = CaseRun(stress_case, config, "lr_ramp", schedule.describe(), session, runner)
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, schedule.end_lr), {}))
-        set_case_result(case.record, case.kind, {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,
+        set_case_result(case.record, case.name, {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,
                                                  "per_arm": per_arm})
         return case.finish()
 
@@ -332,7 +332,7 @@ def run_batch_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, sessio
             return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record)}
 
         per_arm = case.train_each_arm(schedule, figures_of)
-        set_case_result(case.record, case.kind, {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
+        set_case_result(case.record, case.name, {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
                                                     "max_batch_size": schedule.max_size, "per_arm": per_arm})
         return case.finish()
 
@@ -403,7 +403,7 @@ def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, 
                         f"loss_spike_score_{p}": final.get("loss_spike_score"),
                     })
                 add_arm(case.record, reference)
-        set_case_result(case.record, case.kind,
+        set_case_result(case.record, case.name,
                         {"precisions": precisions, "sources": sources, "skipped": skipped, "runs": runs})
         return case.finish()
 
@@ -452,7 +452,7 @@ def run_shock(stress_case: StressCase, config: cfg.ExperimentConfig, session=Non
         per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
-        set_case_result(case.record, case.kind, {"kind": schedule.kind, "step": schedule.shock_step,
+        set_case_result(case.record, case.name, {"kind": schedule.kind, "step": schedule.shock_step,
                                                "factor": schedule.factor, "per_arm": per_arm})
         return case.finish()
 
@@ -489,9 +489,9 @@ class StressCase:
     steps: Callable[[dict], int] | None = None
 
     @property
-    def kind(self) -> CaseKind:
-        """What records know of the case (``stability.record.cases.CaseKind``)."""
-        return CaseKind(self.name, self.result, self.steps)
+    def recorded(self) -> RecordedCase:
+        """What records know of the case (``stability.record.cases.RecordedCase``)."""
+        return RecordedCase(self.name, self.result, self.steps)
 
     def run(self, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
         """Train the case on ``config``; its case record."""
@@ -511,7 +511,7 @@ CASES: dict[str, StressCase] = {case.name: case for case in (
     StressCase("shock", run_shock, result=Shock),
 )}
 for _case in CASES.values():
-    declare(_case.kind)
+    declare(_case.recorded)
 
 
 def register(case: StressCase) -> StressCase:
@@ -519,23 +519,23 @@ def register(case: StressCase) -> StressCase:
     of cases: ``stability stress`` runs it after the others."""
     if case.name in CASES:
         raise ValueError(f"stress case {case.name!r} is registered already")
-    declare(case.kind)
+    declare(case.recorded)
     CASES[case.name] = case
     return case
 
 
-def check_cases(kinds) -> tuple[str, ...]:
+def check_cases(names) -> tuple[str, ...]:
     """The names as a tuple; ConfigError naming the first that is not a registered case."""
-    kinds = tuple(kinds)
-    for kind in kinds:
-        if kind not in CASES:
-            raise cfg.ConfigError(f"stress case {kind!r} is unknown: expected one of {tuple(CASES)}")
-    return kinds
+    names = tuple(names)
+    for name in names:
+        if name not in CASES:
+            raise cfg.ConfigError(f"stress case {name!r} is unknown: expected one of {tuple(CASES)}")
+    return names
 
 
-def run_case(kind: str, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """Run the stress case ``kind`` (one of ``CASES``) on ``config`` and return its record. ``session``:
+def run_case(case: str, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+    """Run the stress case ``case`` (one of ``CASES``) on ``config`` and return its record. ``session``:
     record after every run, per-step files, checkpoints, resume (``stability.cases.experiment.train_arm``);
     ``runner``: who trains the runs (None: this process; ``stability.cases.experiment.train_units``)."""
-    check_cases((kind,))
-    return CASES[kind].run(config, session=session, runner=runner)
+    check_cases((case,))
+    return CASES[case].run(config, session=session, runner=runner)

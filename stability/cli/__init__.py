@@ -2,7 +2,7 @@
 
     stability run      --preset smoke [--set FIELD=VALUE ...] [--config file.toml]   train the arms
                        (--set arms=controls: baseline, G1, G1 headwise, floored G1, G2)
-    stability stress   [KIND ...] --preset smoke                                    the stress cases
+    stability stress   [CASE ...] --preset smoke                                    the stress cases
     stability check    --baseline reports/baselines/smoke-cpu.json [RUN_DIR]        the merge check
     stability baseline make [--preset smoke] [--replicates 4]     the stress suites with replicates -> a baseline
     stability baseline update [RUN_DIR] --out reports/baselines/smoke-cpu.json

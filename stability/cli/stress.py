@@ -1,4 +1,4 @@
-"""``stability stress [KIND ...]``: run stress cases into one run directory."""
+"""``stability stress [CASE ...]``: run stress cases into one run directory."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def cmd_stress(args) -> int:
     from stability.cases.stress import CASES, check_cases, run_case
     from stability.train import distributed
 
-    kinds = list(check_cases(args.kinds)) or list(CASES)
+    cases = list(check_cases(args.cases)) or list(CASES)
     if distributed.launched() > 1:   # started by torchrun: one arm across the processes
         from stability.cli.run import under_torchrun
 
@@ -22,8 +22,8 @@ def cmd_stress(args) -> int:
             raise cfg.ConfigError(f"--ray {args.ray!r} is invalid under torchrun: expected one of the two (Ray sends "
                                   f"whole runs to its workers; torchrun shards one run over its processes)")
         return under_torchrun(args, "stress",
-                              lambda config, run_dir: finish(args, stress_cases(args, kinds, config, run_dir)),
-                              lambda config: [run_case(kind, config) for kind in kinds])
+                              lambda config, run_dir: finish(args, stress_cases(args, cases, config, run_dir)),
+                              lambda config: [run_case(case, config) for case in cases])
     runner = None
     if args.ray:
         from stability.cases.ray_runner import RayRunner
@@ -34,7 +34,7 @@ def cmd_stress(args) -> int:
         config, run_dir, resume, checkpoint_dir = resolve_session(args, "stress")
         if runner is not None:
             runner.connect()   # an unreachable cluster: exit 2 before anything is written
-        records = stress_cases(args, kinds, config, run_dir, resume, checkpoint_dir, runner)
+        records = stress_cases(args, cases, config, run_dir, resume, checkpoint_dir, runner)
     finally:
         if runner is not None:
             runner.close()
@@ -46,8 +46,8 @@ def finish(args, records: list[dict]) -> int:
     return 1 if any(r["status"] == Status.ERROR for r in records) else 0
 
 
-def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None, runner=None) -> list[dict]:
-    """Run the stress cases ``kinds`` in a session on ``run_dir`` (on Ray when ``runner`` is given), keep
+def stress_cases(args, cases, config, run_dir, resume=None, checkpoint_dir=None, runner=None) -> list[dict]:
+    """Run the stress cases ``cases`` in a session on ``run_dir`` (on Ray when ``runner`` is given), keep
     each record, print the tables; the records."""
     from stability.cases.experiment import Interrupted
     from stability.cases.pipeline import run_recorded
@@ -58,25 +58,25 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
     session = make_session(args, "stress", run_dir, checkpoint_dir, resume)
     records = []
     try:
-        for kind in kinds:
-            done = next((r for r in (resume.records if resume else []) if case_name(r) == kind
+        for case in cases:
+            done = next((r for r in (resume.records if resume else []) if case_name(r) == case
                          and r.get("status") not in UNFINISHED), None)
             if done is not None:
-                print(f"stability stress {kind}: done before the interruption ({done['_path']})", flush=True)
+                print(f"stability stress {case}: done before the interruption ({done['_path']})", flush=True)
                 records.append(done)
                 continue
-            print(f"stability stress {kind}: preset {config.preset}, seeds {config.seeds}", flush=True)
+            print(f"stability stress {case}: preset {config.preset}, seeds {config.seeds}", flush=True)
             try:
-                record = run_recorded(kind, config, run_dir, args.tracking_uri, args.experiment,
+                record = run_recorded(case, config, run_dir, args.tracking_uri, args.experiment,
                                       track=not args.no_track, plots=not args.no_plots, session=session,
                                       runner=runner)
                 for draw in range(1, args.replicates + 1):   # rounding replicates, for a regression baseline
-                    print(f"stability stress {kind}: rounding replicate {draw} of {args.replicates}", flush=True)
-                    run_recorded(kind, cfg.override(config, "run.replicate", draw), run_dir, args.tracking_uri,
+                    print(f"stability stress {case}: rounding replicate {draw} of {args.replicates}", flush=True)
+                    run_recorded(case, cfg.override(config, "run.replicate", draw), run_dir, args.tracking_uri,
                                  args.experiment, track=not args.no_track, plots=False, session=session, runner=runner)
             except Interrupted as stop:
-                print(f"interrupted in {kind}: the record so far is {stop.record.get('record_path')}; continue "
-                      f"with `stability stress {' '.join(kinds)} --resume {run_dir}`", file=sys.stderr)
+                print(f"interrupted in {case}: the record so far is {stop.record.get('record_path')}; continue "
+                      f"with `stability stress {' '.join(cases)} --resume {run_dir}`", file=sys.stderr)
                 print_tracking(stop.record)
                 raise
             records.append(record)
@@ -95,7 +95,7 @@ def stress_cases(args, kinds, config, run_dir, resume=None, checkpoint_dir=None,
 
 def add_parsers(sub) -> None:
     parser = sub.add_parser("stress", help="run stress cases (standard, lr_sweep, lr_ramp, ...) and record them")
-    parser.add_argument("kinds", nargs="*", help="cases to run (default: every case of stability.cases.stress.CASES, "
+    parser.add_argument("cases", nargs="*", help="cases to run (default: every case of stability.cases.stress.CASES, "
                                                  "in order; docs/stress.md)")
     add_config_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no per-step progress")

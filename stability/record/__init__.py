@@ -11,7 +11,7 @@ without them). One idea per module:
                   statuses, figures, a case's results, a session's notes, tracking, Ray)
     summary.py    the figures of a record: an arm's trajectory figures, usable values, the paired summary
     io.py         reading and writing records (strict JSON, atomic, validated both ways)
-    cases.py      the stress cases as records know them: each one's result type and run length (``KINDS``)
+    cases.py      the stress cases as records know them: each one's result type and run length (``RECORDED_CASES``)
     identity.py   what makes records comparable: case key, comparable config, fingerprints, device, draw
     figures.py    the one table of figures; stats.py: paired statistics; rundir.py: run directories
 
@@ -73,7 +73,7 @@ from stability.record.build import (
     start_timing,
     stop_case,
 )
-from stability.record.cases import KINDS, CaseKind, case_result, case_steps, declare
+from stability.record.cases import RECORDED_CASES, RecordedCase, case_result, case_steps, declare
 from stability.record.identity import (
     FIELDS_ABOUT,
     case_key,
@@ -111,18 +111,18 @@ from stability.record.validate import validate_record
 
 __all__ = [
     "FIELDS_ABOUT",
-    "KINDS",
     "PURPOSES",
+    "RECORDED_CASES",
     "REFERENCE_ARM",
     "SCHEMA_VERSION",
     "SERIES_KEYS",
     "UNFINISHED",
     "USABLE",
     "ArmRecord",
-    "CaseKind",
     "CaseRecord",
     "PairedFigure",
     "RecordError",
+    "RecordedCase",
     "Status",
     "add_arm",
     "add_event",

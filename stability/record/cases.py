@@ -1,7 +1,7 @@
 """The stress cases as records know them: each case's name, the type of its own results and the run length
-the merge check uses, declared once (``KINDS``).
+the merge check uses, declared once (``RECORDED_CASES``).
 
-    declare(CaseKind("high_lr", result=HighLr))     # stability.cases.stress.register does it for a case
+    declare(RecordedCase("high_lr", result=HighLr))     # stability.cases.stress.register does it for a case
     set_case_result(record, "lr_sweep", {...})      # stability.record.build: into record["results"]["lr_sweep"]
     case_result(record, "lr_sweep")                 # read it back (a record written before the slot: its key)
     case_steps(record)                              # the steps one run of the case trained
@@ -31,7 +31,7 @@ from stability.record.schema import (
 
 
 @dataclass(frozen=True)
-class CaseKind:
+class RecordedCase:
     """name: the case's name (``stability stress NAME``; its records say it under "stress"). result: the type
     of ``results[name]`` (a TypedDict), None for a case with no results of its own. steps: the run length
     of one of its runs, from the record's config (a dict), None for ``run.steps``."""
@@ -51,34 +51,34 @@ def ladder_steps(config: dict) -> int:
     return (config.get("stress") or {}).get("ladder_steps") or (config.get("run") or {}).get("steps", 1)
 
 
-KINDS: dict[str, CaseKind] = {kind.name: kind for kind in (
-    CaseKind("standard"),
-    CaseKind("lr_sweep", LrSweep),
-    CaseKind("lr_ramp", LrRamp),
-    CaseKind("batch_ramp", BatchRamp),
-    CaseKind("precision_ladder", PrecisionLadder, ladder_steps),
-    CaseKind("shock", Shock),
+RECORDED_CASES: dict[str, RecordedCase] = {case.name: case for case in (
+    RecordedCase("standard"),
+    RecordedCase("lr_sweep", LrSweep),
+    RecordedCase("lr_ramp", LrRamp),
+    RecordedCase("batch_ramp", BatchRamp),
+    RecordedCase("precision_ladder", PrecisionLadder, ladder_steps),
+    RecordedCase("shock", Shock),
 )}
 
 
-def declare(kind: CaseKind) -> CaseKind:
+def declare(case: RecordedCase) -> RecordedCase:
     """Add a case's entry (a name not declared, or declared with the same entry: registering twice is one
     declaration)."""
-    known = KINDS.get(kind.name)
-    if known is not None and known != kind:
-        raise ValueError(f"stress case {kind.name!r} is declared already, with another result type or run length")
-    KINDS[kind.name] = kind
-    return kind
+    known = RECORDED_CASES.get(case.name)
+    if known is not None and known != case:
+        raise ValueError(f"stress case {case.name!r} is declared already, with another result type or run length")
+    RECORDED_CASES[case.name] = case
+    return case
 
 
 def result_type(name: str) -> type:
     """The type of ``results[name]``; RecordError when no case of that name declared results."""
-    kind = KINDS.get(name)
-    if kind is None or kind.result is None:
-        declared = tuple(k.name for k in KINDS.values() if k.result is not None)
+    case = RECORDED_CASES.get(name)
+    if case is None or case.result is None:
+        declared = tuple(k.name for k in RECORDED_CASES.values() if k.result is not None)
         raise RecordError(f"case result {name!r} is unknown: expected a case that declared results {declared} "
                           f"(stability.record.cases)")
-    return kind.result
+    return case.result
 
 
 def case_result(record: CaseRecord, name: str) -> Any:
@@ -90,5 +90,5 @@ def case_result(record: CaseRecord, name: str) -> Any:
 def case_steps(record: CaseRecord) -> int:
     """The steps one run of ``record``'s case trained (its declared run length; ``run.steps`` otherwise)."""
     config = record.get("config") or {}
-    kind = KINDS.get(case_name(record))
-    return kind.run_steps(config) if kind is not None else CaseKind("").run_steps(config)
+    case = RECORDED_CASES.get(case_name(record))
+    return (case or RecordedCase("")).run_steps(config)

@@ -6,7 +6,9 @@ the device kind and the rounding draw.
     FIELDS_ABOUT                     what the config fields that may differ are about (keeping, draw, ...)
     comparable_config(config)        the flattened config without what may differ between compared records
     resume_config(config)            ... between an interrupted run and the command continuing it
-    config_fingerprint(config)       16 hex digits of the comparable config
+    config_fingerprint(config)       16 hex digits of the comparable config: the one "fingerprint" of the
+                                     harness (a baseline's case holds it; one run's own hash is
+                                     ``stability.cases.runs.Unit.run_hash``)
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def resume_config(config: dict) -> dict:
 
 
 def config_fingerprint(config: dict) -> str:
+    """16 hex digits of ``comparable_config(config)``: records of the same fingerprint may be compared."""
     return hashlib.sha256(json.dumps(comparable_config(config), sort_keys=True).encode()).hexdigest()[:16]
 
 

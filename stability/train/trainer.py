@@ -79,7 +79,7 @@ class ArmHooks:
     on_end(record): once, when the arm has stopped (any status), with its final figures.
     checkpoints: a ``stability.train.checkpoint.Checkpoints``: when and where to checkpoint, and the state to
         resume from. bundles: a ``stability.train.checkpoint.Bundles``: the budget of replay bundles.
-    identity: which run this is (run key, fingerprint...), stored in checkpoints and bundles.
+    identity: which run this is (run key, run hash...), stored in checkpoints and bundles.
     replay_optimizer: put the optimiser state into replay bundles too.
     """
 
