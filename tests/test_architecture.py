@@ -139,6 +139,16 @@ def test_every_module_lives_in_a_room():
     assert flat == [], f"modules outside the rooms of ALLOWED: {flat}"
 
 
+def test_every_room_is_a_package_the_wheel_ships():
+    """A room missing from pyproject's package list imports here (the source tree) and fails in an installed
+    wheel; every directory of stability/ with an __init__.py is listed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    rooms = {f"stability.{p.parent.name}" for p in (ROOT / "stability").glob("*/__init__.py")}
+    assert rooms - listed == set(), f"rooms the wheel would not ship: {sorted(rooms - listed)}"
+
+
 def test_rooms_import_only_the_rooms_below_them():
     graph = import_graph()
     graph["stability.model.attention"] |= {"stability.kernels.gated_attention"}   # mapped folder, not in PACKAGE
