@@ -437,9 +437,9 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                     experiment_id = ensure_experiment(client, uri, name)
                     ids, sent_live = reopen(client, experiment_id, record, known), set()
                 parent_id, children = ids.get("parent_run_id"), dict(ids.get("child_run_ids") or {})
-                now = int(time.time() * 1000)
+                now, (start, end) = int(time.time() * 1000), case_times(record)
                 fresh = parent_id is None
-                parent_id = parent_id or _retry(client.create_run, experiment_id, start_time=case_times(record)[0],
+                parent_id = parent_id or _retry(client.create_run, experiment_id, start_time=start,
                                                 tags=parent_tags(record), run_name=run_name(record)).info.run_id
                 _complete_parent(client, parent_id, record, now, fresh)
                 for arm in record["arms"]:
@@ -448,7 +448,7 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
                                                     arm, now, with_steps=key not in sent_live)
                 for path, artifact_dir in files:
                     _retry(client.log_artifact, parent_id, str(path), artifact_dir or None)
-                _retry(client.set_terminated, parent_id, status=record_status(record), end_time=case_times(record)[1])
+                _retry(client.set_terminated, parent_id, status=record_status(record), end_time=end)
         _FAILED.pop(uri, None)
         return {"status": "tracked", "uri": uri, "experiment": name, "experiment_id": experiment_id,
                 "parent_run_id": parent_id, "child_run_ids": children}
