@@ -206,6 +206,37 @@ HELD_OUT_PRIMARY = (
          "    score = 1.0 / (1.0 + torch.exp(-logits))\n"),)),
 )
 
+# ------------------------------------------------------------------ held out from the early-horizon rows
+# Written and committed before the primary family gained the LR range test's early horizon (the model's
+# forward and backward at the smallest learning rates) and before that family was run on anything; run only
+# once it is fixed (reports/zoo-ci.md).
+HELD_OUT_EARLY = (
+    Entry("swiglu_silu_of_product", True, "the MLP computes silu(W_gate x * W_up x) instead of silu(W_gate x) * W_up x", (
+        ("stability/model/lm.py", "return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))",
+         "return self.w_down(F.silu(self.w_gate(x) * self.w_up(x)))"),)),
+    Entry("embeddings_at_unit_std", True, "token embeddings drawn from N(0, 1), nn.Embedding's default, instead of "
+          "N(0, init_std)", (
+              ("stability/model/lm.py", '        if name.endswith(".bias"):\n            return torch.zeros(shape)\n',
+               ('        if "embed" in name:\n            return torch.randn(shape, generator=generator)\n'
+                '        if name.endswith(".bias"):\n            return torch.zeros(shape)\n')),)),
+    Entry("query_init_x5", True, "the query projections initialised with 5x the configured standard deviation", (
+        ("stability/model/lm.py", "            else std\n",
+         "            else std\n        scale = 5 * scale if name.endswith(\"q_proj.weight\") else scale\n"),)),
+    Entry("rope_positions_from_one", False, "rotary positions counted from 1 instead of 0 (attention sees only "
+          "position differences)", (
+              ("stability/model/attention.py", "torch.outer(torch.arange(context, dtype=torch.float64), inv_freq)",
+               "torch.outer(torch.arange(1, context + 1, dtype=torch.float64), inv_freq)"),)),
+    Entry("rmsnorm_statistic_in_float64", False, "RMSNorm's mean square and reciprocal root taken in float64", (
+        ("stability/model/attention.py",
+         "x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)",
+         "x32 = x32 * torch.rsqrt(x32.double().pow(2).mean(-1, keepdim=True) + self.eps).float()"),)),
+    Entry("loss_via_logsumexp", False, "the loss as logsumexp(logits) minus the target's logit, averaged", (
+        ("stability/model/lm.py",
+         "    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))\n",
+         ("    flat = logits.float().reshape(-1, logits.shape[-1])\n"
+          "    return (torch.logsumexp(flat, -1) - flat.gather(-1, targets.reshape(-1, 1)).squeeze(-1)).mean()\n")),)),
+)
+
 # ------------------------------------------------------------------ failures the verdict must not pass
 # A non-finite value is a result the record keeps; a run that diverges where every baseline run of its seed
 # completed, and a job that lacks a seed, fail the job with the reason (docs/figures.md).
@@ -227,7 +258,7 @@ FAILURES = (
             "three seeds: intervals over seeds, and what a regression baseline needs"))),
 )
 
-BY_NAME = {entry.name: entry for entry in (*ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *FAILURES)}
+BY_NAME = {entry.name: entry for entry in (*ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *FAILURES)}
 
 
 def patched_copy(destination: Path, name: str) -> Path:
