@@ -58,7 +58,7 @@ def main() -> int:
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
     rows = []
     for e in dials:
-        caught = {"check": 0, "earlier": 0}
+        caught = {"check": 0, "earlier": 0, "judged": 0}
         for draw in DRAWS:
             name = name_of(e, draw)
             document = None if not args.rejudge else zoo.read_kept(args.scale, name)
@@ -70,10 +70,14 @@ def main() -> int:
             if document is None:
                 continue
             row = zoo.judged(document, baseline)
+            caught["judged"] += 1
             caught["check"] += row["failed"]
             caught["earlier"] += row["old_failed"]
             print(f"  e={e:g} draw {draw}: check {'caught' if row['failed'] else 'missed'} "
                   f"{row['regressed'][:3]}; earlier rule {'caught' if row['old_failed'] else 'missed'}", flush=True)
+        if not caught["judged"]:   # --rejudge: no kept record of this dial (never run), not a dial missed
+            print(f"  e={e:g}: no kept records, left out", flush=True)
+            continue
         rows.append((e, caught))
         if not args.rejudge and caught["check"] < len(DRAWS) and caught["earlier"] < len(DRAWS):
             break
@@ -101,7 +105,8 @@ def table(rows, scale: str, baseline: dict) -> str:
               f"the earlier seed-spread rule **{smallest(rows, 'earlier')}**."), "",
              "| e | std factor | check: draws caught | earlier rule: draws caught |", "|---|---|---|---|"]
     for e, caught in rows:
-        lines.append(f"| {e:g} | {1 + e:g} | {caught['check']} of {len(DRAWS)} | {caught['earlier']} of {len(DRAWS)} |")
+        lines.append(f"| {e:g} | {1 + e:g} | {caught['check']} of {caught['judged']} | "
+                     f"{caught['earlier']} of {caught['judged']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -212,6 +212,9 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
     assert reg.in_primary_family("precision_ladder", "baseline", "m_act_max")
     assert reg.in_primary_family("batch_ramp", "gated", "max_attn_logit")
     assert not reg.in_primary_family("shock", "gated", "m_act_max")
+    # the range test's early horizon: each arm (the same model under a second schedule), not the difference
+    assert reg.in_primary_family("lr_ramp", "baseline", "early_grad_norm")
+    assert not reg.in_primary_family("lr_ramp", "gated-baseline", "early_loss")
     primary = reg.check([edited(record, "gated", "heldout_loss", add=0.3)], baseline)
     assert primary.exit_code == 1 and _row(primary, "gated", "heldout_loss").tier == "primary"
     advisory = reg.check([edited(record, "baseline", "f_attn_mean", add=0.3)], baseline)
@@ -378,6 +381,36 @@ def test_cli_calibrate_exit_codes(tmp_path, record, baseline, capsys):
     baselines.write_baseline(baselines.make_baseline(records), tmp_path / "bad.json")
     assert main(["baseline", "calibrate", str(tmp_path / "bad.json")]) == 1
     assert "calibration fails" in capsys.readouterr().err
+
+
+def test_a_calibration_names_its_rule_and_a_check_with_another_rule_says_it_is_stale(tmp_path, baseline, record,
+                                                                                      monkeypatch, capsys):
+    """``calibrate --write`` stores the curve with the primary family and dof rule it measured, nothing else
+    changed; a check whose family differs (a row added to PRIMARY) warns that the curve is stale, and writing
+    it again clears the warning. A failing curve is written only with --accept-calibration."""
+    from stability.record import figures as fig
+
+    path = tmp_path / "b.json"
+    baselines.write_baseline(baseline, path)
+    assert "holds no calibration" in reg.check([record], baselines.load_baseline(path)).warnings[0]
+    assert main(["baseline", "calibrate", "--write", str(path)]) == 0
+    written = baselines.load_baseline(path)
+    assert written["calibration"]["primary_family"] == fig.primary_family() and written["calibration"]["dof_rule"]
+    assert {k: v for k, v in written.items() if k != "calibration"} == json.loads(json.dumps(baseline))
+    assert reg.check([record], written).warnings == []
+    monkeypatch.setattr(fig, "PRIMARY", (*fig.PRIMARY, fig.Primary("standard", "f_attn_mean")))
+    stale = reg.check([record], written)
+    assert any("calibration measured another rule" in w for w in stale.warnings) and "warning:" in stale.table()
+    assert main(["baseline", "calibrate", "--write", str(path)]) == 0
+    assert reg.check([record], baselines.load_baseline(path)).warnings == []
+    records = with_replicates(record)
+    records[2] = edited(records[2], "gated", "heldout_loss", add=0.5)
+    baselines.write_baseline(baselines.make_baseline(records), tmp_path / "bad.json")
+    capsys.readouterr()
+    assert main(["baseline", "calibrate", "--write", str(tmp_path / "bad.json")]) == 1
+    assert "calibration" not in baselines.load_baseline(tmp_path / "bad.json")
+    assert main(["baseline", "calibrate", "--write", "--accept-calibration", str(tmp_path / "bad.json")]) == 0
+    assert baselines.load_baseline(tmp_path / "bad.json")["calibration"]["accepted_anyway"]
 
 
 def test_baseline_update_refuses_a_baseline_whose_calibration_fails(tmp_path, record, capsys):

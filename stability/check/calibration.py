@@ -1,7 +1,7 @@
 """The false-alarm rate of the merge check, measured on a baseline's own draws.
 
     curve = calibrate(baseline)        # every arrangement judged; the curve and the margin
-    baseline["calibration"] = curve
+    baseline["calibration"] = curve    # with the rule it measured (the primary family, the dof rule)
 
 Under a harmless change the job's run of seed s is one more rounding draw of that seed, exchangeable with
 the baseline's draws of s. So every way of choosing one draw per seed to play "the change", judged by the
@@ -14,7 +14,9 @@ below the Holm threshold it stayed; 0 when a per-seed outcome failed it), and wh
 
 ``acceptable(curve)`` is the rule a new baseline must pass (``stability baseline make``): the curve at or
 under the diagonal (at most alpha of the arrangements fail at each alpha) and a margin of at least
-``MIN_MARGIN``.
+``MIN_MARGIN``. A curve measures one rule: it names the primary family and the degrees-of-freedom rule
+it judged with, and a check whose rule differs says its calibration is stale (``stability baseline
+calibrate --write`` measures it again; no training).
 
 This module reads JSON only: no torch, no MLflow.
 """
@@ -33,6 +35,7 @@ from stability.check.regression import (
     judge_cases,
     resolve_tolerances,
 )
+from stability.record import figures as fig
 
 ALPHAS = (0.01, 0.02, 0.05, 0.10)
 MIN_MARGIN = 5.0
@@ -123,7 +126,8 @@ def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof
             "alphas": list(alphas), "failed": [failed[a] for a in alphas],
             "rate": [failed[a] / count if count else None for a in alphas],
             "margin": closest["margin"] if closest else None,
-            "closest": {k: v for k, v in (closest or {}).items() if k != "margin"}}
+            "closest": {k: v for k, v in (closest or {}).items() if k != "margin"},
+            "primary_family": fig.primary_family()}
 
 
 def acceptable(curve: dict) -> str | None:

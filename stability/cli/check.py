@@ -141,16 +141,22 @@ def calibration_alphas(alpha: float) -> tuple[float, ...]:
 
 def cmd_baseline_calibrate(args) -> int:
     """Judge every arrangement of a baseline's draws: the false-alarm curve and the margin; exit 1 when
-    the curve crosses the diagonal or the margin is under the minimum."""
-    from stability.check.baseline import load_baseline
+    the curve crosses the diagonal or the margin is under the minimum. ``--write`` stores the curve in the
+    baseline (a failing one only with --accept-calibration, as ``baseline update``), nothing else changed."""
+    from stability.check.baseline import load_baseline, write_baseline
     from stability.check.calibration import acceptable, calibrate, curve_lines
 
-    curve = calibrate(load_baseline(args.baseline), alphas=calibration_alphas(args.alpha))
+    baseline = load_baseline(args.baseline)
+    curve = calibrate(baseline, alphas=calibration_alphas(args.alpha))
     print("\n".join(curve_lines(curve)))
     reason = acceptable(curve)
     if reason:
         print(f"error: calibration fails: {reason}", file=sys.stderr)
-    return 1 if reason else 0
+    if args.write and (not reason or args.accept_calibration):
+        baseline["calibration"] = {**curve, "accepted_anyway": bool(reason), "reason": reason}
+        write_baseline(baseline, args.baseline)
+        print(f"calibration written into {args.baseline}" + (" (failing: --accept-calibration)" if reason else ""))
+    return 1 if reason and not (args.write and args.accept_calibration) else 0
 
 
 def baseline_dir(args) -> Path:
@@ -294,6 +300,10 @@ def add_parsers(sub) -> None:
                                                 "false-alarm curve and margin)")
     cal.add_argument("baseline", help="baseline JSON")
     add_alpha(cal, DEFAULT_ALPHA)
+    cal.add_argument("--write", action="store_true", help="store the curve (and the rule it measured) in the "
+                                                         "baseline; a failing one only with --accept-calibration")
+    cal.add_argument("--accept-calibration", action="store_true", help="with --write: store a failing curve "
+                                                                      "anyway (every check then warns)")
     cal.set_defaults(func=cmd_baseline_calibrate)
 
 

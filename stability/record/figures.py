@@ -314,6 +314,10 @@ PRIMARY: tuple[Primary, ...] = (
     Primary("standard", "max_attn_logit", why="attention logits grew (Wortsman et al. 2023)"),
     Primary("lr_sweep", "lr_sensitivity", why="the loss depends more on the learning rate (Wortsman et al. 2023)"),
     Primary("lr_ramp", "ramp_divergence_lr", arms="arms", why="the LR range test diverges at a lower learning rate"),
+    # the same model's early horizon under a second schedule (no warmup, the LR rising from its smallest value):
+    # a change of the arithmetic that makes the plain pair's early training look better can make this one worse
+    Primary("lr_ramp", "early_loss", arms="arms", why="training got worse over the range test's early horizon"),
+    Primary("lr_ramp", "early_grad_norm", arms="arms", why="gradients grew over the range test's early horizon"),
     Primary("precision_ladder", "loss_gap_*", arms="arms", why="low-precision training loses more against fp32"),
     Primary("shock", "shock_peak_excess", arms="arms", why="an LR shock throws the loss further up"),
     Primary("batch_ramp", "heldout_loss", arms="arms", why="the model trained with growing batches got worse"),
@@ -322,3 +326,9 @@ PRIMARY: tuple[Primary, ...] = (
     *(Primary(case, name, arms="arms", why="activations or attention logits grew under this stress")
       for case in ("precision_ladder", "batch_ramp") for name in ("m_act_max", "max_attn_logit")),
 )
+
+
+def primary_family() -> list[dict]:
+    """The primary family as {case, figure, arms} entries: what a calibration records of the rule it measured
+    (the ``why`` texts left out, so that rewording one does not make a calibration stale)."""
+    return [{"case": p.case, "figure": p.figure, "arms": p.arms} for p in PRIMARY]
