@@ -148,13 +148,15 @@ def judged(document: dict, baseline: dict) -> dict:
     by_floor = {scale: other or check(document["records"], baseline, scaled_floors(baseline, scale)).exit_code != 0
                 for scale in FLOOR_SCALES}
     new = [f"{o.case.split('/', 1)[1]} {o.arm} seed {o.seed} {o.figure}" for o in result.outcomes]
-    new += [f"{r.case.split('/', 1)[1]} {r.arm} {r.figure}" for r in result.regressed]
-    strongest = min(result.regressed, key=lambda r: r.p, default=None)
+    new += [f"{r.case.split('/', 1)[1]} {r.arm} {r.figure}{' (changed)' if r.verdict == 'changed' else ''}"
+            for r in result.regressed]
+    strongest = min(result.regressed, key=lambda r: r.p_judged, default=None)
     old = [name.split("/", 1)[1] for name in seed_spread_rule.judge(document["records"], baseline)]
     return {"entry": document["entry"], "harmful": document["harmful"], "what": document["what"],
             "stress_failures": document["stress_failures"], "kernel_exit": document["kernel_exit"],
             "check_exit": result.exit_code, "errors": result.errors, "regressed": new,
-            "strongest": (f"z {strongest.z:.3g}, p {strongest.p:.2g}" if strongest else ""),
+            "strongest": (f"{'changed' if strongest.verdict == 'changed' else f'z {strongest.z:.3g}'}, "
+                          f"p {strongest.p_judged:.2g}" if strongest else ""),
             "margin": f"{margin(result):.3g}", "failed": other or result.exit_code != 0,
             **{f"failed_floors_x{scale:g}": failed for scale, failed in by_floor.items()},
             "old_regressed": old, "old_failed": other or bool(old), "seconds": document["seconds"]}

@@ -224,6 +224,28 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
     assert 0 < advisory.judged < 20 < advisory.advisory
 
 
+def test_an_early_horizon_row_fails_the_job_when_it_moves_either_way(record):
+    """The early horizon is primary either way: a move past its floor in the good direction is the model
+    computing something else (exit 1, "changed", naming the row and how to accept it), judged two-sided;
+    the same move of a one-sided primary row (held-out loss) is an improvement that passes."""
+    with_early = copy.deepcopy(record)
+    for entry in with_early["arms"]:
+        entry["final"]["early_loss"] = 3.0 + 0.01 * entry["seed"]
+    made = baselines.make_baseline(with_replicates(with_early))
+    assert reg.in_primary_family("standard", "gated", "early_loss").either_way
+    lower = reg.check([edited(with_early, "gated", "early_loss", add=-0.5)], made)
+    row = _row(lower, "gated", "early_loss")
+    assert lower.exit_code == 1 and row.verdict == "changed" and row.p_judged == pytest.approx(2 * row.p_improved)
+    assert any(line.startswith("changed: smoke/standard gated early_loss moved by -0.4999 in its good direction")
+               and "stability baseline make" in line for line in lower.failure_lines())
+    assert "CHANGED" in lower.table() and "**CHANGED**" in lower.markdown()
+    higher = reg.check([edited(with_early, "gated", "early_loss", add=0.5)], made)
+    assert higher.exit_code == 1 and _row(higher, "gated", "early_loss").verdict == "regressed"
+    assert reg.check([with_early], made).exit_code == 0
+    better = reg.check([edited(with_early, "gated", "heldout_loss", add=-0.3)], made)
+    assert better.exit_code == 0 and _row(better, "gated", "heldout_loss").verdict == "improved"
+
+
 def test_the_same_runs_judged_in_two_cases_count_once(record, baseline):
     """A second case holding the same runs (the sweep's reference runs are the plain pair's) gives rows
     with the same values: they are marked duplicate and leave the family; a primary row keeps the

@@ -99,7 +99,7 @@ def margin(result: CheckResult) -> float:
     rows = result.primary
     if not rows:
         return math.inf
-    return len(rows) * min(r.p for r in rows) / result.alpha
+    return len(rows) * min(r.p_judged for r in rows) / result.alpha
 
 
 def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof_rule: str = DOF_RULE) -> dict:
@@ -112,15 +112,15 @@ def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof
     for chosen in arrangements(baseline):
         result = judge_arrangement(baseline, chosen, alphas[0], tolerances, dof_rule)
         count += 1
-        smallest = min(result.primary, key=lambda r: r.p, default=None)
+        smallest = min(result.primary, key=lambda r: r.p_judged, default=None)
         for a in alphas:   # Holm rejects some row exactly when the smallest p is at most alpha / m
             failed[a] += bool(result.outcomes or result.errors) or (
-                smallest is not None and smallest.p <= a / len(result.primary))
+                smallest is not None and smallest.p_judged <= a / len(result.primary))
         here = margin(result)
         if closest is None or here < closest["margin"]:
             closest = {"margin": here, "arrangement": chosen,
                        "reason": (result.errors + [o.reason for o in result.outcomes])[:1] or
-                       ([(f"{smallest.case} {smallest.arm} {smallest.figure}: p {smallest.p:.3g} of "
+                       ([(f"{smallest.case} {smallest.arm} {smallest.figure}: p {smallest.p_judged:.3g} of "
                           f"{len(result.primary)} primary rows")] if smallest else [])}
     return {"arrangements": count, "seeds": len(seeds), "draws": len(draws), "dof_rule": dof_rule,
             "alphas": list(alphas), "failed": [failed[a] for a in alphas],

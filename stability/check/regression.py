@@ -22,11 +22,14 @@ has to be told from. ``check(records, baseline)`` judges the job in three parts:
    ``DOF_RULE`` (the fewest of any seed), and the p-value of "worse by more than the floor" (``floor = max(floor, rel_floor *
    |baseline|)``, the figure table). Rows of the *primary family* (``stability.record.figures.PRIMARY``)
    are judged together by Holm's step-down procedure at ``alpha`` (default 1%): the chance that a
-   harmless change fails the job through them is at most alpha whatever their dependence. Every other
+   harmless change fails the job through them is at most alpha whatever their dependence. An *either-way*
+   row (the early horizon, ``Primary.either_way``) enters with its two-sided p, and a rejection in its good
+   direction is "changed": the model computes something else than the baseline's, which fails the job too. Every other
    row is *advisory*: printed with its z and p, never failing the job. A row whose runs are the same runs
    as an earlier row's (identical values in the baseline and in the job) is judged once.
 
-Exit codes: 0 nothing regressed, 1 an outcome or a primary row regressed, 2 the inputs cannot be judged.
+Exit codes: 0 nothing regressed, 1 an outcome or a primary row regressed (or changed), 2 the inputs cannot be
+judged.
 Seeds whose baseline runs did not all end the same way (some completed, some diverged) are judged by an
 explicit rule, stated in the verdict's notes: the evaluation and peak figures of such a seed are judged
 against its completed runs when the job's run completed, and left out when it diverged too.
@@ -137,14 +140,23 @@ class Row:
     se: float | None            # standard error of delta under the noise
     z: float | None             # (worse - floor) / se: the evidence, in standard errors beyond the floor
     p: float | None             # P(T > z) under the row's degrees of freedom; None: not judged
-    verdict: str                # ok | regressed | worse | improved | new | missing
+    verdict: str                # ok | regressed | changed | worse | improved | new | missing
     mode: str = ""              # "n=3 df=12"
     note: str = ""
     p_improved: float | None = None
     tier: str = "advisory"      # primary | advisory | duplicate
+    either_way: bool = False    # judged two-sided: a move past the floor in the good direction fails too
+
+    @property
+    def p_judged(self) -> float | None:
+        """The p-value the family-wise decision uses: ``p``, or for an either-way row the two-sided
+        ``2 min(p, p_improved)`` (a move past the floor in either direction)."""
+        if not self.either_way or self.p is None or self.p_improved is None:
+            return self.p
+        return min(1.0, 2 * min(self.p, self.p_improved))
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {**self.__dict__, "p_judged": self.p_judged}
 
 
 @dataclass
@@ -161,7 +173,8 @@ class Outcome:
         return dict(self.__dict__)
 
 
-VERDICT_MARK = {"ok": "ok", "regressed": "REGRESSED", "worse": "worse (advisory)", "improved": "improved",
+VERDICT_MARK = {"ok": "ok", "regressed": "REGRESSED", "changed": "CHANGED", "worse": "worse (advisory)",
+                "improved": "improved",
                 "new": "new", "missing": "missing", "duplicate": "duplicate"}
 
 
@@ -272,7 +285,9 @@ class CheckResult:
 
     @property
     def regressed(self) -> list[Row]:
-        return [row for row in self.rows if row.verdict == "regressed"]
+        """The primary rows that fail the job: regressed, or changed (an either-way row moved past its floor
+        in its good direction)."""
+        return [row for row in self.rows if row.verdict in ("regressed", "changed")]
 
     @property
     def primary(self) -> list[Row]:
@@ -307,12 +322,17 @@ class CheckResult:
         """One line per reason the job failed (empty when it passed)."""
         lines = [f"error: {e}" for e in self.errors] + [f"failed: {o.reason}" for o in self.outcomes]
         lines += [f"failed: {test}" for test in self.suite_failures]
-        return lines + [f"regressed: {r.case} {r.arm} {r.figure} (z {fmt(r.z)}, p {_fmt_p(r.p)}, Holm over "
-                        f"{self.judged} primary rows at alpha {self.alpha:g})" for r in self.regressed]
+        holm_over = f"Holm over {self.judged} primary rows at alpha {self.alpha:g}"
+        return lines + [f"regressed: {r.case} {r.arm} {r.figure} (z {fmt(r.z)}, p {_fmt_p(r.p_judged)}, {holm_over})"
+                        if r.verdict == "regressed" else
+                        (f"changed: {r.case} {r.arm} {r.figure} moved by {fmt(r.delta)} in its good direction, past "
+                         f"its floor {fmt(r.floor)} (two-sided p {_fmt_p(r.p_judged)}, {holm_over}): the model "
+                         f"computes something else than the baseline's; a change meant to do so comes with its "
+                         f"baseline (stability baseline make, in the same commit)") for r in self.regressed]
 
     def cells(self, row: Row) -> list[str]:
         return [row.case, row.arm, row.figure, row.tier, fmt(row.baseline), fmt(row.current), fmt(row.delta),
-                fmt(row.floor), fmt(row.noise), fmt(row.z), _fmt_p(row.p), row.mode or "-",
+                fmt(row.floor), fmt(row.noise), fmt(row.z), _fmt_p(row.p_judged), row.mode or "-",
                 VERDICT_MARK[row.verdict] + (f" ({row.note})" if row.note else "")]
 
     def summary_line(self) -> str:
@@ -342,8 +362,8 @@ class CheckResult:
                (f"Preset `{self.preset}`, device `{self.device}`, baseline from commit "
                 f"`{str(self.baseline_commit)[:12]}`. The job fails when a run diverges or meets an unhandled "
                 f"non-finite value where every baseline run of its seed was clean, or when a row of the "
-                f"primary family got worse by more than its floor with Holm-adjusted evidence at alpha = "
-                f"{self.alpha:g} over its {self.judged} rows: the chance that a harmless change fails this job "
+                f"primary family got worse by more than its floor (an early-horizon row: moved past it either "
+                f"way) with Holm-adjusted evidence at alpha = {self.alpha:g} over its {self.judged} rows: the chance that a harmless change fails this job "
                 f"through them is at most {self.alpha:g}. {self.advisory} advisory rows are shown, never "
                 f"failing the job. Noise: the spread of {max(0, len(self.draws) - 1)} rounding replicates per "
                 f"seed (z: standard errors beyond the floor)."), ""]
@@ -354,7 +374,7 @@ class CheckResult:
             out += ["", "| " + " | ".join(self.HEADER) + " |", "|" + "---|" * len(self.HEADER)]
             for row in rows:
                 cells = self.cells(row)
-                if row.verdict == "regressed":
+                if row.verdict in ("regressed", "changed"):
                     cells[-1] = f"**{cells[-1]}**"
                 out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return "\n".join(out) + "\n"
@@ -373,14 +393,15 @@ def _fmt_p(p: float | None) -> str:
     return "-" if p is None else (f"{p:.1e}" if p < 1e-3 else f"{p:.3f}")
 
 
-def in_primary_family(stress: str, arm: str, figure: str) -> bool:
-    """Whether the row (stress case, arm or "<arm>-baseline", figure) is declared primary."""
+def in_primary_family(stress: str, arm: str, figure: str) -> fig.Primary | None:
+    """The primary-family entry that declares the row (stress case, arm or "<arm>-baseline", figure) primary;
+    None for an advisory row."""
     paired = arm.endswith(f"-{REFERENCE_ARM}")
     for entry in fig.PRIMARY:
         if entry.case == stress and fnmatch.fnmatchcase(figure, entry.figure) \
                 and (entry.arms == "all" or (entry.arms == "paired") == paired):
-            return True
-    return False
+            return entry
+    return None
 
 
 # ----------------------------------------------------------------------------- one case
@@ -536,8 +557,9 @@ def _add_row(result: CheckResult, key: str, stress: str, arm: str, name: str, ba
         verdict = "new" if stats["current"] is not None else "ok"
     elif stats["p"] is None:
         verdict, stats["note"] = "missing", "no finite value now (see the failed outcomes)"
-    tier = "primary" if in_primary_family(stress, arm, name) else "advisory"
-    row = Row(key, arm, name, fig.better(name), verdict=verdict, tier=tier, **stats)
+    entry = in_primary_family(stress, arm, name)
+    row = Row(key, arm, name, fig.better(name), verdict=verdict, tier="primary" if entry else "advisory",
+              either_way=bool(entry and entry.either_way), **stats)
     result.rows.append(row)
     spread = {v for draws in baseline.values() for v in draws.values()}
     result.signatures[id(row)] = json.dumps([baseline, current], sort_keys=True) if len(spread) > 1 else ""
@@ -702,13 +724,15 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
 
 
 def decide(result: CheckResult) -> None:
-    """Holm over the primary rows' p-values: which regressed. Advisory rows: "worse" where Holm over the
-    advisory rows would reject (shown, never failing the job); improvements at alpha / rows."""
+    """Holm over the primary rows' p-values (two-sided for an either-way row): which regressed, and which
+    either-way rows changed (moved past their floor in their good direction). Advisory rows: "worse" where
+    Holm over the advisory rows would reject (shown, never failing the job); improvements at alpha / rows."""
     for tier, worse in (("primary", "regressed"), ("advisory", "worse")):
         rows = [row for row in result.rows if row.tier == tier and row.p is not None]
-        for row, rejected in zip(rows, holm([row.p for row in rows], result.alpha)):
+        for row, rejected in zip(rows, holm([row.p_judged for row in rows], result.alpha)):
             if rejected:
-                row.verdict = worse
+                row.verdict = worse if row.p <= (row.p_improved if row.p_improved is not None else 1.0) \
+                    else "changed"
             elif row.p_improved is not None and row.p_improved <= result.alpha / max(1, len(rows)):
                 row.verdict = "improved"
 

@@ -286,12 +286,15 @@ def quantum(name: str, config: dict, steps: int) -> float:
 class Primary:
     """Rows of the merge check's primary family: figure ``figure`` (a name or a family pattern) of stress
     case ``case``, for ``arms``: "all" (each arm and each paired difference arm - baseline), "arms" (each
-    arm) or "paired" (the differences only)."""
+    arm) or "paired" (the differences only). ``either_way``: the row is judged two-sided, and a move past
+    its floor in the good direction fails the job too ("changed"): for the early horizon, where only a
+    change of what the model computes moves a figure that far, better or worse."""
 
     case: str
     figure: str
     arms: str = "all"
     why: str = ""
+    either_way: bool = False   # also fails the job when the row moves past its floor in its good direction
 
     def __post_init__(self) -> None:
         if self.arms not in ("all", "arms", "paired"):
@@ -307,8 +310,10 @@ class Primary:
 
 PRIMARY: tuple[Primary, ...] = (
     Primary("standard", "heldout_loss", why="the trained model got worse, or the gate stopped helping"),
-    Primary("standard", "early_loss", arms="arms", why="training got worse over the early horizon"),
-    Primary("standard", "early_grad_norm", arms="arms", why="gradients grew over the early horizon"),
+    Primary("standard", "early_loss", arms="arms", either_way=True,
+            why="the model computes something else: the loss over the early horizon moved"),
+    Primary("standard", "early_grad_norm", arms="arms", either_way=True,
+            why="the model computes something else: the gradient norm over the early horizon moved"),
     Primary("standard", "late_grad_norm", arms="arms", why="gradients grew late in training"),
     Primary("standard", "m_act_max", why="massive activations grew (Qiu et al. Table 4)"),
     Primary("standard", "max_attn_logit", why="attention logits grew (Wortsman et al. 2023)"),
@@ -316,8 +321,10 @@ PRIMARY: tuple[Primary, ...] = (
     Primary("lr_ramp", "ramp_divergence_lr", arms="arms", why="the LR range test diverges at a lower learning rate"),
     # the same model's early horizon under a second schedule (no warmup, the LR rising from its smallest value):
     # a change of the arithmetic that makes the plain pair's early training look better can make this one worse
-    Primary("lr_ramp", "early_loss", arms="arms", why="training got worse over the range test's early horizon"),
-    Primary("lr_ramp", "early_grad_norm", arms="arms", why="gradients grew over the range test's early horizon"),
+    Primary("lr_ramp", "early_loss", arms="arms", either_way=True,
+            why="the model computes something else: the loss over the range test's early horizon moved"),
+    Primary("lr_ramp", "early_grad_norm", arms="arms", either_way=True,
+            why="the model computes something else: the gradient norm over the range test's early horizon moved"),
     Primary("precision_ladder", "loss_gap_*", arms="arms", why="low-precision training loses more against fp32"),
     Primary("shock", "shock_peak_excess", arms="arms", why="an LR shock throws the loss further up"),
     Primary("batch_ramp", "heldout_loss", arms="arms", why="the model trained with growing batches got worse"),
@@ -331,4 +338,4 @@ PRIMARY: tuple[Primary, ...] = (
 def primary_family() -> list[dict]:
     """The primary family as {case, figure, arms} entries: what a calibration records of the rule it measured
     (the ``why`` texts left out, so that rewording one does not make a calibration stale)."""
-    return [{"case": p.case, "figure": p.figure, "arms": p.arms} for p in PRIMARY]
+    return [{"case": p.case, "figure": p.figure, "arms": p.arms, "either_way": p.either_way} for p in PRIMARY]
