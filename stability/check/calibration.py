@@ -142,6 +142,12 @@ def acceptable(curve: dict) -> str | None:
     return None
 
 
+def stored(curve: dict, reason: str | None) -> dict:
+    """The curve as a baseline keeps it: with whether it was written although it fails (``reason``, from
+    ``acceptable``), so that every check using the baseline can say so."""
+    return {**curve, "accepted_anyway": bool(reason), "reason": reason}
+
+
 def curve_lines(curve: dict) -> list[str]:
     """The calibration as text: one line per alpha, then the margin."""
     lines = [(f"calibration: {curve['arrangements']} arrangements ({curve['draws']} draws ^ {curve['seeds']} "

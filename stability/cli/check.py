@@ -102,7 +102,7 @@ def cmd_baseline_update(args) -> int:
     when its calibration crosses the diagonal or its margin is under the minimum, unless
     --accept-calibration (then every check that uses it warns)."""
     from stability.check.baseline import default_baseline_path, make_baseline, run_invariants, write_baseline
-    from stability.check.calibration import acceptable, calibrate, curve_lines
+    from stability.check.calibration import acceptable, calibrate, curve_lines, stored
 
     records, notes = read_inputs(args)
     for note in notes:
@@ -120,7 +120,7 @@ def cmd_baseline_update(args) -> int:
     curve = calibrate(baseline, alphas=calibration_alphas(args.alpha))
     print("\n".join(curve_lines(curve)))
     reason = acceptable(curve)
-    baseline["calibration"] = {**curve, "accepted_anyway": bool(reason), "reason": reason}
+    baseline["calibration"] = stored(curve, reason)
     if reason and not args.accept_calibration:
         raise RecordError(f"baseline not written: its calibration fails: {reason}; the rule's false-alarm rate "
                           f"on these draws is not what it states (write it anyway with --accept-calibration)")
@@ -144,7 +144,7 @@ def cmd_baseline_calibrate(args) -> int:
     the curve crosses the diagonal or the margin is under the minimum. ``--write`` stores the curve in the
     baseline (a failing one only with --accept-calibration, as ``baseline update``), nothing else changed."""
     from stability.check.baseline import load_baseline, write_baseline
-    from stability.check.calibration import acceptable, calibrate, curve_lines
+    from stability.check.calibration import acceptable, calibrate, curve_lines, stored
 
     baseline = load_baseline(args.baseline)
     curve = calibrate(baseline, alphas=calibration_alphas(args.alpha))
@@ -153,7 +153,7 @@ def cmd_baseline_calibrate(args) -> int:
     if reason:
         print(f"error: calibration fails: {reason}", file=sys.stderr)
     if args.write and (not reason or args.accept_calibration):
-        baseline["calibration"] = {**curve, "accepted_anyway": bool(reason), "reason": reason}
+        baseline["calibration"] = stored(curve, reason)
         write_baseline(baseline, args.baseline)
         print(f"calibration written into {args.baseline}" + (" (failing: --accept-calibration)" if reason else ""))
     return 1 if reason and not (args.write and args.accept_calibration) else 0
