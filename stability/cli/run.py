@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import NoReturn
 
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_from_args, resolve_session
@@ -90,13 +91,29 @@ def under_torchrun(args, label: str, lead, follow) -> int:
                 with cpu_threads(config.stress.threads):
                     follow(config)
             except Interrupted:
-                return 130
-            return 0
+                leave(130)
+            leave(0)
         print(f"torchrun: {world.size} processes, distributed.strategy={config.run.distributed.strategy}, "
               f"backend {world.backend}; rank 0 writes the records", flush=True)
         return lead(config, new_run_dir(args.out, label))
     finally:
         distributed.shutdown()
+
+
+def leave(code: int) -> NoReturn:
+    """End a process other than rank 0 with exit status ``code``: its process group shut down, its output
+    flushed, and without the interpreter's teardown. A follower that tore down while rank 0 still ran (writing
+    the records) was aborted at exit now and then by a thread of gloo's ("terminate called without an
+    active exception", after destroy_process_group had returned: 3 of about 140 launches on 2 busy cores),
+    which failed the whole launch. A follower holds nothing that its teardown would save."""
+    import os
+
+    from stability.train import distributed
+
+    distributed.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def train_and_keep(args, config, run_dir, resume, checkpoint_dir) -> int:
