@@ -10,6 +10,8 @@ kill -9, then resumed (live or ``--no-live``); then it reads the store itself (t
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -54,6 +56,17 @@ def kill_9(process) -> list[int]:
     return below
 
 
+def wait_until(holds, limit: float = 600.0) -> bool:
+    """Poll ``holds()`` every 0.1 s until it is true (True) or ``limit`` seconds passed (False); a bound far above
+    what the sending process needs on a loaded machine: the test waits on it, it does not time it."""
+    deadline = time.monotonic() + limit
+    while not holds():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def gone(process, below: list[int]) -> None:
     """Wait until none of the processes the killed command had started is alive; then close its pipes."""
     wait_gone(below)
@@ -95,10 +108,13 @@ def test_runs_whose_ids_never_reached_the_disk_are_adopted_by_their_tags(tmp_pat
     uri = template_store(tmp_path / "m.db")
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
     wait_for(process, f"gated-seed0: step 97/{STEPS}")
+    os.kill(process.pid, signal.SIGSTOP)     # training pauses; the sending process goes on
+    run_dir, _ = the_record(tmp_path)
+    (path,) = run_dir.glob("smoke-standard-*.json")
+    held = wait_until(lambda: (read_ids(ids_file(path)).get("child_run_ids") or {}).keys() >= {"gated-seed0"})
     gone(process, kill_9(process))
     run_dir, record = the_record(tmp_path)
-    (path,) = run_dir.glob("smoke-standard-*.json")
-    assert read_ids(ids_file(path))["child_run_ids"].keys() == {"baseline-seed0", "gated-seed0"}
+    assert held and read_ids(ids_file(path))["child_run_ids"].keys() == {"baseline-seed0", "gated-seed0"}
     ids_file(path).unlink()
     record.pop("tracking")
     path.write_text(json.dumps(record))
