@@ -214,6 +214,11 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
     assert not reg.in_primary_family("shock", "gated", "m_act_max")
     # the range test's early horizon: each arm (the same model under a second schedule), not the difference
     assert reg.in_primary_family("lr_ramp", "baseline", "early_grad_norm")
+    # the plain pair's early gradient norm: the baseline arm only (the gated arm's has a second mode at ci)
+    assert reg.in_primary_family("standard", "baseline", "early_grad_norm")
+    assert not reg.in_primary_family("standard", "gated", "early_grad_norm")
+    assert not reg.in_primary_family("standard", "gated-baseline", "early_grad_norm")
+    assert reg.in_primary_family("standard", "gated", "early_loss")
     assert not reg.in_primary_family("lr_ramp", "gated-baseline", "early_loss")
     primary = reg.check([edited(record, "gated", "heldout_loss", add=0.3)], baseline)
     assert primary.exit_code == 1 and _row(primary, "gated", "heldout_loss").tier == "primary"

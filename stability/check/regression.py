@@ -398,8 +398,8 @@ def in_primary_family(stress: str, arm: str, figure: str) -> fig.Primary | None:
     None for an advisory row."""
     paired = arm.endswith(f"-{REFERENCE_ARM}")
     for entry in fig.PRIMARY:
-        if entry.case == stress and fnmatch.fnmatchcase(figure, entry.figure) \
-                and (entry.arms == "all" or (entry.arms == "paired") == paired):
+        arms_match = {"all": True, "arms": not paired, "paired": paired, "baseline": arm == REFERENCE_ARM}
+        if entry.case == stress and fnmatch.fnmatchcase(figure, entry.figure) and arms_match[entry.arms]:
             return entry
     return None
 
