@@ -3,6 +3,7 @@
     python benchmarks/null_jobs.py --scale smoke --draws 5-64        # 60 jobs: train, keep, judge
     python benchmarks/null_jobs.py --scale ci --draws 5-14
     python benchmarks/null_jobs.py --scale smoke --rejudge           # judge the kept records again
+    python benchmarks/null_jobs.py --scale ci --rejudge --draws 5-28 --chose 5-16
 
 A *null job* is the ``stress-cpu`` job of ``.github/workflows/stability.yml`` run on the code as it is, with
 every run trained as rounding replicate N (``--replicate N``: each initial parameter moved by one rounding
@@ -60,9 +61,12 @@ def upper_bound(failed: int, jobs: int, confidence: float = 0.95) -> float:
     return high
 
 
-def table(rows: list[dict], scale: str, baseline: dict) -> str:
-    failed = [r for r in rows if r["failed"]]
-    minutes = [r["seconds"] / 60 for r in rows]
+def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozenset()) -> str:
+    """The Markdown table; jobs named in ``chose`` (draws that chose the current rule) are listed and
+    judged but not counted in the rate: a job that shaped a rule is no evidence for it."""
+    counted = [r for r in rows if r["entry"] not in chose]
+    failed = [r for r in counted if r["failed"]]
+    minutes = [r["seconds"] / 60 for r in counted]
     lines = [f"## Null jobs at `{scale}`", "",
              (f"The CPU job of unchanged code, each run a fresh rounding draw the baseline does not hold "
               f"(`--replicate N`), judged against `reports/baselines/{scale}-cpu.json` (commit "
@@ -70,10 +74,14 @@ def table(rows: list[dict], scale: str, baseline: dict) -> str:
               f"the kernel step or the check; every failure is a false alarm."), "",
              "| jobs | failed | false-alarm rate | 95% upper bound (exact) | minutes per job: median (range) |",
              "|---|---|---|---|---|",
-             (f"| {len(rows)} | {len(failed)} | {len(failed) / max(1, len(rows)):.1%} | "
-              f"{upper_bound(len(failed), len(rows)):.1%} | "
+             (f"| {len(counted)} | {len(failed)} | {len(failed) / max(1, len(counted)):.1%} | "
+              f"{upper_bound(len(failed), len(counted)):.1%} | "
               + (f"{statistics.median(minutes):.1f} ({min(minutes):.1f}-{max(minutes):.1f}) |" if minutes else "- |")),
-             "", "| draw | verdict | what failed | smallest primary margin | minutes |", "|---|---|---|---|---|"]
+             ""]
+    if chose:
+        lines += [(f"Draws {', '.join(sorted((n[4:] for n in chose), key=int))} chose the current rule (their "
+                   f"jobs showed what it changed): judged and listed below, not counted above."), ""]
+    lines += ["| draw | verdict | what failed | smallest primary margin | minutes |", "|---|---|---|---|---|"]
     for r in rows:
         what = r["regressed"] + [f"stress: {n.rsplit('::', 1)[-1]}" for n in r["stress_failures"]] + r["errors"]
         if r["kernel_exit"] not in (0, None):
@@ -90,6 +98,8 @@ def main() -> int:
     parser.add_argument("--work", help="where the copies are made (default: a new temporary folder)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
     parser.add_argument("--out", help="Markdown table (default reports/null-<scale>.md)")
+    parser.add_argument("--chose", default="", help="draws whose jobs chose the current rule, e.g. 5-16: listed, "
+                                                    "not counted in the rate")
     args = parser.parse_args()
     zoo.KEPT = ROOT / "reports" / "null"
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
@@ -113,7 +123,7 @@ def main() -> int:
         rows.append(zoo.judged(document, baseline))
         print(f"{name}: {'FAILED' if rows[-1]['failed'] else 'passed'} {rows[-1]['regressed'][:3]} "
               f"({document['seconds'] / 60:.1f} min)", flush=True)
-    text = table(rows, args.scale, baseline)
+    text = table(rows, args.scale, baseline, {f"draw{d}" for d in draws_of(args.chose)} if args.chose else set())
     out = Path(args.out) if args.out else ROOT / "reports" / f"null-{args.scale}.md"
     out.write_text(text)
     print(text)
