@@ -397,8 +397,8 @@ def in_primary_family(stress: str, arm: str, figure: str) -> fig.Primary | None:
     """The primary-family entry that declares the row (stress case, arm or "<arm>-baseline", figure) primary;
     None for an advisory row."""
     paired = arm.endswith(f"-{REFERENCE_ARM}")
+    arms_match = {"all": True, "arms": not paired, "paired": paired, "baseline": arm == REFERENCE_ARM}
     for entry in fig.PRIMARY:
-        arms_match = {"all": True, "arms": not paired, "paired": paired, "baseline": arm == REFERENCE_ARM}
         if entry.case == stress and fnmatch.fnmatchcase(figure, entry.figure) and arms_match[entry.arms]:
             return entry
     return None
