@@ -18,7 +18,6 @@ This module reads JSON only: no torch, no MLflow.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from stability.record import (
     where,
     write_json,
 )
+from stability.record.io import read_json
 from stability.record import figures as fig
 
 BASELINE_SCHEMA_VERSION = 4
@@ -236,11 +236,7 @@ def load_baseline(path) -> dict:
     if not path.is_file():
         raise RecordError(f"baseline {str(path)!r} does not exist; create it with `stability baseline make "
                           f"--out {path}`")
-    try:
-        baseline = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise RecordError(f"baseline {str(path)!r} is not valid JSON (corrupt or truncated?): {error}") from None
-    return validate_baseline(baseline, f"baseline {str(path)!r}")
+    return validate_baseline(read_json(path, "baseline"), f"baseline {str(path)!r}")
 
 
 def write_baseline(baseline: dict, path: str | Path) -> Path:

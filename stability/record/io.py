@@ -66,16 +66,62 @@ def write_record(record: CaseRecord, directory: str | Path) -> Path:
     return _write_text(path, _dumps(document))
 
 
-def read_record(path: str | Path) -> CaseRecord:
-    """Load and validate a record file; RecordError (exit 2) when missing, corrupt, of another schema or
-    holding a key or figure the schema does not know."""
+MAX_BYTES = 64 * 1024 * 1024
+"""The largest file a command reads as a record, baseline, invariants or JUnit file: 64 MiB. The largest
+record the harness writes (the ``full`` preset's LR sweep, every step's series of every arm and seed) is
+a few MiB; a file past the cap is refused before it is read (parsing JSON takes about 3.5x its size in
+memory)."""
+
+
+def _finite_float(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _whole(text: str) -> int | float | None:
+    """A JSON integer: an int when it fits 64 bits, else the float it names (None past a float's range)."""
+    return int(text) if len(text.lstrip("-")) <= 18 else _finite_float(text)
+
+
+def check_size(path: Path, what: str, limit: int = MAX_BYTES) -> None:
+    """RecordError naming ``path`` when it is larger than ``limit`` bytes (see ``MAX_BYTES``)."""
+    size = path.stat().st_size
+    if size > limit:
+        raise RecordError(f"{what} {str(path)!r} is {size / 2**20:.1f} MiB: larger than the {limit / 2**20:.0f} "
+                          f"MiB a command reads (stability.record.io.MAX_BYTES); expected a file the harness wrote")
+
+
+def parse_json(text: str, what: str):
+    """A JSON document as data: NaN, Infinity and numbers past a float's range read as null (a non-finite
+    value, as the writer stores it), integers past 64 bits as floats; RecordError naming ``what`` for text
+    that is not JSON or nests too deep to read."""
+    try:
+        return json.loads(text, parse_constant=lambda _: None, parse_float=_finite_float, parse_int=_whole)
+    except json.JSONDecodeError as error:
+        raise RecordError(f"{what} is not valid JSON (corrupt or truncated?): {error}") from None
+    except RecursionError:
+        raise RecordError(f"{what} nests too deep to read: expected a document the harness wrote") from None
+
+
+def read_json(path: str | Path, what: str):
+    """The JSON document in ``path`` as data (``parse_json``), read only when it exists, is a file and
+    is within ``MAX_BYTES``; RecordError naming ``what`` and the path otherwise."""
     path = Path(path)
     if not path.is_file():
-        raise RecordError(f"record {str(path)!r} does not exist")
+        raise RecordError(f"{what} {str(path)!r} does not exist")
+    check_size(path, what)
     try:
-        record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise RecordError(f"record {str(path)!r} is not valid JSON (corrupt or truncated?): {error}") from None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise RecordError(f"{what} {str(path)!r} cannot be read: {error}") from None
+    return parse_json(text, f"{what} {str(path)!r}")
+
+
+def read_record(path: str | Path) -> CaseRecord:
+    """Load and validate a record file; RecordError (exit 2) when missing, corrupt, too large, of another
+    schema or holding a key or figure the schema does not know."""
+    path = Path(path)
+    record = read_json(path, "record")
     validate_record(record, f"record {str(path)!r}")
     record["_path"] = str(path)
     return record
