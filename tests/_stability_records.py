@@ -13,9 +13,12 @@ import math
 import random
 
 from stability import config as cfg
-from stability.record import SCHEMA_VERSION, Status, paired_summary
+from stability.record import SCHEMA_VERSION, Status, git_info, paired_summary
 
 LAYERS = 2
+HERE = git_info()["commit"] or "0123456789abcdef0123456789abcdef01234567"
+"""The records' commit: this repository's HEAD, as if trained here (`stability check` judges the runs of
+the commit it checks)."""
 
 
 def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: str = Status.COMPLETED,
@@ -107,7 +110,7 @@ def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2)
         "schema_version": SCHEMA_VERSION, "created_at": "2026-01-01T00:00:00+00:00", "name": name,
         "preset": preset, "schedule": schedule, "stress": "standard", "purpose": purpose,
         "description": "warmup then cosine decay", "status": Status(status).value,
-        "git": {"commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main", "dirty": False},
+        "git": {"commit": HERE, "branch": "main", "dirty": False},
         "env": {"python": "3.11", "torch": "2.13.0+cpu", "triton": "3.6.0", "bitsandbytes": "0.50.2",
                 "mlflow": "3.17", "device": "cpu", "device_name": "x86_64", "threads": 2},
         "config": cfg.to_dict(config), "arms": arms, "paired": {}, "id": f"{name[:4]}{schedule[:4]}",

@@ -81,10 +81,11 @@ def test_a_baseline_of_a_tree_with_uncommitted_changes_is_refused_unless_allowed
 
 
 def test_replicates_are_not_taken_for_repeats_of_one_run(record):
-    from stability.record.rundir import unique_arms
+    from stability.record.rundir import duplicate_runs
 
-    kept, notes = unique_arms(with_replicates(record, draws=(1, 2)))
-    assert len(kept) == 3 and notes == []
+    assert duplicate_runs(with_replicates(record, draws=(1, 2))) == []
+    twice = duplicate_runs([record, copy.deepcopy(record)])
+    assert len(twice) == len(record["arms"]) and "is in two records" in twice[0]
 
 
 # ----------------------------------------------------------------------------- one row
@@ -641,10 +642,12 @@ def test_check_reads_the_newest_run_directory_only(tmp_path, record, baseline, c
     _session(runs, "20260102T000000-pytest-bbbbbb", [record])
     baselines.write_baseline(baseline, tmp_path / "b.json")
     assert main(["check", "--baseline", str(tmp_path / "b.json"), str(runs)]) == 0   # the older, worse one unread
+    assert f"read run directory {str(runs / '20260102T000000-pytest-bbbbbb')!r}, the newest" in capsys.readouterr().out
     assert main(["check", "--baseline", str(tmp_path / "b.json"), str(runs / "20260101T000000-pytest-aaaaaa")]) == 1
     capsys.readouterr()
-    assert main(["check", "--baseline", str(tmp_path / "b.json"), str(runs), "--all-sessions"]) == 0
-    assert "left out: a newer record holds the same (arm, seed, draw, config)" in capsys.readouterr().out
+    # two records of one run are never settled by a date inside them: refused, both named
+    assert main(["check", "--baseline", str(tmp_path / "b.json"), str(runs), "--all-sessions"]) == 2
+    assert "is in two records" in capsys.readouterr().err
 
 
 def test_no_run_directory_with_records_is_unusable_input(tmp_path, baseline):

@@ -133,6 +133,8 @@ def case_values(records: list[dict]) -> dict[str, dict]:
             entry["status"][seed][draw] = arm["status"]
             entry["diverged_at_step"].setdefault(seed, {})[draw] = arm.get("diverged_at_step")
             for name in arm.get("final") or {}:
+                if fig.figure(name) is None:
+                    continue   # a figure of an extension this process has not loaded (validate_record kept it)
                 value = figure_value(record, index, arm, name)
                 table_entry = fig.figure(name)
                 if table_entry.better is None:

@@ -9,22 +9,58 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from stability.plugin.settings import DEFAULT_BASELINES, find_settings
 from stability.record import RecordError, record_device
-from stability.record.rundir import DEFAULT_ROOT, load_records, unique_arms
+from stability.record.rundir import DEFAULT_ROOT, chosen_sessions, duplicate_runs, load_records
 
 INSTALLED_SUITES = "stability.suites"
 DEFAULT_REPLICATES = 4
 
 
 def read_inputs(args) -> tuple[list[dict], list[str]]:
-    """The records named on the command line (default: the newest run directory), each (case, arm, seed)
-    once; and the notes on what was left out."""
-    records = load_records(args.records or [DEFAULT_ROOT], all_sessions=getattr(args, "all_sessions", False))
-    return unique_arms(records)
+    """The records named on the command line (default: the newest run directory) and notes on what was read.
+    RecordError when two records hold one run (case, arm, seed, draw), and, for a command that takes
+    ``--expect-commit``, when the records come from several commits or from another commit than the one
+    expected (``expected_commit``)."""
+    paths = args.records or [DEFAULT_ROOT]
+    all_sessions = getattr(args, "all_sessions", False)
+    records = load_records(paths, all_sessions=all_sessions)
+    notes = chosen_sessions(paths, all_sessions)
+    duplicates = duplicate_runs(records)
+    if duplicates:
+        more = f" (and {len(duplicates) - 1} more)" if len(duplicates) > 1 else ""
+        raise RecordError(duplicates[0] + more)
+    if hasattr(args, "expect_commit"):
+        notes += check_commits(records, args.expect_commit)
+    return records, notes
+
+
+def check_commits(records: list[dict], expected: str) -> list[str]:
+    """Notes, or RecordError when the records were trained from several commits, or from another commit than
+    ``expected``: "HEAD" (the repository in the current directory), a commit (a prefix of 7 or more hex digits)
+    or "any" (whichever one commit the records come from, e.g. a job's artifacts judged elsewhere)."""
+    from stability.record import git_info
+
+    commits = sorted({str((r.get("git") or {}).get("commit")) for r in records})
+    if len(commits) > 1:
+        raise RecordError(f"the records were trained from {len(commits)} commits ({', '.join(c[:12] for c in commits)}): "
+                          f"a job judges the runs of one commit; pass the run directory of one job")
+    if expected == "any":
+        return [f"records of commit {commits[0][:12]} (--expect-commit any)"]
+    if expected != "HEAD" and not re.fullmatch(r"[0-9a-f]{7,40}", expected):
+        raise RecordError(f"--expect-commit {expected!r}: expected HEAD, any, or a commit (7 to 40 hex digits)")
+    wanted = git_info()["commit"] if expected == "HEAD" else expected
+    if wanted is None:
+        return ["the current directory is not in a git repository: the records' commit is not compared with HEAD"]
+    if not commits[0].startswith(wanted):
+        raise RecordError(f"the records were trained from commit {commits[0][:12]}, not {expected} ({wanted[:12]}): "
+                          f"a job judges runs of the code it checks; run the suites again, or pass "
+                          f"--expect-commit {commits[0][:12] if commits[0] != 'None' else 'any'} to judge them anyway")
+    return []
 
 
 def baseline_from_mlflow(branch: str, tracking_uri: str | None, preset: str | None, device: str | None) -> dict:
@@ -257,6 +293,9 @@ def add_parsers(sub) -> None:
     chk.add_argument("--junit", action="append", metavar="XML",
                      help="a JUnit XML file of the job's test steps (repeatable): a failed test fails the verdict too, "
                           "so the check's exit, its table and the job summary are the job's one verdict")
+    chk.add_argument("--expect-commit", default="HEAD", metavar="COMMIT",
+                     help="the commit the records must come from: HEAD (default: the repository in the current "
+                          "directory), a commit, or 'any' (any one commit: artifacts judged elsewhere)")
     chk.add_argument("--cases", metavar="NAMES",
                      help="judge only these stress cases of the baseline (comma-separated, e.g. standard); by default "
                           "every case the baseline holds must be in the records")

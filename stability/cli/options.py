@@ -47,12 +47,24 @@ def overrides_of(args) -> dict:
     return overrides
 
 
+JUDGING_COMMANDS = ("check", "report", "baseline", "upload")   # read records and baselines; no config of their own
+
+
 def load_extensions(args) -> None:
     """Import the installed extensions (entry points) and the ``plugins`` the command line names, before the
-    command checks any name a registry defines (``stability stress NAME``, ``--quant NAME``)."""
+    command checks any name a registry defines (``stability stress NAME``, ``--quant NAME``). A command that
+    judges or reports records (no config of its own) loads the ``plugins`` of the repository's settings in
+    the current directory too ([tool.stability]): what a record or a baseline names is never imported."""
     plugins = overrides_of(args).get("plugins") or ()
     if isinstance(plugins, str):
         plugins = [name for name in plugins.split(",") if name.strip()]
+    if getattr(args, "command", None) in JUDGING_COMMANDS:
+        from pathlib import Path
+
+        from stability.plugin.settings import find_settings
+
+        settings = find_settings(Path.cwd(), getattr(args, "stability_config", None))
+        plugins = [*plugins, *((settings.plugins or ()) if settings is not None else ())]
     extensions.load(tuple(plugins))
 
 
@@ -119,6 +131,11 @@ def resolve_session(args, label: str):
             config = resume.config
             if config.run.model.factory and not args.trust_factory:
                 raise RecordError(untrusted_factory(f"resume target {args.resume!r}", config.run.model.factory))
+            absent = cfg.extensions.not_loaded(config.plugins)
+            if absent:   # a record names them: never imported from there
+                raise RecordError(f"resume target {args.resume!r} was made with the extension(s) {', '.join(absent)}, "
+                                  f"which this process has not loaded: install them (an entry point) or name them "
+                                  f"with --set plugins={','.join(absent)}")
             check_here(config)
         resume.check_config(config)
         if not resume.unfinished():

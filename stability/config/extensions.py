@@ -120,3 +120,11 @@ def load(names: tuple[str, ...] | list[str] = ()) -> list[Extension]:
 def loaded() -> list[Extension]:
     """What this process has loaded, in order."""
     return list(_LOADED.values())
+
+
+def not_loaded(names) -> list[str]:
+    """Of the extensions ``names`` (``module[:function]``, as a record or a baseline names them), those this
+    process has not loaded. A file's names are only compared, never imported: a process's extensions come
+    from its installed entry points and its own configuration."""
+    here = {extension.spec for extension in _LOADED.values()}
+    return [name.strip() for name in names if isinstance(name, str) and name.strip() not in here]

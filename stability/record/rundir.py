@@ -9,10 +9,12 @@ directory is created when its first record is written (a test session that train
 nothing behind). Several processes of one session (pytest-xdist workers) share the directory: the
 controller picks its path and hands it to the workers in ``$STABILITY_RUN_DIR``.
 
-``select_records`` turns command-line paths into records: a record file is itself; a session
+``record_files`` turns command-line paths into record files: a record file is itself; a session
 directory gives its records; a directory of sessions gives its newest session's records (or every
-session's with ``all_sessions``). When the same (case, arm, seed, config) appears in more than one
-record, only the newest is kept, so repeated runs never count a seed twice.
+session's with ``all_sessions``). A job names its own session (``$STABILITY_RUN_DIR``, set by the
+workflow) and passes it to the check; the newest session is a convenience for a person at a terminal,
+and ``chosen_sessions`` says which one was taken. Two records of one (case, arm, seed, draw, config)
+are never settled by a date inside them: ``duplicate_runs`` names them and the reader refuses them.
 """
 
 from __future__ import annotations
@@ -117,28 +119,37 @@ def record_files(paths, all_sessions: bool = False) -> list[Path]:
     return files
 
 
-def unique_arms(records: list[dict]) -> tuple[list[dict], list[str]]:
-    """Drop repeated (case, arm, seed, rounding draw, config) entries, keeping the newest record's; returns the records
-    (with their ``arms`` filtered, records left with no arm removed) and one note per dropped entry."""
-    newest: dict[tuple, int] = {}
-    order = sorted(range(len(records)), key=lambda i: (records[i].get("created_at") or "", i))
-    for index in order:
-        record = records[index]
-        fingerprint = config_fingerprint(record["config"])
-        for arm in record["arms"]:
-            newest[(case_key(record), arm["arm"], arm["seed"], record_draw(record), fingerprint)] = index
-    kept, notes = [], []
+def chosen_sessions(paths, all_sessions: bool = False) -> list[str]:
+    """One line per directory of sessions among ``paths``: which of its sessions a reader took (the newest by
+    name, or every one with ``all_sessions``), so that a verdict says what it judged."""
+    lines = []
+    for item in paths:
+        path = Path(item)
+        if path.is_dir() and not is_session(path) and sessions(path):
+            if all_sessions:
+                lines.append(f"read every run directory under {str(path)!r} ({len(sessions(path))})")
+            else:
+                lines.append(f"read run directory {str(newest_session(path))!r}, the newest under {str(path)!r} "
+                             f"(name the job's own run directory to judge exactly its runs)")
+    return lines
+
+
+def duplicate_runs(records: list[dict]) -> list[str]:
+    """One line per run that two records hold: the same (case, arm, seed, rounding draw, config), naming both
+    files. Which of them is the job's cannot be told (a date inside a file says nothing), so a reader refuses
+    them."""
+    first: dict[tuple, dict] = {}
+    lines = []
     for index, record in enumerate(records):
         fingerprint = config_fingerprint(record["config"])
-        arms = [arm for arm in record["arms"]
-                if newest[(case_key(record), arm["arm"], arm["seed"], record_draw(record), fingerprint)] == index]
-        if len(arms) < len(record["arms"]):
-            notes.append(f"{case_key(record)}: {len(record['arms']) - len(arms)} arm(s) of "
-                         f"{record.get('_path') or record.get('id')} left out: a newer record holds the same "
-                         f"(arm, seed, draw, config)")
-        if arms:
-            kept.append({**record, "arms": arms} if len(arms) != len(record["arms"]) else record)
-    return kept, notes
+        for arm in record["arms"]:
+            key = (case_key(record), arm["arm"], arm["seed"], record_draw(record), fingerprint)
+            earlier = first.setdefault(key, record)
+            if earlier is not record:
+                lines.append(f"case {key[0]} arm {arm['arm']} seed {arm['seed']} draw {key[3]} is in two records, "
+                             f"{earlier.get('_path') or earlier.get('id')!s} and {record.get('_path') or record.get('id')!s}: "
+                             f"expected one run each (pass the run directory of one job)")
+    return lines
 
 
 def load_records(paths, all_sessions: bool = False) -> list[dict]:

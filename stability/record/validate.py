@@ -8,8 +8,14 @@ figure of ``stability.record.figures`` and every figure value a number, true/fal
 (``float``) may always be null: the JSON of a NaN or an Inf, which a run may produce anywhere (a NaN
 learning rate, an overflowing norm) and which is a result to keep, never a reason to refuse the record. The first
 problem is a RecordError (exit 2) naming the record, the key's path (``arms[1].final.heldout_loss``)
-and what was expected. The extensions the record was made with (``config.plugins``) are loaded first: they
-define some of its figures and case results. Keys starting with "_" at the top (``_path``) are notes in memory, never checked.
+and what was expected. Keys starting with "_" at the top (``_path``) are notes in memory, never checked.
+
+A record is data: nothing it names is imported. The extensions it was made with (``config.plugins`` and
+``env.extensions``) are only read: when some of them are not loaded in this process (a process loads its
+own, from the installed entry points and its own configuration: ``stability.config.extensions``), a figure
+or a case result the table does not know is taken to be theirs and kept unread (``foreign_extensions``
+names them); readers judge the figures they know, and a check whose baseline judges a figure this
+process does not know fails closed, naming the extension to load.
 """
 
 from __future__ import annotations
@@ -53,10 +59,8 @@ def validate_record(record, where: str) -> CaseRecord:
     if not isinstance(arms, list) or not all(isinstance(a, dict) for a in arms):
         raise RecordError(f"{where}: 'arms' must be a list of arm objects, got "
                           f"{type(arms).__name__ if not isinstance(arms, list) else 'a list holding non-objects'}")
-    plugins = (record.get("config") or {}).get("plugins") or ()
-    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
-        extensions.load(tuple(plugins))   # what the record was made with defines some of its figures and results
-    _entry({k: v for k, v in record.items() if not k.startswith("_")}, CaseRecord, "", where)
+    foreign = foreign_extensions(record)
+    _entry({k: v for k, v in record.items() if not k.startswith("_")}, CaseRecord, "", where, foreign)
     results = record.get("results") or {}
     if not isinstance(results, dict):
         raise RecordError(f"{where}: results = {_show(results)}: expected an object (case name -> its results)")
@@ -64,9 +68,25 @@ def validate_record(record, where: str) -> CaseRecord:
         try:
             kind = result_type(case)
         except RecordError as error:
+            if foreign:
+                continue      # the results of a case an extension this process lacks registered: kept, unread
             raise RecordError(f"{where}: results.{case}: {error}") from None
-        _check(result, kind, f"results.{case}", where)
+        _check(result, kind, f"results.{case}", where, foreign)
     return record
+
+
+def foreign_extensions(record: dict) -> tuple[str, ...]:
+    """The extensions (``module[:function]``) the record was made with that this process has not loaded:
+    its ``config.plugins`` and ``env.extensions`` specs, read, never imported."""
+    named = []
+    plugins = (record.get("config") or {}).get("plugins") if isinstance(record.get("config"), dict) else None
+    if isinstance(plugins, list):
+        named += [p for p in plugins if isinstance(p, str)]
+    env = record.get("env") if isinstance(record.get("env"), dict) else {}
+    if isinstance(env.get("extensions"), list):
+        named += [e.get("spec") for e in env["extensions"] if isinstance(e, dict) and isinstance(e.get("spec"), str)]
+    here = {extension.spec for extension in extensions.loaded()}
+    return tuple(dict.fromkeys(name.strip() for name in named if name.strip() not in here))
 
 
 @functools.cache
@@ -87,8 +107,9 @@ def _item(path: str, index: int, item) -> str:
     return f"{path}[{index}]"
 
 
-def _entry(value, kind, path: str, where: str) -> None:
-    """``value`` is an object holding the keys of the TypedDict ``kind``, each of its type."""
+def _entry(value, kind, path: str, where: str, foreign: tuple[str, ...] = ()) -> None:
+    """``value`` is an object holding the keys of the TypedDict ``kind``, each of its type (``foreign``: the
+    record's extensions this process lacks, whose figures are kept unread)."""
     if not isinstance(value, dict):
         raise RecordError(f"{where}: {path} = {_show(value)}: expected an object ({kind.__name__})")
     hints, required = _fields(kind)
@@ -97,8 +118,8 @@ def _entry(value, kind, path: str, where: str) -> None:
             raise RecordError(f"{where}: {path or 'the record'} has no {key!r} field")
     for key, item in value.items():
         if key in hints:
-            _check(item, hints[key], _at(path, key), where)
-        elif kind in FIGURES_BESIDE and figure(key) is not None:
+            _check(item, hints[key], _at(path, key), where, foreign)
+        elif kind in FIGURES_BESIDE and (figure(key) is not None or foreign):
             _check(item, FigureValue, _at(path, key), where)
         else:
             also = " or a figure of the table" if kind in FIGURES_BESIDE else ""
@@ -106,23 +127,23 @@ def _entry(value, kind, path: str, where: str) -> None:
                               f"(stability.record.schema): expected one of {', '.join(hints)}{also}")
 
 
-def _check(value, kind, path: str, where: str) -> None:
+def _check(value, kind, path: str, where: str, foreign: tuple[str, ...] = ()) -> None:
     """``value`` is of type ``kind`` (see the module docstring); RecordError naming ``path`` otherwise."""
     origin = typing.get_origin(kind)
     if kind is Any:
         return
     if typing.is_typeddict(kind):
-        _entry(value, kind, path, where)
+        _entry(value, kind, path, where, foreign)
     elif origin in (Union, types.UnionType):
         if value is None and type(None) in typing.get_args(kind):
             return
         options = [option for option in typing.get_args(kind) if option is not type(None)]
         if len(options) == 1 and (typing.is_typeddict(options[0]) or typing.get_origin(options[0]) in (list, dict)):
-            _check(value, options[0], path, where)      # an entry or null: the entry's own problem says most
+            _check(value, options[0], path, where, foreign)   # an entry or null: the entry's own problem says most
             return
         for option in options:
             try:
-                _check(value, option, path, where)
+                _check(value, option, path, where, foreign)
                 return
             except RecordError:
                 continue
@@ -135,16 +156,16 @@ def _check(value, kind, path: str, where: str) -> None:
         if plain is not None and all(type(item) in plain for item in value):
             return                 # a long list of plain values (a series): one pass, no per-item call
         for index, item in enumerate(value):
-            _check(item, item_kind, _item(path, index, item), where)
+            _check(item, item_kind, _item(path, index, item), where, foreign)
     elif origin is dict:
         if not isinstance(value, dict):
             raise RecordError(f"{where}: {path} = {_show(value)}: expected an object")
         key_kind, item_kind = typing.get_args(kind)
         for key, item in value.items():
-            if key_kind is FigureName and figure(key) is None:
+            if key_kind is FigureName and figure(key) is None and not foreign:
                 raise RecordError(f"{where}: {_at(path, key)} is not a figure of the table "
                                   f"(stability.record.figures): expected one of its figures, or an entry for it there")
-            _check(item, item_kind, _at(path, key), where)
+            _check(item, item_kind, _at(path, key), where, foreign)
     elif not _is(value, kind):
         raise RecordError(f"{where}: {path} = {_show(value)}: expected {_describe(kind)}")
 
