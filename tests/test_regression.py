@@ -232,7 +232,8 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
 
 def test_an_early_horizon_row_fails_the_job_when_it_moves_either_way(record):
     """The early horizon is primary either way: a move past its floor in the good direction is the model
-    computing something else (exit 1, "changed", naming the row and how to accept it), judged two-sided;
+    computing something else (exit 3, "changed", its own verdict, naming the row and how to accept it), judged
+    two-sided; a regression beside it makes the job REGRESSED (exit 1);
     the same move of a one-sided primary row (held-out loss) is an improvement that passes."""
     with_early = copy.deepcopy(record)
     for entry in with_early["arms"]:
@@ -241,10 +242,14 @@ def test_an_early_horizon_row_fails_the_job_when_it_moves_either_way(record):
     assert reg.in_primary_family("standard", "gated", "early_loss").either_way
     lower = reg.check([edited(with_early, "gated", "early_loss", add=-0.5)], made)
     row = _row(lower, "gated", "early_loss")
-    assert lower.exit_code == 1 and row.verdict == "changed" and row.p_judged == pytest.approx(2 * row.p_improved)
+    assert lower.exit_code == 3 and row.verdict == "changed" and row.p_judged == pytest.approx(2 * row.p_improved)
+    assert lower.verdict == "CHANGED" and lower.summary_line().startswith("stability check: CHANGED (exit 3)")
     assert any(line.startswith("changed: smoke/standard gated early_loss moved by -0.4999 in its good direction")
                and "stability baseline make" in line for line in lower.failure_lines())
     assert "CHANGED" in lower.table() and "**CHANGED**" in lower.markdown()
+    both = reg.check([edited(edited(with_early, "gated", "early_loss", add=-0.5), "gated", "m_act_max", factor=5.0)],
+                     made)
+    assert both.exit_code == 1 and both.verdict == "REGRESSED"
     higher = reg.check([edited(with_early, "gated", "early_loss", add=0.5)], made)
     assert higher.exit_code == 1 and _row(higher, "gated", "early_loss").verdict == "regressed"
     assert reg.check([with_early], made).exit_code == 0
@@ -732,6 +737,21 @@ def test_model_invariants_are_judged_against_the_baseline_not_absolutely(record)
     assert missing.exit_code == 2 and "did not evaluate model invariant loss_falls" in missing.errors[0]
     none = reg.check([record], base, invariants=None)
     assert none.exit_code == 0 and any("recorded no model invariants" in n for n in none.notes)
+
+
+def test_a_regressed_job_is_regressed_whatever_else_is_wrong_with_it(record, baseline):
+    """A job whose rows regressed and whose inputs also hold a problem (an invariant failing now that the
+    baseline cannot judge) is REGRESSED, exit 1, with the problem listed beside it, and no advice to make the
+    baseline again (which would bake the regression in); the problem alone is unusable input (exit 2)."""
+    failing = [_invariant("loss_gap_fp8", "gated", None, False, 0.9, 0.25)]
+    worse = edited(record, "gated", "m_act_max", factor=5.0)
+    result = reg.check([worse], baseline, invariants=failing)
+    assert baseline["invariants"] is None and result.exit_code == 1 and result.verdict == "REGRESSED"
+    assert any(line.startswith("regressed: smoke/standard gated m_act_max") for line in result.failure_lines())
+    assert any("loss_gap_fp8 does not hold" in line for line in result.failure_lines())
+    assert "make the baseline again" not in result.table() and "make the baseline again" not in result.markdown()
+    alone = reg.check([record], baseline, invariants=failing)
+    assert alone.exit_code == 2 and "never one made on this change" in alone.errors[0]
 
 
 def test_the_command_line_reads_the_invariants_of_the_run_directories(tmp_path, record, capsys):

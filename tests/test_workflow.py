@@ -1,20 +1,29 @@
-"""The CI workflow (.github/workflows/stability.yml): its commands, options and markers exist, and the CPU
-job's steps, run end to end in a fresh copy of the repository, pass on unchanged code
-(test_workflow_regression.py: a harmful change fails it; test_zoo.py: zoo entries of each kind)."""
+"""The CI workflow (.github/workflows/stability.yml): its commands, options and markers exist; the CPU job's
+steps, run end to end in a fresh copy of the repository, pass on unchanged code and fail a harmful change
+although a run directory of unchanged records lies beside the job's under a later name; and nothing the job
+wrote, tampered with one way at a time, steers the check (a record naming code, a baseline that is not
+whole, two records of one run). test_workflow_regression.py: accepting a change through a new baseline;
+test_zoo.py: zoo entries of each kind."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
-from _workflow import fresh_copy, prepare_venv, run_job
+from _workflow import apply_patch, fresh_copy, prepare_venv, run_job
+from _zoo import BY_NAME
 
 from stability.cli import build_parser
+from stability.record.rundir import newest_session
 
 SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", "then", "else", "do", "if", "!", ">>", ">"}
 WORKFLOW = Path(__file__).resolve().parents[1] / ".github" / "workflows" / "stability.yml"
@@ -139,12 +148,30 @@ def test_the_install_step_brings_the_test_extra_with_pyyaml(workflow):
 
 # ----------------------------------------------------------------------------- the CPU job, end to end
 
-def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(tmp_path):
-    """A fresh copy, the job's run: steps as written (the install step replaced by prepare_venv): unchanged
-    code passes, with the stated false-alarm rate (a second job on the same copy, reading only its own run
-    directory, is run by tests/test_workflow_regression.py)."""
-    copy = fresh_copy(tmp_path / "copy")
-    job = run_job(WORKFLOW, "stress-cpu", copy, install=prepare_venv)
+PLANTED = "job-99999999999-9-cpu"   # a run directory left under reports/runs that sorts after the job's own
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """One fresh copy of the repository and the CPU job's steps as written (the install step replaced by
+    prepare_venv), twice: on unchanged code; then, with that job's run directory planted under a later name
+    (as a session committed by mistake or restored from a cache would lie), on a harmful change (attention
+    logits no longer divided by sqrt(head_dim))."""
+    copy = fresh_copy(tmp_path_factory.mktemp("workflow") / "copy")
+    runs = copy / "reports" / "runs"
+    unchanged = run_job(WORKFLOW, "stress-cpu", copy, install=prepare_venv, run_id=101)
+    first = {"result": json.loads((copy / "reports" / "check.json").read_text()),
+             "report": (copy / "reports" / "report.html").is_file(), "session": runs / "job-101-1-cpu"}
+    shutil.copytree(first["session"], runs / PLANTED)
+    apply_patch(copy, BY_NAME["attention_scale_lost"].edits)
+    harmful = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None, run_id=102)
+    return SimpleNamespace(copy=copy, unchanged=unchanged, first=first, harmful=harmful, session=runs / "job-102-1-cpu",
+                           result=json.loads((copy / "reports" / "check.json").read_text()))
+
+
+def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(jobs):
+    """Unchanged code passes, with the stated false-alarm rate, judging its own run directory."""
+    job, result = jobs.unchanged, jobs.first["result"]
     assert job.passed, job.log()
     ran = {name for name, step in job.steps.items() if step.ran}
     assert {"stress", "check", "report"} <= ran and "fail on a regression" not in ran
@@ -152,8 +179,97 @@ def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(tm
     assert "### Stability check: :white_check_mark: PASS" in job.summary
     assert "| smoke/standard | gated | heldout_loss |" in job.summary       # the regression table
     assert "alpha = 0.01" in job.summary
-    result = json.loads((copy / "reports" / "check.json").read_text())
     assert result["exit_code"] == 0 and result["alpha"] == 0.01
     primary = [row for row in result["rows"] if row["tier"] == "primary" and row["p"] is not None]
     assert result["rows_judged"] == len(primary) > 20 and len(result["rows"]) > 100   # the family, the advisory rest
-    assert (copy / "reports" / "report.html").is_file()
+    assert jobs.first["report"]
+    assert not any("baseline records no" in note for note in result["notes"]), result["notes"]
+
+
+def test_a_later_named_run_directory_left_under_reports_runs_is_never_judged(jobs):
+    """The harmful change's job fails (exit 1, naming the figure) although a run directory of unchanged
+    records lies under reports/runs with a later name: the job judges the run directory it named. Judged
+    the old way (the newest under reports/runs), the same files would pass."""
+    job = jobs.harmful
+    assert job.failed and job.steps["check"].outputs == {"code": "1"}, job.log()
+    assert ":x: REGRESSED" in job.summary and "max_attn_logit" in job.summary
+    assert {row["figure"] for row in jobs.result["rows"] if row["verdict"] == "regressed"} >= {"max_attn_logit"}
+    runs = jobs.copy / "reports" / "runs"
+    assert newest_session(runs).name == PLANTED != jobs.session.name
+    assert _check(jobs, str(runs)).returncode == 0        # the planted records, judged in place of the job's
+
+
+# ----------------------------------------------------------------------------- what a job reads is data
+
+def _check(jobs, *records: str, baseline: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`stability check` in the copy, as the workflow's check step runs it."""
+    baseline = baseline or jobs.copy / "reports" / "baselines" / "smoke-cpu.json"
+    return subprocess.run([str(jobs.copy / ".venv" / "bin" / "stability"), "check", "--baseline", str(baseline),
+                           *records], cwd=jobs.copy, capture_output=True, text=True, check=False,
+                          env={**os.environ, **(env or {})})
+
+
+def _tampered(jobs, tmp_path: Path, session: Path, change) -> Path:
+    """A copy of ``session`` with ``change(record)`` applied to its plain pair's record."""
+    target = shutil.copytree(session, tmp_path / session.name)
+    path = next(target.glob("standard-*.json"))
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+    return target
+
+
+def test_a_record_naming_code_is_read_never_run(jobs, tmp_path):
+    """A record of the harmful job naming a module that writes a marker when imported, or ``sys:exit`` (which
+    made the check exit 0), as its config's plugins or its environment's extensions: the check still fails the
+    job, exit 1, and nothing named was imported."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    marker = tmp_path / "imported"
+    (modules / "planted_marker.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    env = {"PYTHONPATH": str(modules)}
+    for name in ("planted_marker", "sys:exit"):
+        in_config = _tampered(jobs, tmp_path / f"config-{name[:3]}", jobs.session,
+                              lambda r, name=name: r["config"].__setitem__("plugins", [name]))
+        beside = _tampered(jobs, tmp_path / f"env-{name[:3]}", jobs.session,
+                           lambda r, name=name: r["env"]["extensions"].append(
+                               {"name": "planted", "spec": name, "source": "entry point", "version": None}))
+        for session in (in_config, beside):
+            done = _check(jobs, str(session), env=env)
+            assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+            assert "REGRESSED" in done.stdout and "max_attn_logit" in done.stdout
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["nan_figure", "no_cases", "no_gated_arm"])
+def test_a_baseline_that_is_not_whole_never_passes(jobs, tmp_path, damage):
+    """The committed baseline with a NaN in a completed run's figure, with no case, or without the gated arm,
+    judged against the unchanged job's records (which pass the whole one): never exit 0."""
+    baseline = json.loads((jobs.copy / "reports" / "baselines" / "smoke-cpu.json").read_text())
+    if damage == "nan_figure":
+        draws = baseline["cases"]["smoke/standard"]["arms"]["gated"]["figures"]["heldout_loss"]["0"]
+        draws["0"] = float("nan")
+    elif damage == "no_cases":
+        baseline["cases"] = {}
+    else:
+        for case in baseline["cases"].values():
+            case["arms"].pop("gated", None)
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(baseline))           # a NaN is written as the literal NaN, as Python writes it
+    done = _check(jobs, str(jobs.first["session"]), baseline=path)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert str(path) in line
+
+
+@pytest.mark.parametrize("created_at", ["2099-01-01T00:00:00+00:00", "1999-01-01T00:00:00+00:00"])
+def test_a_regressed_record_beside_a_copy_of_an_unchanged_one_never_passes(jobs, tmp_path, created_at):
+    """The harmful job's run directory with the unchanged job's plain-pair record copied in, dated 2099 or
+    1999: two records of one run are refused (exit 2, both named), whatever their dates."""
+    session = shutil.copytree(jobs.session, tmp_path / "job")
+    unchanged = json.loads(next(jobs.first["session"].glob("standard-*.json")).read_text())
+    unchanged["created_at"] = created_at
+    (session / "standard-copy.json").write_text(json.dumps(unchanged))
+    done = _check(jobs, str(session))
+    assert done.returncode == 2 and "is in two records" in done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "standard-copy.json" in done.stderr

@@ -28,8 +28,9 @@ has to be told from. ``check(records, baseline)`` judges the job in three parts:
    row is *advisory*: printed with its z and p, never failing the job. A row whose runs are the same runs
    as an earlier row's (identical values in the baseline and in the job) is judged once.
 
-Exit codes: 0 nothing regressed, 1 an outcome or a primary row regressed (or changed), 2 the inputs cannot be
-judged.
+Exit codes: 0 nothing regressed; 1 an outcome, a primary row or a test of the job regressed, whatever else
+is wrong with the job (the other problems are listed beside it); 3 a primary row changed (moved past its
+floor in its good direction) and nothing regressed; 2 the inputs cannot be judged.
 Seeds whose baseline runs did not all end the same way (some completed, some diverged) are judged by an
 explicit rule, stated in the verdict's notes: the evaluation and peak figures of such a seed are judged
 against its completed runs when the job's run completed, and left out when it diverged too.
@@ -173,6 +174,9 @@ class Outcome:
         return dict(self.__dict__)
 
 
+VERDICT_OF_EXIT = {0: "PASS", 1: "REGRESSED", 2: "UNUSABLE INPUT", 3: "CHANGED"}
+"""The job's verdict by the check's exit code (``CheckResult.exit_code``)."""
+
 VERDICT_MARK = {"ok": "ok", "regressed": "REGRESSED", "changed": "CHANGED", "worse": "worse (advisory)",
                 "improved": "improved",
                 "new": "new", "missing": "missing", "duplicate": "duplicate"}
@@ -304,13 +308,18 @@ class CheckResult:
 
     @property
     def exit_code(self) -> int:
-        if self.errors:
-            return 2
-        return 1 if self.regressed or self.outcomes or self.suite_failures else 0
+        """0 pass; 1 regressed (an outcome, a primary row or a test of the job failed), whatever else is wrong;
+        3 changed (a primary row moved past its floor in its good direction: the model computes something
+        else; accepted only by a new baseline); 2 the inputs cannot be judged (listed beside a 1 or a 3)."""
+        if any(row.verdict == "regressed" for row in self.rows) or self.outcomes or self.suite_failures:
+            return 1
+        if any(row.verdict == "changed" for row in self.rows):
+            return 3
+        return 2 if self.errors else 0
 
     @property
     def verdict(self) -> str:
-        return {0: "PASS", 1: "REGRESSED", 2: "UNUSABLE INPUT"}[self.exit_code]
+        return VERDICT_OF_EXIT[self.exit_code]
 
     def method(self) -> str:
         replicates = max(0, len(self.draws) - 1)
@@ -357,7 +366,7 @@ class CheckResult:
         return "\n".join(out + (["", text_table([self.HEADER] + [self.cells(r) for r in rows])] if rows else []))
 
     def markdown(self) -> str:
-        icon = {0: ":white_check_mark:", 1: ":x:", 2: ":warning:"}[self.exit_code]
+        icon = {0: ":white_check_mark:", 1: ":x:", 2: ":warning:", 3: ":large_orange_diamond:"}[self.exit_code]
         out = [f"### Stability check: {icon} {self.verdict}", "",
                (f"Preset `{self.preset}`, device `{self.device}`, baseline from commit "
                 f"`{str(self.baseline_commit)[:12]}`. The job fails when a run diverges or meets an unhandled "
@@ -642,8 +651,9 @@ def judge_invariants(result: CheckResult, held_before: list[dict] | None, now: l
         failing = [line for line in now or [] if line["case"] in cases and not line["held"]]
         for line in failing:
             result.errors.append(f"case {line['case']} arm {line['arm']}: model invariant {line['name']} does not hold "
-                                 f"({_value(line)}) and the baseline records no invariants to judge it against (made "
-                                 f"without the suites' invariants): make the baseline again")
+                                 f"({_value(line)}) and the baseline records no invariants to judge it against (it "
+                                 f"was made without the suites' invariants): a baseline made on code that passes "
+                                 f"the check can judge it; never one made on this change")
         if now and not failing:
             result.notes.append("the baseline records no model invariants: the job's, which all held, are not judged")
         return

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from stability.config import ConfigError, ModelConfig
 from stability.plugin.settings import KEYS, OWN_FILE, PYPROJECT, read_settings
+from stability.record.rundir import DEFAULT_ROOT
 
 WORKFLOW = Path(".github") / "workflows" / "stability.yml"
 GITIGNORE = Path(".gitignore")
@@ -156,11 +157,12 @@ def stability_requirement() -> tuple[str, str | None]:
 
 HEADER = """\
 # Stability check of this repository's model (written by `stability init`): the stability stress suites
-# (pytest --pyargs stability.suites -m stress, configured by the settings in @SETTINGS@), their records into a
-# new run directory under reports/runs, then the regression check of that run directory against the committed
-# baseline of the preset and device (@BASELINES@/<preset>-<device>.json, made by `stability baseline make`).
-# The regression table goes to the job summary; reports/ (records, report, JUnit XML) is uploaded; the job
-# fails when a figure regressed (exit 1) or the inputs are unusable (exit 2).
+# (pytest --pyargs stability.suites -m stress, configured by the settings in @SETTINGS@), their records into the
+# job's own run directory ($STABILITY_RUN_DIR, named by the workflow run), then the regression check of exactly
+# that directory against the committed baseline of the preset and device (@BASELINES@/<preset>-<device>.json,
+# made by `stability baseline make`; no job passes without it). The regression table goes to the job summary;
+# reports/ (records, report, JUnit XML) is uploaded; the job fails when a figure regressed (exit 1), changed
+# (exit 3) or the inputs are unusable (exit 2).
 name: stability
 
 on:
@@ -183,6 +185,7 @@ GPU_JOB = """\
     timeout-minutes: 240
     env:
       BASELINE: @BASELINES@/full-cuda.json
+      STABILITY_RUN_DIR: reports/runs/job-${{ github.run_id }}-${{ github.run_attempt }}-cuda
       STABILITY_PACKAGE: "@PACKAGE@"
     steps:
       - uses: actions/checkout@v4
@@ -207,6 +210,7 @@ CPU_JOB = """\
     timeout-minutes: 60
     env:
       BASELINE: @BASELINES@/@PRESET@-cpu.json
+      STABILITY_RUN_DIR: reports/runs/job-${{ github.run_id }}-${{ github.run_attempt }}-cpu
       STABILITY_PACKAGE: "@PACKAGE@"
       # the plots go into the job's report, not again into the MLflow store of each case: reports/ stays small
       STABILITY_PLOTS: "0"
@@ -254,21 +258,22 @@ CHECK_STEPS = """\
         run: |
           . .venv/bin/activate
           if [ ! -f "$BASELINE" ]; then
-            echo "::warning::no committed baseline $BASELINE: make one with 'stability baseline make --preset @JOB_PRESET@ --device @JOB_DEVICE@' and commit it"
-            echo "### Stability check: no committed baseline \\`$BASELINE\\`" >> "$GITHUB_STEP_SUMMARY"
-            echo "code=0" >> "$GITHUB_OUTPUT"; exit 0
+            make="stability baseline make --preset @JOB_PRESET@ --device @JOB_DEVICE@ --out $BASELINE"
+            echo "::error::no committed baseline $BASELINE: no job passes without one. Make it on this runner with '$make' and commit it"
+            printf '### Stability check: :warning: UNUSABLE INPUT\\n\\nNo committed baseline `%s`: make it on this runner with `%s` and commit it.\\n' "$BASELINE" "$make" >> "$GITHUB_STEP_SUMMARY"
+            echo "code=2" >> "$GITHUB_OUTPUT"; exit 0
           fi
           set +e
-          stability check --baseline "$BASELINE" reports/runs --json reports/check.json @JUNIT@
+          stability check --baseline "$BASELINE" "$STABILITY_RUN_DIR" --json reports/check.json @JUNIT@
           echo "code=$?" >> "$GITHUB_OUTPUT"
       - name: report
         if: always()
         run: |
           . .venv/bin/activate
           if [ -f "$BASELINE" ]; then
-            stability report reports/runs --out reports/report.html --baseline "$BASELINE"
+            stability report "$STABILITY_RUN_DIR" --out reports/report.html --baseline "$BASELINE"
           else
-            stability report reports/runs --out reports/report.html
+            stability report "$STABILITY_RUN_DIR" --out reports/report.html
           fi
       - name: upload reports
         if: always()
@@ -279,7 +284,7 @@ CHECK_STEPS = """\
       - name: fail on a regression
         if: always() && steps.check.outputs.code != '0'
         run: |
-          echo "::error::stability check exit code ${{ steps.check.outputs.code }} (1 regressed, 2 unusable input)"
+          echo "::error::stability check exit code ${{ steps.check.outputs.code }} (1 regressed, 2 unusable input, 3 changed)"
           exit 1
 """
 
@@ -304,14 +309,16 @@ def workflow_text(settings_file: str, preset: str, baselines: str, package: str,
 
 def job_commands(workflow: str, job: str, baseline: str) -> list[str]:
     """The commands of ``job`` in the workflow text that run the suites and the check (its ``pytest`` and
-    ``stability check`` lines, in order), ``$BASELINE`` spelled out as ``baseline``."""
+    ``stability check`` lines, in order), ``$BASELINE`` spelled out as ``baseline`` and the job's run
+    directory as ``reports/runs`` (at a terminal: its newest run directory, which the check names)."""
     lines, inside = [], False
     for line in workflow.splitlines():
         if line.startswith("  ") and not line.startswith("   "):
             inside = line.strip() == f"{job}:"
         command = line.strip()
         if inside and command.startswith(("pytest ", "stability check ")):
-            lines.append(command.replace('"$BASELINE"', baseline).replace("$BASELINE", baseline))
+            lines.append(command.replace('"$BASELINE"', baseline).replace("$BASELINE", baseline)
+                         .replace('"$STABILITY_RUN_DIR"', str(DEFAULT_ROOT)))
     return lines
 
 

@@ -410,7 +410,7 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
     m = [f"# {title}", "", f"{len(records)} record(s): "
          + ", ".join(f"`{r.get('name')}/{r.get('schedule')}`" for r in records), ""]
     if result is not None:
-        cls = {0: "ok", 1: "regressed", 2: "regressed"}[result.exit_code]
+        cls = {0: "ok", 1: "regressed", 2: "regressed", 3: "regressed"}[result.exit_code]
         h += ["<h2 id='regression'>Regression check</h2>",
               f"<p class='{cls}'>{html.escape(result.summary_line())}</p>"]
         h += [f"<p>{html.escape(result.method())}</p>"]
