@@ -780,3 +780,60 @@ def test_an_invariant_failing_against_a_baseline_that_records_none_cannot_be_jud
     assert result.exit_code == 2 and "the baseline records no invariants to judge it against" in result.errors[0]
     fine = reg.check([record], base, invariants=[_invariant("loss_falls", "gated", 0, True, 0.5, 0.9)])
     assert fine.exit_code == 0 and any("records no model invariants" in n for n in fine.notes)
+
+
+# ----------------------------------------------------------------------------- the runs a job made
+
+def test_the_check_refuses_records_of_another_commit_than_the_one_it_checks(tmp_path, record, baseline, capsys):
+    """Records of another commit than HEAD, or of two commits, are not the job's runs: exit 2 naming the
+    commits; `--expect-commit any` judges records of any one commit (a job's artifacts judged elsewhere), and a
+    named commit must be the records'."""
+    baselines.write_baseline(baseline, tmp_path / "b.json")
+    other = copy.deepcopy(record)
+    other["git"] = {**other["git"], "commit": "f" * 40}
+    elsewhere = _write(tmp_path / "other.json", other)
+    check = ["check", "--baseline", str(tmp_path / "b.json")]
+    assert main([*check, elsewhere]) == 2
+    assert "were trained from commit ffffffffffff, not HEAD" in capsys.readouterr().err
+    assert main([*check, elsewhere, "--expect-commit", "any"]) == 0
+    assert main([*check, elsewhere, "--expect-commit", "fffffff"]) == 0
+    assert main([*check, elsewhere, "--expect-commit", "abcdef0"]) == 2
+    capsys.readouterr()
+    gated = copy.deepcopy(other)
+    gated["arms"] = [arm for arm in gated["arms"] if arm["arm"] == "gated"]
+    gated["git"]["commit"] = "e" * 40
+    plain = copy.deepcopy(other)
+    plain["arms"] = [arm for arm in plain["arms"] if arm["arm"] == "baseline"]
+    halves = [_write(tmp_path / "plain.json", plain), _write(tmp_path / "gated.json", gated)]
+    assert main([*check, *halves, "--expect-commit", "any"]) == 2
+    assert "were trained from 2 commits (eeeeeeeeeeee, ffffffffffff)" in capsys.readouterr().err
+    assert main([*check, elsewhere, "--expect-commit", "main~1"]) == 2
+    assert "--expect-commit 'main~1': expected HEAD, any, or a commit" in capsys.readouterr().err
+
+
+def test_reading_a_record_imports_nothing_it_names(tmp_path, record, monkeypatch):
+    """A record naming a module (its config's plugins, its environment's extensions) is read without importing
+    it; a figure the table does not know is kept unread when the record names an extension this process lacks,
+    and refused when it names none."""
+    import sys
+
+    from stability.record import RecordError, validate_record
+
+    marker = tmp_path / "imported"
+    (tmp_path / "planted_marker.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    named = copy.deepcopy(record)
+    named["config"]["plugins"] = ["planted_marker"]
+    named["env"]["extensions"] = [{"name": "x", "spec": "sys:exit", "source": "entry point", "version": None}]
+    for arm in named["arms"]:
+        arm["final"]["planted_figure"] = 1.0
+    assert validate_record(named, "record") is named
+    assert not marker.exists() and "planted_marker" not in sys.modules
+    made = baselines.make_baseline(with_replicates(named))        # the extension's figure is not in it
+    assert "planted_figure" not in made["cases"]["smoke/standard"]["arms"]["gated"]["figures"]
+    assert reg.check([named], made).exit_code == 0 and not marker.exists()
+    plain = copy.deepcopy(record)
+    for arm in plain["arms"]:
+        arm["final"]["planted_figure"] = 1.0
+    with pytest.raises(RecordError, match="planted_figure is not"):
+        validate_record(plain, "record")
