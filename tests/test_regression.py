@@ -837,3 +837,25 @@ def test_reading_a_record_imports_nothing_it_names(tmp_path, record, monkeypatch
         arm["final"]["planted_figure"] = 1.0
     with pytest.raises(RecordError, match="planted_figure is not"):
         validate_record(plain, "record")
+
+
+def test_baseline_compare_names_what_moved_in_units_of_the_replicate_noise(tmp_path, record, capsys):
+    """`stability baseline compare OLD NEW`: a baseline made on code whose gated arm's M-Act tripled, against
+    the one before it, names that figure of that arm (primary rows first) with its move in replicate noise;
+    the same against itself, or against a job of unchanged records, moves nothing."""
+    old = tmp_path / "old.json"
+    new = tmp_path / "new.json"
+    baselines.write_baseline(baselines.make_baseline(with_replicates(record)), old)
+    worse = edited(record, "gated", "m_act_max", factor=3.0)
+    baselines.write_baseline(baselines.make_baseline(with_replicates(worse)), new)
+    assert main(["baseline", "compare", str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    lines = [line.split() for line in out.splitlines()[3:]]
+    assert ["smoke/standard", "gated", "m_act_max", "primary"] == lines[0][:4], out
+    assert float(lines[0][8]) > 3 and all(line[1] != "baseline" for line in lines), out
+    assert main(["baseline", "compare", str(old), str(old)]) == 0
+    assert " 0 of " in capsys.readouterr().out
+    job = _write(tmp_path / "job.json", record)
+    assert main(["baseline", "compare", str(old), job]) == 0
+    assert " 0 of " in capsys.readouterr().out
+    assert main(["baseline", "compare", str(tmp_path / "missing.json"), job]) == 2

@@ -195,6 +195,37 @@ def cmd_baseline_calibrate(args) -> int:
     return 1 if reason and not (args.write and args.accept_calibration) else 0
 
 
+def cmd_baseline_compare(args) -> int:
+    """What moved from a baseline to another baseline, or to a job's records, in units of the first one's
+    replicate noise: every case, arm and figure that moved by at least --min-sigmas, primary rows first, and
+    what one side lacks. Exit 0 (it judges nothing), 2 for input that cannot be read."""
+    from stability.check.baseline import case_values, load_baseline, regression_records
+    from stability.check.compare import compare, moved, moves_table
+    from stability.record.io import read_json
+
+    old = load_baseline(args.old)
+    first = Path(args.new[0])
+    is_baseline = len(args.new) == 1 and first.is_file() and \
+        (read_json(first, "file") or {}).get("kind") == "stability-baseline"
+    if is_baseline:
+        new, what = load_baseline(first)["cases"], f"baseline {str(first)!r}"
+    else:
+        args.records, args.all_sessions = args.new, False
+        records, notes = read_inputs(args)
+        for note in notes:
+            print(f"note: {note}")
+        new, what = case_values(regression_records(records)[0]), f"the records of {', '.join(args.new)}"
+    moves = compare(old["cases"], new)
+    shown = moved(moves, args.min_sigmas)
+    judged = sum(m.sigmas is not None for m in moves)
+    print(f"from baseline {args.old!r} (commit {str(old.get('commit'))[:12]}) to {what}: {len(shown)} of "
+          f"{len(moves)} rows moved by at least {args.min_sigmas:g} replicate noise or are on one side only "
+          f"({judged} compared)")
+    if shown:
+        print(moves_table(shown))
+    return 0
+
+
 def baseline_dir(args) -> Path:
     """The baselines directory of the repository's settings (reports/baselines without any)."""
     settings = find_settings(Path.cwd(), getattr(args, "stability_config", None))
@@ -344,6 +375,13 @@ def add_parsers(sub) -> None:
     cal.add_argument("--accept-calibration", action="store_true", help="with --write: store a failing curve "
                                                                       "anyway (every check then warns)")
     cal.set_defaults(func=cmd_baseline_calibrate)
+    cmp = base_sub.add_parser("compare", help="what moved from a baseline to another one, or to a job's records, in "
+                                              "units of the replicate noise (a review before a baseline is committed)")
+    cmp.add_argument("old", help="the baseline JSON moved from (e.g. the committed one)")
+    cmp.add_argument("new", nargs="+", help="another baseline JSON, or a job's record files or run directory")
+    cmp.add_argument("--min-sigmas", type=float, default=3.0,
+                     help="show the rows that moved by at least this many replicate noise (default 3)")
+    cmp.set_defaults(func=cmd_baseline_compare)
 
 
 def add_baseline_flags(parser) -> None:
