@@ -859,3 +859,35 @@ def test_baseline_compare_names_what_moved_in_units_of_the_replicate_noise(tmp_p
     assert main(["baseline", "compare", str(old), job]) == 0
     assert " 0 of " in capsys.readouterr().out
     assert main(["baseline", "compare", str(tmp_path / "missing.json"), job]) == 2
+
+
+def test_a_baseline_remade_case_by_case_keeps_the_other_cases_and_shows_what_moved(tmp_path, record, capsys):
+    """`stability baseline update --cases standard` (what `baseline make --cases` ends with) replaces the
+    standard case of the baseline at --out with the new runs' and keeps every other case as it was (each case
+    names the commit that trained it), calibrates the whole again and prints what moved from the baseline
+    before; runs of another case than the ones named, or no baseline at --out, are refused."""
+    ramp = copy.deepcopy(record)
+    ramp.update(schedule="lr_ramp", stress="lr_ramp", id="ramp0")
+    out = tmp_path / "b.json"
+    both = [_write(tmp_path / f"{i}.json", r) for i, r in enumerate(with_replicates(record) + with_replicates(ramp))]
+    assert main(["baseline", "update", *both, "--out", str(out)]) == 0
+    before = baselines.load_baseline(out)
+    assert sorted(before["cases"]) == ["smoke/lr_ramp", "smoke/standard"]
+    changed = edited(record, "gated", "m_act_max", factor=3.0)
+    changed["git"]["commit"] = "c" * 40
+    remade = [_write(tmp_path / f"new{i}.json", r) for i, r in enumerate(with_replicates(changed))]
+    capsys.readouterr()
+    assert main(["baseline", "update", *remade, "--out", str(out), "--cases", "standard"]) == 0
+    out_text = capsys.readouterr().out
+    assert "(cases standard remade; the others kept)" in out_text and "125 arrangements" in out_text
+    moved = out_text[out_text.index("what moved from the baseline before"):].splitlines()
+    assert moved[3].split()[:4] == ["smoke/standard", "gated", "m_act_max", "primary"], moved
+    after = baselines.load_baseline(out)
+    assert after["cases"]["smoke/lr_ramp"]["arms"] == before["cases"]["smoke/lr_ramp"]["arms"]
+    assert after["cases"]["smoke/lr_ramp"]["commit"] == before["commit"]
+    assert after["cases"]["smoke/standard"]["commit"] == after["commit"] == "c" * 40
+    assert after["cases_remade"] == ["standard"] and after["calibration"]["arrangements"] == 125
+    assert main(["baseline", "update", *remade, "--out", str(out), "--cases", "lr_ramp"]) == 2
+    assert "expected exactly ['lr_ramp']" in capsys.readouterr().err
+    assert main(["baseline", "update", *remade, "--out", str(tmp_path / "none.json"), "--cases", "standard"]) == 2
+    assert "make it whole first" in capsys.readouterr().err

@@ -203,6 +203,32 @@ def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int
     }
 
 
+def merge_cases(old: dict, new: dict, stress: list[str]) -> dict:
+    """``old`` with the cases of the stress cases ``stress`` taken from ``new`` (a baseline made of those cases'
+    runs only: a baseline remade case by case). The two must be of one preset, device and set of draws; each
+    case keeps the commit that trained it (``case["commit"]``), the document's ``commit`` becomes ``new``'s and
+    ``cases_remade`` names what was remade. The invariants of the remade cases are ``new``'s. RecordError when
+    ``new`` lacks one of the cases or holds another."""
+    for key in ("preset", "device", "draws"):
+        if old.get(key) != new.get(key):
+            raise RecordError(f"the cases remade differ from the baseline's in {key}: {new.get(key)!r} against "
+                              f"{old.get(key)!r}: expected the baseline's (remake it whole)")
+    made = {c["stress"] for c in new["cases"].values()}
+    if made != set(stress):
+        raise RecordError(f"the runs remade hold the cases {sorted(made)}: expected exactly {sorted(stress)}")
+    cases = {key: {**case, "commit": case.get("commit") or old.get("commit")}
+             for key, case in old["cases"].items() if case["stress"] not in stress}
+    cases.update({key: {**case, "commit": new.get("commit")} for key, case in new["cases"].items()})
+    invariants = None
+    if old.get("invariants") is not None or new.get("invariants") is not None:
+        keys = set(new["cases"])
+        invariants = [line for line in old.get("invariants") or [] if line["case"] not in keys] \
+            + list(new.get("invariants") or [])
+    return {**old, "created_at": new["created_at"], "commit": new.get("commit"), "branch": new.get("branch"),
+            "dirty": bool(old.get("dirty") or new.get("dirty")), "cases": dict(sorted(cases.items())),
+            "invariants": invariants, "cases_remade": sorted(stress), "calibration": None}
+
+
 def run_invariants(records: list[dict]) -> list[dict] | None:
     """The model invariants recorded in the run directories the records came from (their ``_path``); None
     when none of them holds an invariants file (the suites did not run there)."""

@@ -147,6 +147,16 @@ def cmd_baseline_update(args) -> int:
                              invariants=run_invariants(records))
     out = Path(args.out) if args.out else default_baseline_path(baseline["preset"], baseline["device"],
                                                                  baseline_dir(args))
+    remade = [name for name in (getattr(args, "cases", None) or "").split(",") if name.strip()]
+    before = None
+    if remade:   # a baseline remade case by case: the other cases of the one at `out` are kept
+        from stability.check.baseline import load_baseline, merge_cases
+
+        if not out.is_file():
+            raise RecordError(f"--cases {','.join(remade)}: no baseline {str(out)!r} to remake cases of: make it "
+                              f"whole first (without --cases)")
+        before = load_baseline(out)
+        baseline = merge_cases(before, baseline, remade)
     cases = ", ".join(f"{key} (seeds {max(len(a['status']) for a in case['arms'].values())})"
                       for key, case in baseline["cases"].items())
     print(f"baseline of preset {baseline['preset']}, device {baseline['device']}, commit "
@@ -164,7 +174,14 @@ def cmd_baseline_update(args) -> int:
         print(f"warning: calibration fails ({reason}); written anyway (--accept-calibration): every check that "
               f"uses this baseline says so", file=sys.stderr)
     write_baseline(baseline, out)
-    print(f"baseline written: {out}")
+    print(f"baseline written: {out}" + (f" (cases {', '.join(remade)} remade; the others kept)" if remade else ""))
+    if before is not None:
+        from stability.check.compare import compare, moved, moves_table
+
+        shown = moved(compare(before["cases"], baseline["cases"]), 3.0)
+        print(f"what moved from the baseline before (3 or more replicate noise): {len(shown)} row(s)")
+        if shown:
+            print(moves_table(shown))
     return 0
 
 
@@ -269,6 +286,8 @@ def cmd_baseline_make(args) -> int:
                *args.pytest_args]
     if args.device:
         command += ["--stability-device", args.device]
+    if args.cases:
+        command += ["--stability-cases", args.cases]
     if args.stability_config:
         command += ["--stability-config", args.stability_config]
     print(f"stability baseline make: {' '.join(command[2:])} (records into {run_dir})", flush=True)
@@ -353,6 +372,9 @@ def add_parsers(sub) -> None:
     make.add_argument("--out", help="baseline file (default <baselines>/<preset>-<device>.json, the settings' "
                                     "baselines directory, reports/baselines without settings)")
     make.add_argument("--commit", help="commit the baseline comes from (default: the commit that trained the records)")
+    make.add_argument("--cases", metavar="NAMES",
+                      help="remake only these stress cases (comma-separated, e.g. standard,lr_ramp) of the baseline at "
+                           "--out, keeping its other cases: a wanted change accepted case by case")
     make.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     add_alpha(make, DEFAULT_ALPHA)
     add_baseline_flags(make)
@@ -363,6 +385,9 @@ def add_parsers(sub) -> None:
     upd.add_argument("--out", help="baseline file (default <baselines>/<preset>-<device>.json, the settings' "
                                    "baselines directory, reports/baselines without settings)")
     upd.add_argument("--commit", help="commit the baseline comes from (default: the commit that trained the records)")
+    upd.add_argument("--cases", metavar="NAMES",
+                     help="the records hold only these stress cases: replace them in the baseline at --out, keeping "
+                          "its other cases")
     add_alpha(upd, DEFAULT_ALPHA)
     add_baseline_flags(upd)
     upd.set_defaults(func=cmd_baseline_update)

@@ -83,6 +83,9 @@ OPTIONS = {
                            "regression baseline is made of: stability baseline make)"},
     "replicate": {"type": int, "default": 0, "metavar": "N",
                   "help": "train every run as rounding replicate N (0: the reference runs; stability.model.rounding)"},
+    "cases": {"default": None, "metavar": "NAMES",
+              "help": "comma-separated stress cases to run: the suites of the others, and the stress tests of no "
+                      "case, are deselected (stability baseline make --cases: a baseline remade case by case)"},
     "run-slow": {"action": "store_true", "default": False,
                  "help": "also run tests marked slow (or $STABILITY_RUN_SLOW=1)"},
 }
@@ -247,17 +250,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none available)"))
         if "slow" in item.keywords and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow (or STABILITY_RUN_SLOW=1)"))
-    if settings is None:
+    chosen = [name for name in (option(config, "cases") or "").split(",") if name.strip()] or None
+    if settings is None and chosen is None:
         return
-    if settings.cases is not None:
-        known = suite_cases(where)
-        unknown = [name for name in settings.cases if name not in known]
+    known = suite_cases(where)
+    for where_named, names in (("--stability-cases", chosen),
+                               (settings.source if settings else "", settings.cases if settings else None)):
+        unknown = [name for name in names or () if name not in known]
         if unknown:
-            raise pytest.UsageError(f"{settings.source}: cases={list(settings.cases)!r} is invalid: unknown stress "
-                                    f"case(s) {unknown}: expected names from {known}")
+            raise pytest.UsageError(f"{where_named}: cases={list(names)!r} is invalid: unknown stress case(s) "
+                                    f"{unknown}: expected names from {known}")
     kept, left = [], []
     for item in items:
-        (left if _left_out(item, settings, where) else kept).append(item)
+        out = settings is not None and _left_out(item, settings, where) or _not_chosen(item, chosen, where)
+        (left if out else kept).append(item)
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept
@@ -285,6 +291,13 @@ def _left_out(item: pytest.Item, settings: Settings, where: Path) -> bool:
     if case is None:
         return not settings.own_model
     return settings.cases is not None and case not in settings.cases
+
+
+def _not_chosen(item: pytest.Item, chosen: list[str] | None, where: Path) -> bool:
+    """A stress test of the suites outside the cases ``--stability-cases`` names (a test of no case too)."""
+    if chosen is None or "stress" not in item.keywords or not item.path.is_relative_to(where):
+        return False
+    return getattr(getattr(item, "module", None), "CASE", None) not in chosen
 
 
 def _has_cuda() -> bool:
