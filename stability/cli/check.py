@@ -280,6 +280,9 @@ def cmd_baseline_make(args) -> int:
 
     settings = find_settings(Path.cwd(), args.stability_config)
     preset, replicates = check_make_arguments(args, settings)
+    if args.cases and args.out and not Path(args.out).is_file():
+        raise RecordError(f"--cases {args.cases}: no baseline {args.out!r} to remake cases of: make it whole first "
+                          f"(without --cases)")
     run_dir = new_run_dir(args.root, label="baseline")
     command = [sys.executable, "-m", "pytest", *suites_arguments(args.suites), "-m", "stress",
                "--stability-scale", preset, "--stability-replicates", str(replicates), "-p", "no:cacheprovider",
