@@ -97,20 +97,20 @@ def apply_patch(copy: Path, edits) -> None:
 EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 
 
-def _value(reference: str, outputs: dict, github: dict | None = None) -> str:
-    context = re.fullmatch(r"github\.(\w+)", reference)
-    if context and context.group(1) in (github or {}):
-        return str(github[context.group(1)])
+def _value(reference: str, outputs: dict, contexts: dict | None = None) -> str:
+    context = re.fullmatch(r"(github|inputs)\.(\w+)", reference)
+    if context:
+        return str((contexts or {}).get(context.group(1), {}).get(context.group(2), ""))
     match = re.fullmatch(r"steps\.([\w-]+)\.outputs\.([\w-]+)", reference)
     if not match:
         raise ValueError(f"unsupported expression {reference!r}")
     return outputs.get(match.group(1), {}).get(match.group(2), "")
 
 
-def substitute(text: str, outputs: dict, github: dict | None = None) -> str:
+def substitute(text: str, outputs: dict, contexts: dict | None = None) -> str:
     """``${{ steps.<id>.outputs.<name> }}`` -> the value (empty when unset, as on the runner); ``${{
-    github.run_id }}`` and ``${{ github.run_attempt }}`` -> the run's (``github``)."""
-    return EXPRESSION.sub(lambda m: _value(m.group(1), outputs, github), text)
+    github.<name> }}`` and ``${{ inputs.<name> }}`` -> the run's (``contexts["github"]``, ``contexts["inputs"]``)."""
+    return EXPRESSION.sub(lambda m: _value(m.group(1), outputs, contexts), text)
 
 
 def condition(text: str | None, outputs: dict, failed: bool) -> bool:
@@ -175,16 +175,19 @@ def _outputs(path: Path) -> dict:
 
 
 def run_job(workflow: Path, job_name: str, copy: Path, install=prepare_venv, env: dict | None = None,
-            timeout: float = 3600, run_id: int | None = None) -> Job:
+            timeout: float = 3600, run_id: int | None = None, inputs: dict | None = None) -> Job:
     """Run the job's steps in ``copy`` (see the module docstring); returns what each step did. ``run_id``: the
-    workflow run's number (``github.run_id``; default: a new one for every call, as each run has)."""
+    workflow run's number (``github.run_id``; default: a new one for every call, as each run has); ``inputs``:
+    a manually dispatched run's inputs (``inputs.<name>``)."""
     spec = yaml.safe_load(workflow.read_text())["jobs"][job_name]
-    github = {"run_id": run_id if run_id is not None else uuid.uuid4().int % 10**10, "run_attempt": 1}
+    contexts = {"github": {"run_id": run_id if run_id is not None else uuid.uuid4().int % 10**10, "run_attempt": 1,
+                         "event_name": "workflow_dispatch" if inputs else "pull_request"},
+              "inputs": dict(inputs or {})}
     base_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("STABILITY_", "PYTEST_", "MLFLOW_", "GITHUB_", "VIRTUAL_ENV"))}
     base_env["PATH"] = os.pathsep.join(p for p in base_env.get("PATH", "").split(os.pathsep)
                                        if not p.startswith(str(Path(sys.prefix))))
-    base_env.update({k: substitute(str(v), {}, github) for k, v in (spec.get("env") or {}).items()})
+    base_env.update({k: substitute(str(v), {}, contexts) for k, v in (spec.get("env") or {}).items()})
     base_env.update(env or {})
     work = copy / ".github-runner"
     work.mkdir(exist_ok=True)
@@ -207,7 +210,7 @@ def run_job(workflow: Path, job_name: str, copy: Path, install=prepare_venv, env
             continue
         output_file = work / f"output-{index}"
         output_file.write_text("")
-        script = substitute(step["run"], outputs, github)
+        script = substitute(step["run"], outputs, contexts)
         result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=copy,
                                 env={**base_env, **{k: str(v) for k, v in (step.get("env") or {}).items()},
                                      "GITHUB_OUTPUT": str(output_file), "GITHUB_STEP_SUMMARY": str(summary)},

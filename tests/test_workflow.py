@@ -64,7 +64,7 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def test_gpu_and_cpu_jobs_run_the_stress_suites_at_their_scale(workflow):
-    jobs = workflow["jobs"]
+    jobs = {name: job for name, job in workflow["jobs"].items() if name.startswith("stress-")}
     runners = {name: job["runs-on"] for name, job in jobs.items()}
     assert ["self-hosted", "gpu"] in runners.values() and "ubuntu-latest" in runners.values()
     expected = {"self-hosted,gpu": ("full", "cuda"), "ubuntu-latest": ("smoke", "cpu")}
@@ -83,6 +83,23 @@ def test_gpu_and_cpu_jobs_run_the_stress_suites_at_their_scale(workflow):
         failing = [s for s in steps if "steps.check.outputs.code" in str(s.get("if", ""))]
         assert failing and "exit 1" in failing[-1]["run"], f"{job_name}: a regression does not fail the job"
         assert steps[-1] is failing[-1], f"{job_name}: the failing step must come after the report and upload"
+
+
+def test_a_baseline_is_made_on_the_runner_of_each_job_by_hand_never_on_a_pull_request(workflow):
+    """Each stress job has a baseline job on its runner, run only when dispatched by hand with the input
+    `baseline` (when the stress jobs are not): it makes the baseline of its preset and device (all, or the
+    cases named merged into the committed one), compares it with the committed one and uploads it."""
+    dispatch = (workflow.get("on") or workflow[True])["workflow_dispatch"]["inputs"]["baseline"]
+    assert dispatch["default"] == "" and dispatch["required"] is False
+    for device, preset in (("gpu", "full"), ("cpu", "smoke")):
+        stress, baseline = workflow["jobs"][f"stress-{device}"], workflow["jobs"][f"baseline-{device}"]
+        assert stress["runs-on"] == baseline["runs-on"]
+        assert stress["if"] == "github.event_name != 'workflow_dispatch' || inputs.baseline == ''"
+        assert baseline["if"] == "github.event_name == 'workflow_dispatch' && inputs.baseline != ''"
+        makes = [argv for name, argv in _commands(workflow, "stability") if name == f"baseline-{device}"]
+        assert ["baseline", "make", "--preset", preset] == makes[0][:4] and "--cases" in makes[1], makes
+        assert ["baseline", "compare", "$BASELINE", "$NEW_BASELINE"] in makes, makes
+        assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in baseline["steps"])
 
 
 def _normal(argv: list[str]) -> list[str]:
