@@ -2,7 +2,7 @@
 steps, run end to end in a fresh copy of the repository, pass on unchanged code and fail a harmful change
 although a run directory of unchanged records lies beside the job's under a later name; and nothing the job
 wrote, tampered with one way at a time, steers the check (a record naming code, a baseline that is not
-whole, two records of one run). test_workflow_regression.py: accepting a change through a new baseline;
+whole, two records of one run); and accepting the change is a baseline made on it that the next job passes.
 test_zoo.py: zoo entries of each kind."""
 
 from __future__ import annotations
@@ -182,8 +182,9 @@ def jobs(tmp_path_factory):
     shutil.copytree(first["session"], runs / PLANTED)
     apply_patch(copy, BY_NAME["attention_scale_lost"].edits)
     harmful = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None, run_id=102)
+    committed = shutil.copy(copy / "reports" / "baselines" / "smoke-cpu.json", copy.parent / "committed-smoke-cpu.json")
     return SimpleNamespace(copy=copy, unchanged=unchanged, first=first, harmful=harmful, session=runs / "job-102-1-cpu",
-                           result=json.loads((copy / "reports" / "check.json").read_text()))
+                           result=json.loads((copy / "reports" / "check.json").read_text()), baseline=Path(committed))
 
 
 def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(jobs):
@@ -219,7 +220,7 @@ def test_a_later_named_run_directory_left_under_reports_runs_is_never_judged(job
 
 def _check(jobs, *records: str, baseline: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """`stability check` in the copy, as the workflow's check step runs it."""
-    baseline = baseline or jobs.copy / "reports" / "baselines" / "smoke-cpu.json"
+    baseline = baseline or jobs.baseline
     return subprocess.run([str(jobs.copy / ".venv" / "bin" / "stability"), "check", "--baseline", str(baseline),
                            *records], cwd=jobs.copy, capture_output=True, text=True, check=False,
                           env={**os.environ, **(env or {})})
@@ -261,7 +262,7 @@ def test_a_record_naming_code_is_read_never_run(jobs, tmp_path):
 def test_a_baseline_that_is_not_whole_never_passes(jobs, tmp_path, damage):
     """The committed baseline with a NaN in a completed run's figure, with no case, or without the gated arm,
     judged against the unchanged job's records (which pass the whole one): never exit 0."""
-    baseline = json.loads((jobs.copy / "reports" / "baselines" / "smoke-cpu.json").read_text())
+    baseline = json.loads(jobs.baseline.read_text())
     if damage == "nan_figure":
         draws = baseline["cases"]["smoke/standard"]["arms"]["gated"]["figures"]["heldout_loss"]["0"]
         draws["0"] = float("nan")
@@ -289,3 +290,20 @@ def test_a_regressed_record_beside_a_copy_of_an_unchanged_one_never_passes(jobs,
     done = _check(jobs, str(session))
     assert done.returncode == 2 and "is in two records" in done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
     assert "standard-copy.json" in done.stderr
+
+
+def test_accepting_the_change_is_a_baseline_made_on_it_that_the_next_job_passes(jobs):
+    """A baseline made on the changed code (reference and 2 replicates) is one the next run of the job passes;
+    the comparison with the committed baseline names the figure the change moved."""
+    copy = jobs.copy
+    make = subprocess.run([".venv/bin/stability", "baseline", "make", "--preset", "smoke", "--replicates", "2",
+                           "--out", "reports/baselines/smoke-cpu.json"], cwd=copy, capture_output=True, text=True,
+                          check=False)
+    assert make.returncode == 0, make.stdout[-3000:] + make.stderr[-2000:]
+    assert "calibration: 27 arrangements (3 draws ^ 3 seeds)" in make.stdout, make.stdout[-3000:]
+    assert re.search(r"alpha 0\.01\s+0 fail", make.stdout), make.stdout[-3000:]
+    moved = subprocess.run([".venv/bin/stability", "baseline", "compare", str(jobs.baseline),
+                            "reports/baselines/smoke-cpu.json"], cwd=copy, capture_output=True, text=True, check=False)
+    assert moved.returncode == 0 and "max_attn_logit" in moved.stdout, moved.stdout[-3000:] + moved.stderr[-2000:]
+    again = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None, run_id=103)
+    assert again.passed and again.steps["check"].outputs == {"code": "0"}, again.log()
