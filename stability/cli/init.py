@@ -170,6 +170,16 @@ on:
   push:
     branches: [@BRANCH@]
   workflow_dispatch:
+    inputs:
+      baseline:
+        description: >-
+          Make a baseline on the runners instead of checking: "all" (the whole baseline), or the stress cases to
+          remake (comma-separated, e.g. "standard"), keeping the committed baseline's other cases. The new
+          baseline, its calibration and what moved from the committed one are uploaded for a maintainer to review
+          and commit.
+        required: false
+        default: ""
+        type: string
 
 concurrency:
   group: stability-${{ github.ref }}
@@ -181,6 +191,7 @@ jobs:
 GPU_JOB = """\
   stress-gpu:
     name: stress (full, cuda)
+    if: github.event_name != 'workflow_dispatch' || inputs.baseline == ''
     runs-on: [self-hosted, gpu]
     timeout-minutes: 240
     env:
@@ -206,6 +217,7 @@ GPU_JOB = """\
 CPU_JOB = """\
   stress-cpu:
     name: stress (@PRESET@, cpu)
+    if: github.event_name != 'workflow_dispatch' || inputs.baseline == ''
     runs-on: ubuntu-latest
     timeout-minutes: 60
     env:
@@ -289,6 +301,49 @@ CHECK_STEPS = """\
 """
 
 
+BASELINE_STEPS = """\
+      - name: make the baseline on this runner
+        run: |
+          . .venv/bin/activate
+          mkdir -p @BASELINES@/new
+          if [ "$CASES" = "all" ]; then
+            stability baseline make --preset @JOB_PRESET@ --device @JOB_DEVICE@ --out "$NEW_BASELINE"
+          else
+            cp "$BASELINE" "$NEW_BASELINE"
+            stability baseline make --preset @JOB_PRESET@ --device @JOB_DEVICE@ --cases "$CASES" --out "$NEW_BASELINE"
+          fi
+      - name: compare with the committed baseline
+        if: always()
+        run: |
+          . .venv/bin/activate
+          if [ -f "$BASELINE" ] && [ -f "$NEW_BASELINE" ]; then
+            stability baseline compare "$BASELINE" "$NEW_BASELINE" > reports/baseline-compare.txt
+            { echo "### New baseline \\`$NEW_BASELINE\\` against \\`$BASELINE\\`"; echo; echo '```'; cat reports/baseline-compare.txt; echo '```'; } >> "$GITHUB_STEP_SUMMARY"
+          fi
+      - name: upload the new baseline
+        if: always()
+        uses: actions/upload-artifact@v4
+        with:
+          name: stability-baseline-@JOB_PRESET@-@JOB_DEVICE@
+          path: reports/
+"""
+
+
+def baseline_job(stress_job: str, job_preset: str, job_device: str) -> str:
+    """The job that makes a baseline on the runner of ``stress_job`` (its text up to its stress step, the
+    same install), dispatched by hand with the input ``baseline``."""
+    head = stress_job[:stress_job.index("      - name: stress suites")]
+    head = head.replace("if: github.event_name != 'workflow_dispatch' || inputs.baseline == ''",
+                        "if: github.event_name == 'workflow_dispatch' && inputs.baseline != ''")
+    head = head.replace("  stress-", "  baseline-", 1).replace("    name: stress (", "    name: baseline (", 1)
+    head = head.replace("timeout-minutes: 240", "timeout-minutes: 600")
+    name = "full-cuda" if job_device == "cuda" else "@PRESET@-cpu"
+    head = head.replace(f"      BASELINE: @BASELINES@/{name}.json\n", f"      BASELINE: @BASELINES@/{name}.json\n"
+                        f"      NEW_BASELINE: @BASELINES@/new/{name}.json\n      CASES: ${{{{ inputs.baseline }}}}\n")
+    head = "\n".join(line for line in head.splitlines() if "STABILITY_RUN_DIR" not in line) + "\n"
+    return head + BASELINE_STEPS.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device)
+
+
 def workflow_text(settings_file: str, preset: str, baselines: str, package: str, own_model: bool,
                   branch: str = "main") -> str:
     """The workflow: the GPU job (full, cuda) and the CPU job (``preset``, cpu), as this package's own has
@@ -302,7 +357,11 @@ def workflow_text(settings_file: str, preset: str, baselines: str, package: str,
     text = (HEADER + job(GPU_JOB, KERNEL_GPU if own_model else "", "full", "cuda",
                          ["junit-stress-full.xml"] + (["junit-kernel-full.xml"] if own_model else [])) + "\n"
             + job(CPU_JOB, KERNEL_CPU if own_model else "", preset, "cpu",
-                  [f"junit-stress-{preset}.xml"] + (["junit-kernel.xml"] if own_model else [])))
+                  [f"junit-stress-{preset}.xml"] + (["junit-kernel.xml"] if own_model else []))
+            + "\n  # A baseline made where the job runs (dispatched by hand with the input `baseline`): the reference "
+              "runs and their\n  # rounding replicates of every case (\"all\") or of the cases named, merged into "
+              "the committed baseline.\n"
+            + baseline_job(GPU_JOB, "full", "cuda") + "\n" + baseline_job(CPU_JOB, preset, "cpu"))
     return (text.replace("@SETTINGS@", settings_file).replace("@PRESET@", preset)
             .replace("@BASELINES@", baselines).replace("@PACKAGE@", package).replace("@BRANCH@", branch))
 
