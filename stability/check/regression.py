@@ -64,7 +64,7 @@ from stability.record import (
 )
 from stability.record import figures as fig
 from stability.record.stats import holm, t_upper_tail
-from stability.report.tables import fmt, text_table
+from stability.report.tables import fmt, markdown_text, text_table
 
 DEFAULT_ALPHA = 0.01
 TOLERANCE_KEYS = ("floor", "rel_floor")
@@ -359,24 +359,26 @@ class CheckResult:
     def markdown(self) -> str:
         icon = {0: ":white_check_mark:", 1: ":x:", 2: ":warning:"}[self.exit_code]
         out = [f"### Stability check: {icon} {self.verdict}", "",
-               (f"Preset `{self.preset}`, device `{self.device}`, baseline from commit "
-                f"`{str(self.baseline_commit)[:12]}`. The job fails when a run diverges or meets an unhandled "
+               (f"Preset {markdown_text(self.preset)}, device {markdown_text(self.device)}, baseline from "
+                f"commit {markdown_text(str(self.baseline_commit)[:12])}. The job fails when a run diverges or meets an unhandled "
                 f"non-finite value where every baseline run of its seed was clean, or when a row of the "
                 f"primary family got worse by more than its floor (an early-horizon row: moved past it either "
                 f"way) with Holm-adjusted evidence at alpha = {self.alpha:g} over its {self.judged} rows: the chance that a harmless change fails this job "
                 f"through them is at most {self.alpha:g}. {self.advisory} advisory rows are shown, never "
                 f"failing the job. Noise: the spread of {max(0, len(self.draws) - 1)} rounding replicates per "
                 f"seed (z: standard errors beyond the floor)."), ""]
-        out += [f"- **{line.partition(': ')[0]}:** {line.partition(': ')[2]}" for line in self.failure_lines()]
-        out += [f"- warning: {w}" for w in self.warnings] + [f"- note: {n}" for n in self.notes]
+        out += [f"- **{markdown_text(line.partition(': ')[0])}:** {markdown_text(line.partition(': ')[2])}"
+                for line in self.failure_lines()]
+        out += [f"- warning: {markdown_text(w)}" for w in self.warnings]
+        out += [f"- note: {markdown_text(n)}" for n in self.notes]
         rows = self.shown(only_changed=True)
         if rows:
             out += ["", "| " + " | ".join(self.HEADER) + " |", "|" + "---|" * len(self.HEADER)]
             for row in rows:
-                cells = self.cells(row)
+                cells = [markdown_text(c) for c in self.cells(row)]
                 if row.verdict in ("regressed", "changed"):
                     cells[-1] = f"**{cells[-1]}**"
-                out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+                out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out) + "\n"
 
     def to_dict(self) -> dict:
