@@ -13,13 +13,26 @@ from _stability_records import pair_record, with_replicates
 from stability.check import regression as reg
 from stability.check.baseline import make_baseline, write_baseline
 from stability.cli import main
+from stability.record import write_record
+from stability.record.io import MAX_BYTES
+from stability.record.rundir import MANIFEST, ensure_run_dir, read_manifest, sessions
 
 EVIL = "<script>alert(1)</script> | x | [a](javascript:x) `code` \\| *b*\n# heading\n- item"
+TINY = {"seeds": "0", "steps": 4, "probes.every": 2, "probes.eval_batches": 1, "model.d_model": 32,
+        "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,
+        "data.builtin_bytes": 100_000}
+TINY_SETS = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}")]
 
 
 def _write(path, document) -> str:
     path.write_text(json.dumps(document, allow_nan=False))
     return str(path)
+
+
+def _oversized(path) -> None:
+    """A file one byte past the cap (sparse: it takes no disk)."""
+    with open(path, "wb") as handle:
+        handle.truncate(MAX_BYTES + 1)
 
 
 def _unescaped_pipes(line: str) -> int:
@@ -37,6 +50,12 @@ def _tables(markdown: str) -> list[list[str]]:
             tables.append(current)
             current = []
     return tables
+
+
+def _one_error_line(err: str, *named: str) -> None:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(name in lines[0] for name in named), (lines[0], named)
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +100,70 @@ def test_the_markdown_quotes_record_text_escaped(tmp_path, record, baseline, cap
         for table in tables:
             assert {_unescaped_pipes(line) for line in table} == {_unescaped_pipes(table[0])}, table
     assert "<script>" not in out.read_text().split("</h1>")[1].split("<script>window")[0]   # the HTML escapes too
+
+
+# ----------------------------------------------------------------------------- session manifests
+
+
+def test_the_manifest_is_written_whole_and_the_first_writer_wins(tmp_path):
+    session = ensure_run_dir(tmp_path / "s", label="first")
+    ensure_run_dir(session, label="second")
+    assert read_manifest(session)["label"] == "first"
+    assert sorted(p.name for p in session.iterdir()) == [MANIFEST]   # no temporary file left behind
+    assert read_manifest(tmp_path) is None                            # no manifest: not a session
+
+
+def _leftover(root, damage: str):
+    """A session under ``root`` holding a record, its manifest damaged as ``damage`` says."""
+    session = ensure_run_dir(root / "20260101T000000-run-aaaaaa", label="run")
+    write_record(pair_record(seeds=(0, 1, 2)), session)
+    manifest = session / MANIFEST
+    if damage == "truncated":
+        manifest.write_text(manifest.read_text()[:25])
+    elif damage == "not an object":
+        manifest.write_text("[1, 2]")
+    elif damage == "label not text":
+        manifest.write_text(json.dumps({"kind": "stability-run-dir", "label": ["run"]}))
+    else:
+        _oversized(manifest)
+    return session
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not an object", "label not text", "too large"])
+def test_a_damaged_manifest_is_named_and_skipped(tmp_path, capsys, damage):
+    """A leftover session whose manifest is damaged is skipped by every scan of the directory of sessions,
+    with a warning naming its manifest; the sessions beside it are read as before."""
+    root = tmp_path / "runs"
+    leftover = _leftover(root, damage)
+    assert sessions(root) == []
+    err = capsys.readouterr().err
+    assert str(leftover / MANIFEST) in err and "skipped" in err and err.startswith("warning:")
+    good = ensure_run_dir(root / "20260102T000000-run-bbbbbb", label="run")
+    write_record(pair_record(seeds=(0, 1, 2), name="other"), good)
+    assert main(["report", str(root), "--out", str(tmp_path / "r.html")]) == 0   # the newest readable session
+    assert "other/standard" in (tmp_path / "r.md").read_text()
+
+
+def test_a_run_under_a_root_with_a_damaged_session_trains_and_names_it(tmp_path, capsys):
+    """`stability run --out ROOT` looks for an interrupted run of its own under ROOT: a session there whose
+    manifest was cut short is named and passed over, and the run trains into a new session."""
+    root = tmp_path / "runs"
+    leftover = _leftover(root, "truncated")
+    assert main(["run", "--out", str(root), "--no-track", "--quiet", *TINY_SETS]) == 0
+    err = capsys.readouterr().err
+    assert str(leftover / MANIFEST) in err and "skipped" in err and "Traceback" not in err
+    made = [s for s in root.iterdir() if s != leftover]
+    assert len(made) == 1 and read_manifest(made[0])["label"] == "run"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "too large"])
+def test_a_command_given_a_session_with_a_damaged_manifest_names_it(tmp_path, capsys, damage):
+    """Given that session itself (to resume, to report on), a command exits 2 naming its manifest and leaves
+    it as it was."""
+    session = _leftover(tmp_path / "runs", damage)
+    before = {p.name: p.stat().st_size for p in session.iterdir()}
+    assert main(["run", "--resume", str(session), "--no-track"]) == 2
+    _one_error_line(capsys.readouterr().err, str(session / MANIFEST))
+    assert main(["report", str(session), "--out", str(tmp_path / "r.html")]) == 2
+    _one_error_line(capsys.readouterr().err, str(session / MANIFEST))
+    assert {p.name: p.stat().st_size for p in session.iterdir()} == before
