@@ -13,7 +13,8 @@ from _stability_records import pair_record, with_replicates
 from stability.check import regression as reg
 from stability.check.baseline import make_baseline, write_baseline
 from stability.cli import main
-from stability.record import write_record
+from stability.record import RecordError, write_record
+from stability.record.invariants import invariant_line, read_invariants
 from stability.record.io import MAX_BYTES
 from stability.record.rundir import MANIFEST, ensure_run_dir, read_manifest, sessions
 
@@ -167,3 +168,96 @@ def test_a_command_given_a_session_with_a_damaged_manifest_names_it(tmp_path, ca
     assert main(["report", str(session), "--out", str(tmp_path / "r.html")]) == 2
     _one_error_line(capsys.readouterr().err, str(session / MANIFEST))
     assert {p.name: p.stat().st_size for p in session.iterdir()} == before
+
+
+# ----------------------------------------------------------------------------- invariants files
+
+
+GOOD_LINE = invariant_line("smoke/standard", "completed", "gated", 2, True, 1.0, 2.0, "fine", "t.py::test")
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("case", ["smoke/standard"], "case text"),
+    ("name", 3, "name text"),
+    ("arm", {"a": 1}, "arm text or null"),
+    ("seed", True, "seed an integer or null"),
+    ("seed", 1.5, "seed an integer or null"),
+    ("seed", 10**30, "seed an integer or null"),        # past 64 bits: read as a float
+    ("held", "yes", "held true or false"),
+    ("value", "0.8", "value a number or null"),
+    ("bound", False, "bound a number or null"),
+    ("message", None, "message text"),
+    ("test", [], "test text"),
+])
+def test_an_invariants_line_of_the_wrong_type_is_named_with_its_field(tmp_path, field, value, expected):
+    (tmp_path / "invariants-gw0.jsonl").write_text(json.dumps(GOOD_LINE) + "\n"
+                                                   + json.dumps({**GOOD_LINE, field: value}) + "\n")
+    with pytest.raises(RecordError) as error:
+        read_invariants(tmp_path)
+    message = str(error.value)
+    assert f"invariants-gw0.jsonl:2 is not an invariant: expected {expected} (found " in message, message
+
+
+def test_non_finite_and_out_of_range_invariant_figures_read_as_null(tmp_path):
+    (tmp_path / "invariants-main.jsonl").write_text(
+        json.dumps(GOOD_LINE).replace('"value": 1.0', '"value": NaN').replace('"bound": 2.0', '"bound": 1e999'))
+    (line,) = read_invariants(tmp_path)
+    assert line["value"] is None and line["bound"] is None and line["seed"] == 2
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    (None, "MiB"),
+    (b'{"case": "\xff"}\n', "cannot be read"),
+    (("[" * 100_000).encode(), "nests too deep"),
+])
+def test_an_unreadable_invariants_file_is_named(tmp_path, content, said):
+    path = tmp_path / "invariants-main.jsonl"
+    if content is None:
+        _oversized(path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(RecordError, match="invariants-main.jsonl") as error:
+        read_invariants(tmp_path)
+    assert said in str(error.value)
+
+
+def test_a_check_of_a_run_with_a_broken_invariants_file_is_bad_input(tmp_path, record, baseline, capsys):
+    run_dir = ensure_run_dir(tmp_path / "run", label="pytest")
+    write_record(json.loads(json.dumps(record)), run_dir)
+    (run_dir / "invariants-main.jsonl").write_text(json.dumps({**GOOD_LINE, "case": ["x"]}) + "\n")
+    write_baseline(baseline, tmp_path / "b.json")
+    assert main(["check", "--baseline", str(tmp_path / "b.json"), str(run_dir)]) == 2
+    _one_error_line(capsys.readouterr().err, "invariants-main.jsonl:1", "case text")
+
+
+# ----------------------------------------------------------------------------- JUnit XML
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    (None, "MiB"),
+    (b"<testsuites><testsuite><testcase name='\xff'/></testsuite></testsuites>", "cannot be read"),
+    (b"<?xml version='1.0' encoding='no-such-encoding'?><testsuites/>", "cannot be read"),
+    (b"<testsuites><testsuite>", "cannot be read"),
+    (b"<html><body>not a test report</body></html>", "is not JUnit XML"),
+    (b"", "cannot be read"),
+])
+def test_a_junit_file_that_cannot_be_read_as_junit_is_bad_input_naming_it(tmp_path, record, baseline, capsys,
+                                                                          content, said):
+    junit = tmp_path / "junit.xml"
+    if content is None:
+        _oversized(junit)
+    else:
+        junit.write_bytes(content)
+    with pytest.raises(RecordError, match="junit.xml") as error:
+        reg.suite_failures([junit])
+    assert said in str(error.value)
+    write_baseline(baseline, tmp_path / "b.json")
+    path = _write(tmp_path / "r.json", record)
+    assert main(["check", "--baseline", str(tmp_path / "b.json"), path, "--junit", str(junit)]) == 2
+    _one_error_line(capsys.readouterr().err, str(junit), said)
+
+
+def test_a_deeply_nested_junit_file_is_read_without_a_traceback(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text("<testsuites>" + "<a>" * 100_000 + "</a>" * 100_000 + "</testsuites>")
+    assert reg.suite_failures([junit]) == []

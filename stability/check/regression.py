@@ -63,6 +63,7 @@ from stability.record import (
     where,
 )
 from stability.record import figures as fig
+from stability.record.io import check_size
 from stability.record.stats import holm, t_upper_tail
 from stability.report.tables import fmt, markdown_text, text_table
 
@@ -742,17 +743,24 @@ def decide(result: CheckResult) -> None:
 def suite_failures(paths) -> list[str]:
     """The failed and erroring tests of the job's JUnit XML files ("<class>::<test>: <first line of the
     message>"), so that one verdict holds every step of the job; RecordError (exit 2) for a file that is
-    missing or cannot be read (the suites' outcome is then unknown)."""
+    missing, too large (``MAX_BYTES``), cannot be read or is not JUnit XML (the suites' outcome is then unknown)."""
     from xml.etree import ElementTree
 
     failed = []
     for path in paths:
         try:
-            tree = ElementTree.parse(path)
-        except (OSError, ElementTree.ParseError) as error:
-            raise RecordError(f"the suites' outcome {str(path)!r} cannot be read ({error}): a job whose tests "
-                              f"did not report cannot be judged") from None
-        for case in tree.iter("testcase"):
+            check_size(Path(path), "the suites' outcome")
+            root = ElementTree.parse(path).getroot()
+            cases = list(root.iter("testcase"))
+        except RecordError:
+            raise
+        except (OSError, ElementTree.ParseError, LookupError, ValueError, RecursionError) as error:
+            raise RecordError(f"the suites' outcome {str(path)!r} cannot be read ({type(error).__name__}: "
+                              f"{error}): a job whose tests did not report cannot be judged") from None
+        if root.tag not in ("testsuites", "testsuite"):
+            raise RecordError(f"the suites' outcome {str(path)!r} is not JUnit XML (its root is <{root.tag}>): "
+                              f"expected <testsuites> or <testsuite>, as pytest --junitxml writes")
+        for case in cases:
             problem = case.find("failure") if case.find("failure") is not None else case.find("error")
             if problem is not None:
                 message = (problem.get("message") or problem.text or "").strip().splitlines()
