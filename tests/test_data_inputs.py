@@ -14,7 +14,7 @@ from stability.check import regression as reg
 from stability.check.baseline import make_baseline, write_baseline
 from stability.cli import main
 from stability.record import RecordError, write_record
-from stability.record.invariants import invariant_line, read_invariants
+from stability.record.invariants import append_invariant, invariant_line, invariants_file, read_invariants
 from stability.record.io import MAX_BYTES
 from stability.record.rundir import MANIFEST, ensure_run_dir, read_manifest, sessions
 
@@ -196,6 +196,13 @@ def test_an_invariants_line_of_the_wrong_type_is_named_with_its_field(tmp_path, 
         read_invariants(tmp_path)
     message = str(error.value)
     assert f"invariants-gw0.jsonl:2 is not an invariant: expected {expected} (found " in message, message
+
+
+def test_what_the_writer_writes_the_reader_takes(tmp_path):
+    """Figures the suites pass as flags are written as numbers, so every line written reads back."""
+    line = invariant_line("smoke/standard", "completed", None, None, False, True, False)
+    append_invariant(invariants_file(tmp_path), line)
+    assert read_invariants(tmp_path) == [line] and (line["value"], line["bound"]) == (1.0, 0.0)
 
 
 def test_non_finite_and_out_of_range_invariant_figures_read_as_null(tmp_path):

@@ -40,9 +40,9 @@ def invariants_file(run_dir: str | Path, worker: str = "main") -> Path:
 
 
 def _number(value):
-    """A finite float, or None (JSON has no NaN or Inf)."""
-    if value is None or isinstance(value, bool):
-        return value
+    """A finite float, or None (JSON has no NaN or Inf); true and false as 1.0 and 0.0 (the reader takes numbers)."""
+    if value is None:
+        return None
     value = float(value)
     return value if math.isfinite(value) else None
 
