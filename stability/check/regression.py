@@ -64,8 +64,9 @@ from stability.record import (
     where,
 )
 from stability.record import figures as fig
+from stability.record.io import check_size
 from stability.record.stats import holm, t_upper_tail
-from stability.report.tables import fmt, text_table
+from stability.report.tables import fmt, markdown_text, text_table
 
 DEFAULT_ALPHA = 0.01
 TOLERANCE_KEYS = ("floor", "rel_floor")
@@ -368,24 +369,26 @@ class CheckResult:
     def markdown(self) -> str:
         icon = {0: ":white_check_mark:", 1: ":x:", 2: ":warning:", 3: ":large_orange_diamond:"}[self.exit_code]
         out = [f"### Stability check: {icon} {self.verdict}", "",
-               (f"Preset `{self.preset}`, device `{self.device}`, baseline from commit "
-                f"`{str(self.baseline_commit)[:12]}`. The job fails when a run diverges or meets an unhandled "
+               (f"Preset {markdown_text(self.preset)}, device {markdown_text(self.device)}, baseline from "
+                f"commit {markdown_text(str(self.baseline_commit)[:12])}. The job fails when a run diverges or meets an unhandled "
                 f"non-finite value where every baseline run of its seed was clean, or when a row of the "
                 f"primary family got worse by more than its floor (an early-horizon row: moved past it either "
                 f"way) with Holm-adjusted evidence at alpha = {self.alpha:g} over its {self.judged} rows: the chance that a harmless change fails this job "
                 f"through them is at most {self.alpha:g}. {self.advisory} advisory rows are shown, never "
                 f"failing the job. Noise: the spread of {max(0, len(self.draws) - 1)} rounding replicates per "
                 f"seed (z: standard errors beyond the floor)."), ""]
-        out += [f"- **{line.partition(': ')[0]}:** {line.partition(': ')[2]}" for line in self.failure_lines()]
-        out += [f"- warning: {w}" for w in self.warnings] + [f"- note: {n}" for n in self.notes]
+        out += [f"- **{markdown_text(line.partition(': ')[0])}:** {markdown_text(line.partition(': ')[2])}"
+                for line in self.failure_lines()]
+        out += [f"- warning: {markdown_text(w)}" for w in self.warnings]
+        out += [f"- note: {markdown_text(n)}" for n in self.notes]
         rows = self.shown(only_changed=True)
         if rows:
             out += ["", "| " + " | ".join(self.HEADER) + " |", "|" + "---|" * len(self.HEADER)]
             for row in rows:
-                cells = self.cells(row)
+                cells = [markdown_text(c) for c in self.cells(row)]
                 if row.verdict in ("regressed", "changed"):
                     cells[-1] = f"**{cells[-1]}**"
-                out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+                out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out) + "\n"
 
     def to_dict(self) -> dict:
@@ -750,17 +753,24 @@ def decide(result: CheckResult) -> None:
 def suite_failures(paths) -> list[str]:
     """The failed and erroring tests of the job's JUnit XML files ("<class>::<test>: <first line of the
     message>"), so that one verdict holds every step of the job; RecordError (exit 2) for a file that is
-    missing or cannot be read (the suites' outcome is then unknown)."""
+    missing, too large (``MAX_BYTES``), cannot be read or is not JUnit XML (the suites' outcome is then unknown)."""
     from xml.etree import ElementTree
 
     failed = []
     for path in paths:
         try:
-            tree = ElementTree.parse(path)
-        except (OSError, ElementTree.ParseError) as error:
-            raise RecordError(f"the suites' outcome {str(path)!r} cannot be read ({error}): a job whose tests "
-                              f"did not report cannot be judged") from None
-        for case in tree.iter("testcase"):
+            check_size(Path(path), "the suites' outcome")
+            root = ElementTree.parse(path).getroot()
+            cases = list(root.iter("testcase"))
+        except RecordError:
+            raise
+        except (OSError, ElementTree.ParseError, LookupError, ValueError, RecursionError) as error:
+            raise RecordError(f"the suites' outcome {str(path)!r} cannot be read ({type(error).__name__}: "
+                              f"{error}): a job whose tests did not report cannot be judged") from None
+        if root.tag not in ("testsuites", "testsuite"):
+            raise RecordError(f"the suites' outcome {str(path)!r} is not JUnit XML (its root is <{root.tag}>): "
+                              f"expected <testsuites> or <testsuite>, as pytest --junitxml writes")
+        for case in cases:
             problem = case.find("failure") if case.find("failure") is not None else case.find("error")
             if problem is not None:
                 message = (problem.get("message") or problem.text or "").strip().splitlines()

@@ -21,10 +21,17 @@ import json
 import math
 from pathlib import Path
 
+from stability.record.io import check_size, parse_json
 from stability.record.schema import RecordError
 
 PATTERN = "invariants-*.jsonl"
-FIELDS = ("case", "name", "arm", "seed", "held", "value", "bound", "message", "test")
+NULL = type(None)
+FIELD_TYPES = {"case": ((str,), "text"), "name": ((str,), "text"), "arm": ((str, NULL), "text or null"),
+               "seed": ((int, NULL), "an integer or null"), "held": ((bool,), "true or false"),
+               "value": ((int, float, NULL), "a number or null"), "bound": ((int, float, NULL), "a number or null"),
+               "message": ((str,), "text"), "test": ((str,), "text")}
+"""Each field of an invariant line: the Python types it reads as, and in words."""
+FIELDS = tuple(FIELD_TYPES)
 
 
 def invariants_file(run_dir: str | Path, worker: str = "main") -> Path:
@@ -33,9 +40,9 @@ def invariants_file(run_dir: str | Path, worker: str = "main") -> Path:
 
 
 def _number(value):
-    """A finite float, or None (JSON has no NaN or Inf)."""
-    if value is None or isinstance(value, bool):
-        return value
+    """A finite float, or None (JSON has no NaN or Inf); true and false as 1.0 and 0.0 (the reader takes numbers)."""
+    if value is None:
+        return None
     value = float(value)
     return value if math.isfinite(value) else None
 
@@ -56,25 +63,48 @@ def append_invariant(path: str | Path, line: dict) -> None:
         handle.write(json.dumps(line, allow_nan=False) + "\n")
 
 
+def _fits(value, types: tuple) -> bool:
+    """Whether ``value`` is one of ``types`` (true and false are no numbers here)."""
+    return isinstance(value, types) and (bool in types or not isinstance(value, bool))
+
+
+def check_line(line, where: str) -> dict:
+    """``line`` when it is an invariant (a JSON object with every field of ``FIELD_TYPES``, each of its type);
+    RecordError naming ``where`` (file:line), the bad fields and what was expected otherwise."""
+    if not isinstance(line, dict):
+        raise RecordError(f"{where} is not an invariant: expected a JSON object with the fields {FIELDS}, found "
+                          f"a JSON {type(line).__name__}")
+    missing = [name for name in FIELDS if name not in line]
+    if missing:
+        raise RecordError(f"{where} is not an invariant: expected the fields {FIELDS} (missing {missing})")
+    wrong = [f"{name} {words} (found {_shown(line[name])})" for name, (types, words) in FIELD_TYPES.items()
+             if not _fits(line[name], types)]
+    if wrong:
+        raise RecordError(f"{where} is not an invariant: expected {', '.join(wrong)}")
+    return line
+
+
+def _shown(value) -> str:
+    """``value`` as JSON, cut to 60 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def read_invariants(run_dir: str | Path) -> list[dict]:
     """Every invariant recorded in ``run_dir`` (all its ``invariants-*.jsonl`` files, in file then line order);
-    [] when there is none. A line that is not a JSON object with the fields of the module docstring is a
-    RecordError naming the file and line."""
+    [] when there is none. A file past the size cap (``stability.record.io.MAX_BYTES``) or not UTF-8, or a line
+    that is not a JSON object with the fields of ``FIELD_TYPES`` is a RecordError naming the file and line."""
     found = []
     for path in sorted(Path(run_dir).glob(PATTERN)):
-        for number, text in enumerate(path.read_text().splitlines(), 1):
-            if not text.strip():
-                continue
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise RecordError(f"{path}:{number} is not valid JSON ({error}): expected one invariant per "
-                                  f"line") from None
-            missing = [name for name in FIELDS if not isinstance(line, dict) or name not in line]
-            if missing or not isinstance(line["held"], bool):
-                raise RecordError(f"{path}:{number} is not an invariant: expected the fields {FIELDS} "
-                                  f"(missing {missing}, held true or false)")
-            found.append(line)
+        check_size(path, "invariants file")
+        try:
+            content = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise RecordError(f"invariants file {str(path)!r} cannot be read: {error}") from None
+        for number, text in enumerate(content.split("\n"), 1):
+            if text.strip():
+                where = f"{path}:{number}"
+                found.append(check_line(parse_json(text, where), where))
     return found
 
 

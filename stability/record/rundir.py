@@ -15,6 +15,11 @@ session's with ``all_sessions``). A job names its own session (``$STABILITY_RUN_
 workflow) and passes it to the check; the newest session is a convenience for a person at a terminal,
 and ``chosen_sessions`` says which one was taken. Two records of one (case, arm, seed, draw, config)
 are never settled by a date inside them: ``duplicate_runs`` names them and the reader refuses them.
+
+A manifest is written whole or not at all (a temporary file linked into place). One that cannot be read
+(cut short by an older writer, not a JSON object, too large) makes its directory no session for the scans
+of a directory of sessions: they skip it and name it in a warning on stderr; a command given that directory
+itself gets a RecordError naming the manifest.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from stability.record import (
     read_record,
     record_draw,
 )
+from stability.record.io import read_json
 
 DEFAULT_ROOT = Path("reports") / "runs"
 MANIFEST = "manifest.json"
@@ -53,15 +59,59 @@ def ensure_run_dir(path: str | Path, label: str = "run", argv: list[str] | None 
     path.mkdir(parents=True, exist_ok=True)
     manifest = path / MANIFEST
     if not manifest.exists():
+        document = {"kind": "stability-run-dir", "label": label,
+                    "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                    "argv": list(sys.argv if argv is None else argv), "git": git_info(), "pid": os.getpid()}
+        _write_once(manifest, json.dumps(document, indent=1) + "\n")
+    return path
+
+
+def _write_once(path: Path, text: str) -> None:
+    """Write ``path`` unless it exists, whole or not at all: the text goes to a temporary file beside it, which
+    is then linked into place, so the first writer of a shared session wins and no reader sees half a file
+    (on a file system without hard links it is renamed into place: the last writer wins)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(text)
         try:
-            with open(manifest, "x") as handle:  # the first writer of a shared session wins
-                json.dump({"kind": "stability-run-dir", "label": label,
-                           "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                           "argv": list(sys.argv if argv is None else argv), "git": git_info(),
-                           "pid": os.getpid()}, handle, indent=1)
+            os.link(tmp, path)
         except FileExistsError:
             pass
-    return path
+        except OSError:
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_manifest(path: str | Path) -> dict | None:
+    """The manifest of the session directory ``path``, None when it has none; RecordError naming the file when
+    it is not what ``ensure_run_dir`` writes (cut short, too large, not a JSON object, a label that is not text)."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return None
+    what = f"run directory manifest {str(manifest)!r}"
+    document = read_json(manifest, "run directory manifest")
+    if not isinstance(document, dict):
+        raise RecordError(f"{what} holds a JSON {type(document).__name__}: expected an object (the manifest "
+                          f"`stability run` writes)")
+    if not isinstance(document.get("label", ""), str):
+        raise RecordError(f"{what} has label {document['label']!r}: expected the name of a command (text)")
+    return document
+
+
+_SKIPPED: set[Path] = set()   # the damaged manifests this process has warned about
+
+
+def _readable(session: Path) -> bool:
+    """True when the manifest of ``session`` can be read; else False, with a warning (once per process)."""
+    try:
+        read_manifest(session)
+    except RecordError as error:
+        if session not in _SKIPPED:
+            _SKIPPED.add(session)
+            print(f"warning: {error}; run directory {str(session)!r} skipped", file=sys.stderr)
+        return False
+    return True
 
 
 def session_dir(root: str | Path = DEFAULT_ROOT, label: str = "run") -> Path:
@@ -75,11 +125,12 @@ def is_session(path: Path) -> bool:
 
 
 def sessions(root: str | Path) -> list[Path]:
-    """The session directories under ``root``, oldest first (names start with their UTC time)."""
+    """The session directories under ``root``, oldest first (names start with their UTC time); a session
+    whose manifest cannot be read is skipped and named in a warning."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and is_session(p)),
+    return sorted((p for p in root.iterdir() if p.is_dir() and is_session(p) and _readable(p)),
                   key=lambda p: (p.name[:15], p.stat().st_mtime))
 
 
@@ -104,6 +155,7 @@ def record_files(paths, all_sessions: bool = False) -> list[Path]:
         if path.is_file():
             files.append(path)
         elif path.is_dir() and is_session(path):
+            read_manifest(path)   # a damaged manifest of the directory asked for is an error, not skipped
             files.extend(_record_files(path))
         elif path.is_dir() and sessions(path):
             chosen = sessions(path) if all_sessions else [newest_session(path)]

@@ -24,7 +24,7 @@ from pathlib import Path
 from stability.config.schedules import Standard
 from stability.record import Status, case_result, usable_value
 from stability.record import figures as fig
-from stability.report.tables import fmt, ladder_rows, quant_rows, side_means
+from stability.report.tables import fmt, ladder_rows, markdown_text, quant_rows, side_means
 
 ARM_COLORS = {"baseline": "#1f77b4", "gated": "#d62728"}
 OTHER_COLORS = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -375,10 +375,9 @@ def _html_table(rows: list[list[str]], cls: str = "") -> str:
 
 
 def _md_table(rows: list[list[str]]) -> str:
-    def esc(c):
-        return c.replace("|", "\\|")
-    lines = ["| " + " | ".join(esc(c) for c in rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows[1:]]
+    """A Markdown table, every cell escaped (``markdown_text``: a cell stays one cell on one line)."""
+    lines = ["| " + " | ".join(markdown_text(c) for c in rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(markdown_text(c) for c in row) + " |" for row in rows[1:]]
     return "\n".join(lines)
 
 
@@ -408,7 +407,7 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
          f"<h1>{title}</h1>", f"<p>{len(records)} record(s): "
          + ", ".join(html.escape(f"{r.get('name')}/{r.get('schedule')}") for r in records) + "</p>"]
     m = [f"# {title}", "", f"{len(records)} record(s): "
-         + ", ".join(f"`{r.get('name')}/{r.get('schedule')}`" for r in records), ""]
+         + ", ".join(markdown_text(f"{r.get('name')}/{r.get('schedule')}") for r in records), ""]
     if result is not None:
         cls = {0: "ok", 1: "regressed", 2: "regressed", 3: "regressed"}[result.exit_code]
         h += ["<h2 id='regression'>Regression check</h2>",
@@ -431,8 +430,9 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
                f"status {html.escape(str(record.get('status')))}, id {html.escape(str(record.get('id')))})"
                "</small></h2>"),
               f"<p>{html.escape(str(record.get('description') or ''))}</p>"]
-        m += [f"## {case}", "", (f"Preset `{record.get('preset')}`, status `{record.get('status')}`, id "
-                                 f"`{record.get('id')}`. {record.get('description') or ''}"), ""]
+        m += [f"## {markdown_text(case)}", "",
+              markdown_text(f"Preset {record.get('preset')}, status {record.get('status')}, id {record.get('id')}. "
+                            f"{record.get('description') or ''}"), ""]
         for name, png in plots[index].items():
             data = base64.b64encode(png).decode("ascii")
             label = PLOT_TITLES.get(name, name)

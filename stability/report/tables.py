@@ -1,4 +1,5 @@
-"""Plain-text tables for the terminal: one number format and one column layout for every command."""
+"""Plain-text tables for the terminal: one number format and one column layout for every command; and
+``markdown_text``, the one escape of every text the Markdown outputs quote."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ def fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if math.isfinite(value) else str(value)
     return str(value)
+
+
+MARKDOWN_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "\\": "\\\\", "`": "\\`", "*": "\\*",
+                                  "|": "\\|", "[": "\\[", "]": "\\]"})
+
+
+def markdown_text(value) -> str:
+    """``value`` as Markdown that shows it as it is, on one line (in a table cell, a list item, a heading):
+    ``< > &`` as HTML entities; backslash, backtick, ``*``, ``|``, ``[`` and ``]`` backslash-escaped; line
+    breaks and runs of white space as one space; a leading ``#`` escaped. Every text the Markdown of the report
+    and of the check's summary quotes from a record, a baseline or a check goes through here."""
+    text = " ".join(str(value).split()).translate(MARKDOWN_ESCAPES)
+    return "\\" + text if text.startswith("#") else text
 
 
 def text_table(rows: list) -> str:

@@ -57,7 +57,7 @@ from stability.record import (
     set_tracking,
     write_record,
 )
-from stability.record.rundir import MANIFEST, ensure_run_dir, is_session, sessions
+from stability.record.rundir import MANIFEST, ensure_run_dir, is_session, read_manifest, sessions
 from stability.session.progress import Progress, Quiet
 from stability.session.steplog import StepLog, compressed, read_steplog
 from stability.track.live import NoLiveTracking
@@ -90,6 +90,7 @@ class Resume:
         if not is_session(run_dir):
             raise RecordError(f"resume target {str(path)!r} is not in a run directory (no {MANIFEST} in "
                               f"{str(run_dir)!r}): expected a directory made by `stability run` or `stability stress`")
+        label = (read_manifest(run_dir) or {}).get("label", "run")
         files = [path] if path.is_file() else sorted(p for p in run_dir.glob("*.json") if p.name != MANIFEST)
         if not files:
             raise RecordError(f"resume target {str(run_dir)!r} holds no record: nothing was measured there, "
@@ -99,9 +100,6 @@ class Resume:
         if holder:
             raise RecordError(f"run directory {str(run_dir)!r} is in use by another process ({holder}): "
                               f"expected an interrupted run")
-        import json
-
-        label = json.loads((run_dir / MANIFEST).read_text()).get("label", "run")
         saved = next((r.get("checkpoint_dir") for r in records if r.get("checkpoint_dir")), None)
         directory = Path(checkpoint_dir) if checkpoint_dir else run_dir / (saved or "checkpoints")  # relative: inside
         return cls(run_dir, records, label, directory)
