@@ -56,25 +56,63 @@ def append_invariant(path: str | Path, line: dict) -> None:
         handle.write(json.dumps(line, allow_nan=False) + "\n")
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# what each field of an invariant holds: (test, what is expected)
+FIELD_TYPES = {
+    "held": (lambda v: isinstance(v, bool), "true or false"),
+    "case": (lambda v: isinstance(v, str), "a case key (a string)"),
+    "name": (lambda v: isinstance(v, str), "an invariant's name (a string)"),
+    "arm": (lambda v: v is None or isinstance(v, str), "an arm name or null"),
+    "seed": (lambda v: v is None or isinstance(v, int) and not isinstance(v, bool), "a whole number or null"),
+    "value": (lambda v: v is None or isinstance(v, bool) or _is_number(v), "a number, true/false or null"),
+    "bound": (lambda v: v is None or isinstance(v, bool) or _is_number(v), "a number, true/false or null"),
+    "message": (lambda v: isinstance(v, str), "a string"),
+    "test": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def check_line(line, where: str) -> dict:
+    """``line`` when it is an invariant with the fields of the module docstring, each of its type; RecordError
+    naming ``where`` and the field otherwise."""
+    if not isinstance(line, dict):
+        raise RecordError(f"{where} is not an invariant: expected a JSON object with the fields {FIELDS}")
+    missing = [name for name in FIELDS if name not in line]
+    if missing:
+        raise RecordError(f"{where} is not an invariant: it has no {missing[0]!r} field (expected the fields "
+                          f"{FIELDS})")
+    extra = [name for name in line if name not in FIELDS]
+    if extra:
+        raise RecordError(f"{where}: {extra[0]!r} is not a field of an invariant: expected only {FIELDS}")
+    for name, (fits, expected) in FIELD_TYPES.items():
+        if not fits(line[name]):
+            shown = repr(line[name])
+            raise RecordError(f"{where}: {name} = {shown if len(shown) <= 60 else shown[:57] + '...'}: "
+                              f"expected {expected}")
+    return line
+
+
 def read_invariants(run_dir: str | Path) -> list[dict]:
     """Every invariant recorded in ``run_dir`` (all its ``invariants-*.jsonl`` files, in file then line order);
-    [] when there is none. A line that is not a JSON object with the fields of the module docstring is a
-    RecordError naming the file and line."""
+    [] when there is none. A line that is not a JSON object with the fields of the module docstring, each
+    of its type, is a RecordError naming the file, the line and the field; so is a file past the size cap
+    (``stability.record.io.MAX_BYTES``)."""
+    from stability.record.io import check_size, parse_json
+
     found = []
     for path in sorted(Path(run_dir).glob(PATTERN)):
-        for number, text in enumerate(path.read_text().splitlines(), 1):
-            if not text.strip():
+        check_size(path, "invariants file")
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise RecordError(f"invariants file {str(path)!r} cannot be read: {error}") from None
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
                 continue
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise RecordError(f"{path}:{number} is not valid JSON ({error}): expected one invariant per "
-                                  f"line") from None
-            missing = [name for name in FIELDS if not isinstance(line, dict) or name not in line]
-            if missing or not isinstance(line["held"], bool):
-                raise RecordError(f"{path}:{number} is not an invariant: expected the fields {FIELDS} "
-                                  f"(missing {missing}, held true or false)")
-            found.append(line)
+            where = f"{path}:{number}"
+            found.append(check_line(parse_json(line, where), where))
     return found
 
 
