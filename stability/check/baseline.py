@@ -38,8 +38,8 @@ from stability.record import (
     where,
     write_json,
 )
-from stability.record.io import read_json
 from stability.record import figures as fig
+from stability.record.io import read_json
 
 BASELINE_SCHEMA_VERSION = 4
 MIN_SEEDS = 3
