@@ -303,15 +303,15 @@ def _check_figure_value(name: str, value, status: str, where_: str) -> None:
     entry = fig.figure(name)
     if isinstance(value, bool):
         if entry.quantum != "seed":
-            raise RecordError(f"{where_}: {name} = {_short(value)}: expected a number (true/false only for a "
+            raise RecordError(f"{where_}: figure {name} = {_short(value)}: expected a number (true/false only for a "
                               f"figure that is a seed's outcome, such as diverged)")
     elif value is None or (isinstance(value, float) and not math.isfinite(value)):
         if not null_allowed(name, status):
-            raise RecordError(f"{where_}: {name} = null in a completed run: expected a finite number (a completed "
+            raise RecordError(f"{where_}: figure {name} = null in a completed run: expected a finite number (a completed "
                               f"run's {entry.kind} figure is never non-finite; null only where the run did not "
                               f"complete)")
     elif not _is_number(value):
-        raise RecordError(f"{where_}: {name} = {_short(value)}: expected a number, got {_type_name(value)}")
+        raise RecordError(f"{where_}: figure {name} = {_short(value)}: expected a number, got {_type_name(value)}")
 
 
 def _check_arm(case_key_: str, arm: str, entry, seeds: list[str], draws: list[str], config: dict,
@@ -367,7 +367,7 @@ def _check_arm(case_key_: str, arm: str, entry, seeds: list[str], draws: list[st
                 if table_entry.needs_completed_arm and run_status != Status.COMPLETED:
                     raise RecordError(f"{here} seed {seed} draw {draw}: figure {name} is held for a run that "
                                       f"{run_status}: an evaluation or peak figure is kept for completed runs only")
-                _check_figure_value(name, value, run_status, f"{here} seed {seed} draw {draw} figure")
+                _check_figure_value(name, value, run_status, f"{here} seed {seed} draw {draw}")
 
 
 def _check_case(key: str, case, draws: list[str], min_seeds: int, where_: str) -> None:

@@ -743,9 +743,12 @@ def suite_failures(paths) -> list[str]:
     missing or cannot be read (the suites' outcome is then unknown)."""
     from xml.etree import ElementTree
 
+    from stability.record.io import check_size
+
     failed = []
     for path in paths:
         try:
+            check_size(Path(path), "the suites' outcome")
             tree = ElementTree.parse(path)
         except (OSError, ElementTree.ParseError) as error:
             raise RecordError(f"the suites' outcome {str(path)!r} cannot be read ({error}): a job whose tests "

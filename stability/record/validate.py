@@ -66,7 +66,58 @@ def validate_record(record, where: str) -> CaseRecord:
         except RecordError as error:
             raise RecordError(f"{where}: results.{case}: {error}") from None
         _check(result, kind, f"results.{case}", where)
+    _check_config(record["config"], where)
+    for index, arm in enumerate(arms):
+        _check_series(arm.get("series") or {}, _item("arms", index, arm), where)
     return record
+
+
+def _whole(low: int):
+    """A test for a whole number >= ``low`` (never a bool)."""
+    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+# The config fields that the readers of a record use (its device, rounding draw and run length, and the
+# figures' resolution: stability.record.identity, .cases, .figures.quantum), with what each must hold. The
+# rest of the config is the config's own business (stability.config): readers only fingerprint it.
+CONFIG_FIELDS = {
+    "run": (lambda v: isinstance(v, dict), "an object"),
+    "stress": (lambda v: isinstance(v, dict), "an object"),
+    "run.data": (lambda v: isinstance(v, dict), "an object"),
+    "run.model": (lambda v: isinstance(v, dict), "an object"),
+    "run.probes": (lambda v: isinstance(v, dict), "an object"),
+    "run.device": (lambda v: v is None or isinstance(v, str), "a device name (\"cpu\", \"cuda:0\") or null"),
+    "run.replicate": (lambda v: v is None or _whole(0)(v), "a rounding draw: a whole number >= 0"),
+    "run.seed": (_whole(0), "a whole number >= 0"),
+    "run.steps": (_whole(1), "a whole number of steps >= 1"),
+    "stress.ladder_steps": (lambda v: v is None or _whole(0)(v), "a whole number of steps >= 0"),
+    "run.data.batch_size": (_whole(1), "a whole number >= 1"),
+    "run.model.context": (_whole(1), "a whole number >= 1"),
+    "run.model.n_heads": (_whole(1), "a whole number >= 1"),
+    "run.model.n_layers": (_whole(1), "a whole number >= 1"),
+    "run.probes.eval_batches": (_whole(1), "a whole number >= 1"),
+}
+
+
+def _check_config(config: dict, where: str) -> None:
+    """The config fields of ``CONFIG_FIELDS`` that ``config`` holds, each of its type."""
+    for name, (fits, expected) in CONFIG_FIELDS.items():
+        *parents, key = name.split(".")
+        holder = config
+        for parent in parents:
+            holder = holder.get(parent) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and key in holder and not fits(holder[key]):
+            raise RecordError(f"{where}: config.{name} = {_show(holder[key])}: expected {expected}")
+
+
+def _check_series(series: dict, path: str, where: str) -> None:
+    """Every per-step list of an arm has one entry per step trained: the same length as the others."""
+    lengths = {key: len(values) for key, values in series.items() if isinstance(values, list)}
+    if len(set(lengths.values())) > 1:
+        first = next(iter(lengths))
+        other = next(key for key, n in lengths.items() if n != lengths[first])
+        raise RecordError(f"{where}: {path}.series.{other} has {lengths[other]} entries and series.{first} "
+                          f"{lengths[first]}: expected one entry per step trained in every series")
 
 
 @functools.cache
