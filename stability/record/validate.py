@@ -53,6 +53,8 @@ def validate_record(record, where: str) -> CaseRecord:
     if not isinstance(arms, list) or not all(isinstance(a, dict) for a in arms):
         raise RecordError(f"{where}: 'arms' must be a list of arm objects, got "
                           f"{type(arms).__name__ if not isinstance(arms, list) else 'a list holding non-objects'}")
+    if not isinstance(record["config"], dict):
+        raise RecordError(f"{where}: config = {_show(record['config'])}: expected an object (the resolved config)")
     plugins = (record.get("config") or {}).get("plugins") or ()
     if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
         extensions.load(tuple(plugins))   # what the record was made with defines some of its figures and results

@@ -99,17 +99,32 @@ class Resume:
         if holder:
             raise RecordError(f"run directory {str(run_dir)!r} is in use by another process ({holder}): "
                               f"expected an interrupted run")
-        import json
+        from stability.record.io import read_json
 
-        label = json.loads((run_dir / MANIFEST).read_text()).get("label", "run")
+        manifest = read_json(run_dir / MANIFEST, "run directory manifest")
+        label = manifest.get("label", "run") if isinstance(manifest, dict) else None
+        if not isinstance(label, str):
+            raise RecordError(f"run directory manifest {str(run_dir / MANIFEST)!r}: label = {label!r}: expected "
+                              f"the command that made the directory (\"run\", \"stress\")")
         saved = next((r.get("checkpoint_dir") for r in records if r.get("checkpoint_dir")), None)
         directory = Path(checkpoint_dir) if checkpoint_dir else run_dir / (saved or "checkpoints")  # relative: inside
         return cls(run_dir, records, label, directory)
 
     @property
     def config(self) -> cfg.ExperimentConfig:
-        """The experiment config the interrupted run was started with."""
-        return cfg.from_dict(cfg.ExperimentConfig, self.records[0]["config"])
+        """The experiment config the interrupted run was started with; RecordError naming the record when this
+        code cannot read it (a record is data: its config is checked as a command line's would be)."""
+        from stability.config.overrides import check_types
+
+        record = self.records[0]
+        try:
+            config = cfg.from_dict(cfg.ExperimentConfig, record["config"])
+            check_types(config)
+            return config
+        except (TypeError, ValueError, KeyError, AttributeError) as error:   # ConfigError is a ValueError
+            message = " ".join(str(error).split())
+            raise RecordError(f"resume target {record['_path']!r} holds a config this code cannot read: "
+                              f"{message[:300]}") from None
 
     def unfinished(self) -> list[dict]:
         return [r for r in self.records if r.get("status") in UNFINISHED]

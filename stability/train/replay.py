@@ -27,6 +27,7 @@ from stability import config as cfg
 from stability.model.build import build_model
 from stability.model.lm import next_token_loss, z_loss
 from stability.precision import PrecisionPolicy
+from stability.config.overrides import check_types
 from stability.record import RecordError
 from stability.train import probes
 from stability.train.checkpoint import code_version, load_state, untrusted_factory
@@ -41,7 +42,8 @@ def replay(path: str | Path, trust_factory: bool = False) -> dict:
     bundle = load_state(path, kind="bundle")
     try:
         run = cfg.from_dict(cfg.RunConfig, bundle["config"])
-    except (TypeError, ValueError, KeyError) as error:
+        check_types(run)
+    except (TypeError, ValueError, KeyError, AttributeError) as error:
         raise RecordError(f"bundle {str(path)!r} holds a config this code cannot read: {error}") from None
     if run.model.factory and not trust_factory:
         raise RecordError(untrusted_factory(f"bundle {str(path)!r}", run.model.factory))
