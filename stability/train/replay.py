@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from stability import config as cfg
+from stability.config.overrides import check_types
 from stability.model.build import build_model
 from stability.model.lm import next_token_loss, z_loss
 from stability.precision import PrecisionPolicy
-from stability.config.overrides import check_types
 from stability.record import RecordError
 from stability.train import probes
 from stability.train.checkpoint import code_version, load_state, untrusted_factory
