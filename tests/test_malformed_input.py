@@ -576,3 +576,104 @@ def test_the_real_inputs_themselves_are_judged(real, capsys):
     code, _, err = run(["report", str(real.sessions[0]), "--baseline", str(real.baseline), "--out",
                         str(here / "r.html")], capsys)
     assert code == 0 and (here / "r.html").is_file(), err
+
+
+# ----------------------------------------------------------------------------- run --resume
+
+def _interrupted(real: Real, here: Path, edit=None) -> tuple[Path, Path]:
+    """A copy of a run directory whose record was interrupted (its last arm killed), edited by ``edit``."""
+    document = json.loads(real.record().read_text())
+    document["status"] = document["arms"][-1]["status"] = Status.KILLED.value
+    if edit is not None:
+        edit(document)
+    return _session_with(real, here, json.dumps(document))
+
+
+@pytest.mark.parametrize(("manifest", "said"), [
+    ("{", "manifest.json' is not valid JSON"),
+    ("[]", "label = None"),
+    ('{"label": 7}', "label = 7"),
+    ('[[[[' * 50_000, "nests too deep"),
+])
+def test_a_broken_manifest_of_an_interrupted_run_is_exit_2_naming_it(real, capsys, manifest, said):
+    here = fresh(real)
+    session, _ = _interrupted(real, here)
+    (session / "manifest.json").write_text(manifest)
+    code, _, err = run(["run", "--resume", str(session), "--no-track", "--quiet"], capsys)
+    refused(code, err, session / "manifest.json", [])
+    assert said in err, err
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda r: r["config"]["run"]["probes"].update(every=1.5), "probes.every=1.5 is invalid"),
+    (lambda r: r["config"]["run"]["optim"].update(betas="x"), "holds a config this code cannot read"),
+    (lambda r: r["config"].update(seeds=7), "holds a config this code cannot read"),
+    (lambda r: r["config"].update(arms=[{"gate": {}}]), "holds a config this code cannot read"),
+    (lambda r: r.update(config=1.5), "config = 1.5: expected an object"),
+])
+def test_an_interrupted_record_whose_config_this_code_cannot_read_is_exit_2(real, capsys, edit, said):
+    here = fresh(real)
+    session, bad = _interrupted(real, here, edit)
+    code, _, err = run(["run", "--resume", str(session), "--no-track", "--quiet"], capsys)
+    refused(code, err, bad, [])
+    assert said in err, err
+
+
+# ----------------------------------------------------------------------------- replay bundles
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> dict:
+    """A real replay bundle: the step after an LR multiplied by 1000 (the config's fault injection) is flagged."""
+    import torch
+
+    root = tmp_path_factory.mktemp("spike")
+    assert main(["run", "--preset", "smoke", "--no-track", "--quiet", "--set", "steps=18", "--set", "probes.every=4",
+                 "--set", "probes.eval_batches=1", "--set", "seeds=0", "--set", "fault.kind=lr_spike", "--set",
+                 "fault.step=14", "--set", "fault.lr_factor=1000", "--out", str(root)]) == 0
+    return torch.load(next(root.glob("*/replay/*/gated-*.pt")), weights_only=True)
+
+
+def invalid_bundle(bundle: dict):
+    """A strategy of bundles that are always invalid."""
+    import torch
+
+    wrong_batch = [torch.zeros(3), torch.zeros(8, 64), torch.full((8, 64), 10 ** 6), -torch.ones(8, 64, dtype=torch.long),
+                   torch.zeros(0, 64, dtype=torch.long), torch.zeros(2, 2, 2, dtype=torch.long), "x", None, [1, 2]]
+    wrong = {"step": ["15", -1, 1.5, None, True, torch.tensor(15)], "x": wrong_batch, "y": wrong_batch,
+             "measured": [None, "x", [], torch.zeros(2)], "config": [None, "x", [], 7, torch.zeros(2)],
+             "model": [None, "x", [], {"embed.weight": "x"}], "kind": ["checkpoint", 7, torch.zeros(2), None],
+             "format": ["1", 2, torch.tensor(1), None], "threads": [0, -1, "2", 1.5],
+             "optimizer": ["x", [], 7]}
+
+    def replaced(item):
+        field, value = item
+        return {**bundle, field: value}
+    return st.one_of(
+        st.sampled_from(sorted(wrong)).flatmap(lambda f: st.sampled_from(wrong[f]).map(lambda v: (f, v))).map(replaced),
+        st.sampled_from(["step", "x", "y", "measured", "config", "model", "kind", "format"]).map(
+            lambda field: {k: v for k, v in bundle.items() if k != field}),
+        st.sampled_from(["loss", "grad_norm", "severity"]).flatmap(lambda key: st.sampled_from(["x", [], {}, True]).map(
+            lambda value: {**bundle, "measured": {**bundle["measured"], key: value}})),
+        st.sampled_from([1, None, [1], "x"]).map(lambda v: {**bundle, "measured": {**bundle["measured"], "reasons": v}}),
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_an_invalid_bundle_is_refused_before_any_replay(real, bundle, data, capsys):
+    import torch
+
+    here = fresh(real)
+    bad = here / "bundle.pt"
+    torch.save(data.draw(invalid_bundle(bundle)), bad)
+    code, _, err = run(["replay", str(bad), "--json", str(here / "r.json")], capsys)
+    refused(code, err, bad, [here / "r.json"])
+
+
+def test_the_real_bundle_itself_replays(real, bundle, capsys):
+    import torch
+
+    here = fresh(real)
+    torch.save(bundle, here / "bundle.pt")
+    code, _, err = run(["replay", str(here / "bundle.pt"), "--json", str(here / "r.json")], capsys)
+    assert code == 0 and (here / "r.json").is_file(), err

@@ -41,7 +41,7 @@ def replay(path: str | Path, trust_factory: bool = False) -> dict:
     ``trust_factory``."""
     bundle = load_state(path, kind="bundle")
     if not isinstance(bundle.get("config"), dict):
-        raise RecordError(f"bundle {str(path)!r}: config = {bundle.get('config')!r:.60}: expected the run config "
+        raise RecordError(f"bundle {str(path)!r}: config = {_shown(bundle.get('config'))}: expected the run config "
                           f"(an object)")
     try:
         run = cfg.from_dict(cfg.RunConfig, bundle["config"])
@@ -67,15 +67,21 @@ def replay(path: str | Path, trust_factory: bool = False) -> dict:
         torch.set_num_threads(threads)
 
 
+def _shown(value) -> str:
+    """A value of a bundle on one short line (a tensor by its shape and type)."""
+    if torch.is_tensor(value):
+        return f"a tensor of shape {tuple(value.shape)} and type {value.dtype}"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_bundle(bundle: dict, run: cfg.RunConfig, path) -> None:
     """RecordError naming the bundle and the field unless each field the replay reads is of its type: the step
     a whole number >= 0, the batch (``x``, ``y``) two integer tensors of one (batch, length) shape holding
     token ids of the model's vocabulary, ``measured`` an object, the weights an object of tensors, the
     optimiser and precision states objects or null, the thread count a whole number >= 1 or null."""
     def refuse(field: str, expected: str):
-        shown = repr(bundle.get(field))
-        raise RecordError(f"bundle {str(path)!r}: {field} = {shown if len(shown) <= 60 else shown[:57] + '...'}: "
-                          f"expected {expected}")
+        raise RecordError(f"bundle {str(path)!r}: {field} = {_shown(bundle.get(field))}: expected {expected}")
     step, threads = bundle.get("step"), bundle.get("threads")
     if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
         refuse("step", "a whole number >= 0")
@@ -99,12 +105,12 @@ def check_bundle(bundle: dict, run: cfg.RunConfig, path) -> None:
     for key in ("loss", "grad_norm", "lr", "severity"):
         value = measured.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise RecordError(f"bundle {str(path)!r}: measured.{key} = {value!r:.60}: expected a number or null")
+            raise RecordError(f"bundle {str(path)!r}: measured.{key} = {_shown(value)}: expected a number or null")
     reasons = measured.get("reasons", [])
     if not isinstance(reasons, list) or not all(isinstance(reason, str) for reason in reasons):
-        raise RecordError(f"bundle {str(path)!r}: measured.reasons = {reasons!r:.60}: expected a list of strings")
+        raise RecordError(f"bundle {str(path)!r}: measured.reasons = {_shown(reasons)}: expected a list of strings")
     if bundle.get("optimizer") is not None and not (measured.get("lr") is not None and math.isfinite(measured["lr"])):
-        raise RecordError(f"bundle {str(path)!r}: measured.lr = {measured.get('lr')!r}: expected the step's learning "
+        raise RecordError(f"bundle {str(path)!r}: measured.lr = {_shown(measured.get('lr'))}: expected the step's learning "
                           f"rate (a finite number), which the optimiser's step replays")
     for field in ("optimizer", "precision"):
         if bundle.get(field) is not None and not isinstance(bundle[field], dict):
