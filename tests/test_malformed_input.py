@@ -677,3 +677,33 @@ def test_the_real_bundle_itself_replays(real, bundle, capsys):
     torch.save(bundle, here / "bundle.pt")
     code, _, err = run(["replay", str(here / "bundle.pt"), "--json", str(here / "r.json")], capsys)
     assert code == 0 and (here / "r.json").is_file(), err
+
+
+# ----------------------------------------------------------------------------- duplicates
+
+@pytest.mark.parametrize("where", ["top", "case", "figure"])
+def test_a_duplicated_key_counts_as_its_last_value_and_a_bad_last_value_is_refused(real, capsys, where):
+    """JSON keeps the last of two equal keys: a baseline whose repeated key ends with a bad value is refused."""
+    here = fresh(real)
+    document = json.loads(real.baseline.read_text())
+    text = json.dumps(document)
+    _figures(document)["heldout_loss"]["0"] = "DRAWS"
+    duplicated = {"top": text[:-1] + ', "min_seeds": 0}',
+                  "case": text.replace('"steps": 8,', '"steps": 8, "steps": "eight",', 1),
+                  "figure": json.dumps(document).replace('"DRAWS"', '{"0": 1.0, "1": 1.0, "2": 1.0, "0": "x"}')}[where]
+    bad = here / "baseline.json"
+    bad.write_text(duplicated)
+    assert duplicated != text
+    code, _, err = run(["check", "--baseline", str(bad), str(real.record()), "--json", str(here / "v.json")], capsys)
+    refused(code, err, bad, [here / "v.json"])
+
+
+def test_a_record_given_twice_or_copied_is_judged_once(real, capsys):
+    here = fresh(real)
+    session, record = _session_with(real, here, real.record().read_text())
+    shutil.copy(record, session / f"copy-{record.name}")
+    code, _, err = run(["check", "--baseline", str(real.baseline), str(session), str(record)], capsys)
+    assert code == 0, err
+    code, _, err = run(["baseline", "update", str(session), *map(str, real.sessions), "--out", str(here / "b.json"),
+                        "--allow-dirty", "--accept-calibration"], capsys)
+    assert code == 0 and (here / "b.json").is_file(), err
