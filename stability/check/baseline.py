@@ -98,9 +98,6 @@ def figure_value(record: dict, index: int, arm: dict, name: str) -> float | None
     if not isinstance(value, (int, float)):
         raise RecordError(f"{where(record, index)}: arm {arm['arm']}/seed {arm['seed']} figure {name}={value!r} "
                           f"is not a number ({type(value).__name__}): expected a number, true/false or null")
-    if abs(value) > fig.LARGEST and math.isfinite(value):
-        raise RecordError(f"{where(record, index)}: arm {arm['arm']}/seed {arm['seed']} figure {name}={value!r}: "
-                          f"expected a number within +-{fig.LARGEST:g} (stability.record.figures.LARGEST)")
     return float(value) if math.isfinite(value) else None
 
 
@@ -315,9 +312,6 @@ def _check_figure_value(name: str, value, status: str, where_: str) -> None:
                               f"complete)")
     elif not _is_number(value):
         raise RecordError(f"{where_}: figure {name} = {_short(value)}: expected a number, got {_type_name(value)}")
-    elif abs(value) > fig.LARGEST:
-        raise RecordError(f"{where_}: figure {name} = {_short(value)}: expected a number within +-{fig.LARGEST:g} "
-                          f"(stability.record.figures.LARGEST)")
 
 
 def _check_arm(case_key_: str, arm: str, entry, seeds: list[str], draws: list[str], config: dict,

@@ -75,10 +75,6 @@ class Figure:
 
 
 KINDS = ("eval", "peak", "run", "detail")
-LARGEST = 1e100
-"""The largest magnitude a judged figure value may have: the check squares differences of values (variances),
-which past about 1e154 no float holds. A figure of a trained model is far below it (float32, the widest
-training format, ends at 3.4e38); a larger value is not a measurement."""
 QUANTA = (None, "token", "count", "step", "step_pct", "seed", "head", "batch")
 
 
