@@ -240,7 +240,248 @@ def run_invariants(records: list[dict]) -> list[dict] | None:
     return [line for folder in folders for line in read_invariants(folder)]
 
 
+# ----------------------------------------------------------------------------- reading one back
+
+TOP_KEYS = ("schema_version", "kind", "created_at", "preset", "device", "min_seeds", "draws", "commit", "branch",
+            "dirty", "cases", "invariants", "calibration", "cases_remade")
+REQUIRED_TOP_KEYS = ("preset", "device", "min_seeds", "draws", "cases")
+CASE_KEYS = ("name", "schedule", "stress", "steps", "fingerprint", "config", "records", "arms", "commit")
+ARM_KEYS = ("status", "diverged_at_step", "figures")
+CALIBRATION_KEYS = ("arrangements", "seeds", "draws", "dof_rule", "alphas", "failed", "rate", "margin", "closest",
+                    "primary_family", "accepted_anyway", "reason")
+# the config fields the check computes a figure's resolution from (stability.record.figures.quantum)
+RESOLUTION_FIELDS = ("run.data.batch_size", "run.model.context", "run.probes.eval_batches", "run.model.n_heads",
+                     "run.model.n_layers")
+# figures of kind "run" that every completed run reports as a finite number (the arm's own trajectory)
+EVERY_COMPLETED_RUN = ("steps_completed", "nonfinite_events", "nonfinite_unhandled", "skipped_steps", "diverged",
+                       "divergence_step", "early_loss", "early_grad_norm")
+
+
+def _type_name(value) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _object(value, what: str, where_: str) -> dict:
+    if not isinstance(value, dict):
+        raise RecordError(f"{where_}: {what} = {_short(value)}: expected an object, got {_type_name(value)}")
+    return value
+
+
+def _known_keys(value: dict, keys: tuple[str, ...], what: str, where_: str) -> None:
+    unknown = [k for k in value if k not in keys]
+    if unknown:
+        raise RecordError(f"{where_}: {what} holds {unknown[0]!r}, which a baseline does not have: expected "
+                          f"only {', '.join(keys)}")
+
+
+def null_allowed(name: str, status: str) -> bool:
+    """Whether a baseline may hold null (a value that was not finite) for figure ``name`` of a run of ``status``.
+
+    A run that did not complete may lack any figure. A completed run may lack only what it can leave
+    undefined: a member of a family, measured on a run of its own (``loss_gap_fp16`` when the fp16 rung
+    diverged while its arm completed), and a stress case's own figure of kind "run" (``shock_recovery_steps``
+    when the loss never came back). The trained model's figures (kinds "eval" and "peak") and the
+    trajectory figures every run reports (``EVERY_COMPLETED_RUN``) are finite in a completed run: a null
+    there would silently leave the run out of its rows."""
+    if status != Status.COMPLETED:
+        return True
+    entry = fig.figure(name)
+    return entry.name != name or (entry.kind == "run" and name not in EVERY_COMPLETED_RUN)
+
+
+def case_arm_names(config: dict, where_: str) -> list[str]:
+    """The arms a case's stored (flattened) config trains: its ``arms`` field ("baseline,gated")."""
+    arms = config.get("arms", "baseline,gated")
+    if isinstance(arms, str):
+        names = [name.strip() for name in arms.split(",") if name.strip()]
+    elif isinstance(arms, list) and all(isinstance(name, str) for name in arms):
+        names = list(arms)
+    else:
+        raise RecordError(f"{where_}: config.arms = {_short(arms)}: expected the arm names, e.g. 'baseline,gated'")
+    if not names:
+        raise RecordError(f"{where_}: config.arms = {_short(arms)}: expected at least one arm name")
+    return names
+
+
+def unknown_figure(name: str, config: dict, where_: str) -> RecordError:
+    """The error for a figure this installation's table does not know, naming the extensions the baseline
+    was made with (its case config's ``plugins``) when it names any."""
+    plugins = config.get("plugins") or []
+    if plugins:
+        return RecordError(f"{where_}: figure {name!r} is not known to this installation: the baseline was made with "
+                           f"extensions {plugins}; install them and load them (--set plugins=...) to read it")
+    return RecordError(f"{where_}: figure {name!r} is not a figure of the table (stability.record.figures): "
+                       f"expected one of its figures")
+
+
+def _check_figure_value(name: str, value, status: str, where_: str) -> None:
+    entry = fig.figure(name)
+    if isinstance(value, bool):
+        if entry.quantum != "seed":
+            raise RecordError(f"{where_}: figure {name} = {_short(value)}: expected a number (true/false only for a "
+                              f"figure that is a seed's outcome, such as diverged)")
+    elif value is None or (isinstance(value, float) and not math.isfinite(value)):
+        if not null_allowed(name, status):
+            raise RecordError(f"{where_}: figure {name} = null in a completed run: expected a finite number (a completed "
+                              f"run's {entry.kind} figure is never non-finite; null only where the run did not "
+                              f"complete)")
+    elif not _is_number(value):
+        raise RecordError(f"{where_}: figure {name} = {_short(value)}: expected a number, got {_type_name(value)}")
+
+
+def _check_arm(case_key_: str, arm: str, entry, seeds: list[str], draws: list[str], config: dict,
+               where_: str) -> None:
+    here = f"{where_}: case {case_key_} arm {arm}"
+    entry = _object(entry, "arms." + arm, f"{where_}: case {case_key_}")
+    _known_keys(entry, ARM_KEYS, f"arm {arm}", f"{where_}: case {case_key_}")
+    for key in ARM_KEYS:
+        if key not in entry:
+            raise RecordError(f"{here} has no {key!r} field")
+        _object(entry[key], key, here)
+    status = entry["status"]
+    if sorted(status, key=str) != sorted(seeds, key=str):
+        raise RecordError(f"{here}: status holds seeds {sorted(status)}, the case's other arms {sorted(seeds)}: "
+                          f"expected the same seeds in every arm")
+    for seed in seeds:
+        per_draw = _object(status[seed], f"status.{seed}", here)
+        if sorted(per_draw) != sorted(draws):
+            raise RecordError(f"{here} seed {seed}: status holds draws {sorted(per_draw)}: expected the baseline's "
+                              f"draws {sorted(draws)}")
+        for draw, value in per_draw.items():
+            if value not in tuple(USABLE):
+                raise RecordError(f"{here} seed {seed} draw {draw}: status = {_short(value)}: expected one of "
+                                  f"{sorted(USABLE)}")
+    steps = entry["diverged_at_step"]
+    for seed, per_draw in steps.items():
+        if seed not in status:
+            raise RecordError(f"{here}: diverged_at_step holds seed {seed!r}, which status does not: expected the "
+                              f"arm's seeds {sorted(seeds)}")
+        for draw, value in _object(per_draw, f"diverged_at_step.{seed}", here).items():
+            if draw not in status[seed]:
+                raise RecordError(f"{here} seed {seed}: diverged_at_step holds draw {draw!r}: expected the "
+                                  f"baseline's draws {sorted(draws)}")
+            if value is not None and not (_is_whole(value) and value >= 0):
+                raise RecordError(f"{here} seed {seed} draw {draw}: diverged_at_step = {_short(value)}: expected "
+                                  f"a step (a whole number >= 0) or null")
+    for name, per_seed in entry["figures"].items():
+        table_entry = fig.figure(name)
+        if table_entry is None:
+            raise unknown_figure(name, config, here)
+        if table_entry.better is None:
+            raise RecordError(f"{here}: figure {name!r} is never judged (the figure table gives it no "
+                              f"direction): expected only judged figures")
+        for seed, per_draw in _object(per_seed, f"figures.{name}", here).items():
+            if seed not in status:
+                raise RecordError(f"{here} figure {name}: seed {seed!r} is not one of the arm's seeds "
+                                  f"{sorted(seeds)}")
+            for draw, value in _object(per_draw, f"figures.{name}.{seed}", here).items():
+                if draw not in status[seed]:
+                    raise RecordError(f"{here} seed {seed} figure {name}: draw {draw!r} is not one of the "
+                                      f"baseline's draws {sorted(draws)}")
+                run_status = status[seed][draw]
+                if table_entry.needs_completed_arm and run_status != Status.COMPLETED:
+                    raise RecordError(f"{here} seed {seed} draw {draw}: figure {name} is held for a run that "
+                                      f"{run_status}: an evaluation or peak figure is kept for completed runs only")
+                _check_figure_value(name, value, run_status, f"{here} seed {seed} draw {draw}")
+
+
+def _check_case(key: str, case, draws: list[str], min_seeds: int, where_: str) -> None:
+    here = f"{where_}: case {key}"
+    case = _object(case, f"cases.{key}", where_)
+    _known_keys(case, CASE_KEYS, f"case {key}", where_)
+    for field in CASE_KEYS:
+        if field not in case and field not in ("records", "commit"):
+            raise RecordError(f"{here} has no {field!r} field (truncated?)")
+    for field in ("name", "schedule", "stress", "fingerprint"):
+        if not isinstance(case[field], str):
+            raise RecordError(f"{here}: {field} = {_short(case[field])}: expected a string")
+    if case.get("commit") is not None and not isinstance(case["commit"], str):
+        raise RecordError(f"{here}: commit = {_short(case['commit'])}: expected the commit that trained it or null")
+    if not (_is_whole(case["steps"]) and case["steps"] >= 1):
+        raise RecordError(f"{here}: steps = {_short(case['steps'])}: expected a whole number of steps >= 1")
+    records = case.get("records", [])
+    if not isinstance(records, list) or not all(r is None or isinstance(r, str) for r in records):
+        raise RecordError(f"{here}: records = {_short(records)}: expected a list of record ids")
+    config = _object(case["config"], "config", here)
+    for field in RESOLUTION_FIELDS:
+        if field in config and not (_is_whole(config[field]) and config[field] >= 1):
+            raise RecordError(f"{here}: config.{field} = {_short(config[field])}: expected a whole number >= 1")
+    plugins = config.get("plugins") or []
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise RecordError(f"{here}: config.plugins = {_short(plugins)}: expected a list of extension names")
+    arms = _object(case["arms"], "arms", here)
+    wanted = case_arm_names(config, here)
+    missing = [arm for arm in wanted if arm not in arms]
+    if missing:
+        raise RecordError(f"{here} has no arm {missing[0]!r}: expected every arm its config trains "
+                          f"({', '.join(wanted)})")
+    first = arms[wanted[0]]
+    seeds = list(first.get("status") or {}) if isinstance(first, dict) and isinstance(first.get("status"), dict) \
+        else []
+    if len(seeds) < min_seeds:
+        raise RecordError(f"{here} arm {wanted[0]}: {len(seeds)} seed(s) {sorted(seeds)}: expected at least "
+                          f"min_seeds={min_seeds}")
+    for arm, entry in arms.items():
+        _check_arm(key, arm, entry, seeds, draws, config, where_)
+
+
+def _check_calibration(calibration, where_: str) -> None:
+    """null, or the object ``stability.check.calibration.stored`` writes."""
+    if calibration is None:
+        return
+    here = f"{where_}: calibration"
+    _object(calibration, "calibration", where_)
+    _known_keys(calibration, CALIBRATION_KEYS, "calibration", where_)
+    for key in CALIBRATION_KEYS:
+        if key not in calibration:
+            raise RecordError(f"{here} has no {key!r} field: expected what `stability baseline calibrate --write` "
+                              f"stores")
+    for key in ("arrangements", "seeds", "draws"):
+        if not (_is_whole(calibration[key]) and calibration[key] >= 0):
+            raise RecordError(f"{here}.{key} = {_short(calibration[key])}: expected a whole number >= 0")
+    alphas, failed, rate = calibration["alphas"], calibration["failed"], calibration["rate"]
+    if not isinstance(alphas, list) or not alphas or not all(_is_number(a) and 0 < a < 1 for a in alphas):
+        raise RecordError(f"{here}.alphas = {_short(alphas)}: expected a list of rates in (0, 1)")
+    if not isinstance(failed, list) or len(failed) != len(alphas) or not all(_is_whole(n) and n >= 0 for n in failed):
+        raise RecordError(f"{here}.failed = {_short(failed)}: expected a count >= 0 per alpha")
+    if not isinstance(rate, list) or len(rate) != len(alphas) or \
+            not all(r is None or (_is_number(r) and 0 <= r <= 1) for r in rate):
+        raise RecordError(f"{here}.rate = {_short(rate)}: expected a fraction (or null) per alpha")
+    if calibration["margin"] is not None and not (_is_number(calibration["margin"]) and calibration["margin"] >= 0):
+        raise RecordError(f"{here}.margin = {_short(calibration['margin'])}: expected a number >= 0 or null")
+    if not isinstance(calibration["dof_rule"], str):
+        raise RecordError(f"{here}.dof_rule = {_short(calibration['dof_rule'])}: expected a string")
+    closest = _object(calibration["closest"], "calibration.closest", where_)
+    reason = closest.get("reason", [])
+    if not isinstance(reason, list) or not all(isinstance(r, str) for r in reason):
+        raise RecordError(f"{here}.closest.reason = {_short(reason)}: expected a list of strings")
+    family = calibration["primary_family"]
+    if not isinstance(family, list) or not all(isinstance(row, dict) for row in family):
+        raise RecordError(f"{here}.primary_family = {_short(family)}: expected a list of objects")
+    if not isinstance(calibration["accepted_anyway"], bool):
+        raise RecordError(f"{here}.accepted_anyway = {_short(calibration['accepted_anyway'])}: expected true/false")
+    if calibration["reason"] is not None and not isinstance(calibration["reason"], str):
+        raise RecordError(f"{here}.reason = {_short(calibration['reason'])}: expected a string or null")
+
+
 def validate_baseline(baseline, where_: str) -> dict:
+    """``baseline`` itself when the whole document can be judged against: every field of its type and
+    domain, every case holding every arm its config trains, every arm every seed and draw, every figure
+    one of the table and its values numbers where the run completed (``null_allowed``); RecordError,
+    one line naming ``where_``, the case, arm, seed and figure, otherwise. Nothing is judged before it."""
     if not isinstance(baseline, dict) or baseline.get("kind") != "stability-baseline":
         raise RecordError(f"{where_} is not a stability baseline (no kind='stability-baseline'); make one "
                           f"with `stability baseline make`")
@@ -249,12 +490,43 @@ def validate_baseline(baseline, where_: str) -> dict:
         raise RecordError(f"{where_} has schema_version={version!r}: this version of stability reads baseline "
                           f"schema_version={BASELINE_SCHEMA_VERSION} (the reference runs, their rounding "
                           f"replicates and the calibration); make it again with `stability baseline make`")
-    for key in ("preset", "device", "cases"):
+    for key in REQUIRED_TOP_KEYS:
         if key not in baseline:
             raise RecordError(f"{where_} has no {key!r} field (truncated?)")
-    for name, case in baseline["cases"].items():
-        if not isinstance(case, dict) or not isinstance(case.get("arms"), dict) or "fingerprint" not in case:
-            raise RecordError(f"{where_}: case {name!r} lacks 'arms' or 'fingerprint'")
+    _known_keys(baseline, TOP_KEYS, "the baseline", where_)
+    for key in ("preset", "device"):
+        if not isinstance(baseline[key], str) or not baseline[key]:
+            raise RecordError(f"{where_}: {key} = {_short(baseline[key])}: expected a name (a string)")
+    for key in ("commit", "branch", "created_at"):
+        if baseline.get(key) is not None and not isinstance(baseline[key], str):
+            raise RecordError(f"{where_}: {key} = {_short(baseline[key])}: expected a string or null")
+    if not isinstance(baseline.get("dirty", False), bool):
+        raise RecordError(f"{where_}: dirty = {_short(baseline['dirty'])}: expected true or false")
+    min_seeds = baseline["min_seeds"]
+    if not (_is_whole(min_seeds) and min_seeds >= 1):
+        raise RecordError(f"{where_}: min_seeds = {_short(min_seeds)}: expected a whole number >= 1")
+    draws = baseline["draws"]
+    if not isinstance(draws, list) or not draws or not all(_is_whole(d) and d >= 0 for d in draws) \
+            or len(set(draws)) != len(draws):
+        raise RecordError(f"{where_}: draws = {_short(draws)}: expected a non-empty list of distinct whole "
+                          f"numbers >= 0 (0 the reference runs)")
+    remade = baseline.get("cases_remade", [])
+    if not isinstance(remade, list) or not all(isinstance(name, str) for name in remade):
+        raise RecordError(f"{where_}: cases_remade = {_short(remade)}: expected a list of stress case names")
+    cases = baseline["cases"]
+    if not isinstance(cases, dict) or not cases:
+        raise RecordError(f"{where_}: cases = {_short(cases)}: expected a non-empty object (case key -> its runs)")
+    for key, case in cases.items():
+        _check_case(key, case, [str(d) for d in draws], min_seeds, where_)
+    invariants = baseline.get("invariants")
+    if invariants is not None:
+        from stability.record.invariants import check_line
+
+        if not isinstance(invariants, list):
+            raise RecordError(f"{where_}: invariants = {_short(invariants)}: expected a list of invariants or null")
+        for index, line in enumerate(invariants):
+            check_line(line, f"{where_}: invariants[{index}]")
+    _check_calibration(baseline.get("calibration"), where_)
     return baseline
 
 

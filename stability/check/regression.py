@@ -206,7 +206,7 @@ def seed_noise(groups: dict[str, list[float]], quantum: float) -> dict[str, tupl
     for seed, values in groups.items():
         if len(values) >= 2:
             mean = sum(values) / len(values)
-            noise[seed] = (sum((v - mean) ** 2 for v in values) / (len(values) - 1), len(values) - 1)
+            noise[seed] = (sum((v - mean) * (v - mean) for v in values) / (len(values) - 1), len(values) - 1)
     if noise:
         pooled = sum(v for v, _ in noise.values()) / len(noise)
         dof = sum(d for _, d in noise.values())
@@ -755,6 +755,7 @@ def suite_failures(paths) -> list[str]:
     message>"), so that one verdict holds every step of the job; RecordError (exit 2) for a file that is
     missing, too large (``MAX_BYTES``), cannot be read or is not JUnit XML (the suites' outcome is then unknown)."""
     from xml.etree import ElementTree
+
 
     failed = []
     for path in paths:

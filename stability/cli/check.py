@@ -120,7 +120,7 @@ def cmd_check(args) -> int:
     summary = write_step_summary(result.markdown(), args.markdown)
     if summary is not None:
         print(f"markdown summary appended to {summary}", file=sys.stderr)
-    if args.json:
+    if args.json and result.exit_code != 2:   # unusable input: one error line, no verdict file
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=1))
     if result.exit_code == 2:

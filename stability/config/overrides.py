@@ -15,7 +15,7 @@ import json
 import types
 from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from stability.config.arms import ARM_SETS, BASELINE_ARM, NAMED_ARMS, ArmConfig
 from stability.config.errors import ConfigError
@@ -263,3 +263,47 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
             value = tuple(from_dict(item, v) if is_dataclass(item) else v for v in value)
         kwargs[f.name] = value
     return cls(**kwargs)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the type ``hint`` as it stands (no coercion); a hint this check does not know
+    (a dict, Any) fits anything."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, option) for option in get_args(hint))
+    if origin is Literal:
+        return value in get_args(hint)
+    if origin is tuple:
+        args = [a for a in get_args(hint) if a is not Ellipsis]
+        return isinstance(value, tuple) and all(_fits(v, args[0]) for v in value) if args else isinstance(value, tuple)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if is_dataclass(hint):
+        return isinstance(value, hint)
+    return True
+
+
+def check_types(config: Any, prefix: str = "") -> None:
+    """ConfigError naming the first field of the dataclass ``config`` (and of those inside it) whose value is
+    not of its declared type: ``from_dict`` builds a config from data (a record, a replay bundle) without
+    coercing, and a field's own checks assume its type."""
+    hints = get_type_hints(type(config))
+    for f in fields(config):
+        value, hint = getattr(config, f.name), hints[f.name]
+        name = f"{prefix}{f.name}"
+        if not _fits(value, hint):
+            raise ConfigError(f"{name}={value!r:.80} is invalid: expected a value of type {hint}")
+        if is_dataclass(value):
+            check_types(value, f"{name}.")
+        elif isinstance(value, tuple):
+            for index, item in enumerate(value):
+                if is_dataclass(item):
+                    check_types(item, f"{name}[{index}].")

@@ -59,6 +59,8 @@ def validate_record(record, where: str) -> CaseRecord:
     if not isinstance(arms, list) or not all(isinstance(a, dict) for a in arms):
         raise RecordError(f"{where}: 'arms' must be a list of arm objects, got "
                           f"{type(arms).__name__ if not isinstance(arms, list) else 'a list holding non-objects'}")
+    if not isinstance(record["config"], dict):
+        raise RecordError(f"{where}: config = {_show(record['config'])}: expected an object (the resolved config)")
     foreign = foreign_extensions(record)
     _entry({k: v for k, v in record.items() if not k.startswith("_")}, CaseRecord, "", where, foreign)
     results = record.get("results") or {}
@@ -72,6 +74,9 @@ def validate_record(record, where: str) -> CaseRecord:
                 continue      # the results of a case an extension this process lacks registered: kept, unread
             raise RecordError(f"{where}: results.{case}: {error}") from None
         _check(result, kind, f"results.{case}", where, foreign)
+    _check_config(record["config"], where)
+    for index, arm in enumerate(arms):
+        _check_series(arm.get("series") or {}, _item("arms", index, arm), where)
     return record
 
 
@@ -87,6 +92,54 @@ def foreign_extensions(record: dict) -> tuple[str, ...]:
         named += [e.get("spec") for e in env["extensions"] if isinstance(e, dict) and isinstance(e.get("spec"), str)]
     here = {extension.spec for extension in extensions.loaded()}
     return tuple(dict.fromkeys(name.strip() for name in named if name.strip() not in here))
+
+
+def _whole(low: int):
+    """A test for a whole number >= ``low`` (never a bool)."""
+    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+# The config fields that the readers of a record use (its device, rounding draw and run length, and the
+# figures' resolution: stability.record.identity, .cases, .figures.quantum), with what each must hold. The
+# rest of the config is the config's own business (stability.config): readers only fingerprint it.
+CONFIG_FIELDS = {
+    "run": (lambda v: isinstance(v, dict), "an object"),
+    "stress": (lambda v: isinstance(v, dict), "an object"),
+    "run.data": (lambda v: isinstance(v, dict), "an object"),
+    "run.model": (lambda v: isinstance(v, dict), "an object"),
+    "run.probes": (lambda v: isinstance(v, dict), "an object"),
+    "run.device": (lambda v: v is None or isinstance(v, str), "a device name (\"cpu\", \"cuda:0\") or null"),
+    "run.replicate": (lambda v: v is None or _whole(0)(v), "a rounding draw: a whole number >= 0"),
+    "run.seed": (_whole(0), "a whole number >= 0"),
+    "run.steps": (_whole(1), "a whole number of steps >= 1"),
+    "stress.ladder_steps": (lambda v: v is None or _whole(0)(v), "a whole number of steps >= 0"),
+    "run.data.batch_size": (_whole(1), "a whole number >= 1"),
+    "run.model.context": (_whole(1), "a whole number >= 1"),
+    "run.model.n_heads": (_whole(1), "a whole number >= 1"),
+    "run.model.n_layers": (_whole(1), "a whole number >= 1"),
+    "run.probes.eval_batches": (_whole(1), "a whole number >= 1"),
+}
+
+
+def _check_config(config: dict, where: str) -> None:
+    """The config fields of ``CONFIG_FIELDS`` that ``config`` holds, each of its type."""
+    for name, (fits, expected) in CONFIG_FIELDS.items():
+        *parents, key = name.split(".")
+        holder = config
+        for parent in parents:
+            holder = holder.get(parent) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and key in holder and not fits(holder[key]):
+            raise RecordError(f"{where}: config.{name} = {_show(holder[key])}: expected {expected}")
+
+
+def _check_series(series: dict, path: str, where: str) -> None:
+    """Every per-step list of an arm has one entry per step trained: the same length as the others."""
+    lengths = {key: len(values) for key, values in series.items() if isinstance(values, list)}
+    if len(set(lengths.values())) > 1:
+        first = next(iter(lengths))
+        other = next(key for key, n in lengths.items() if n != lengths[first])
+        raise RecordError(f"{where}: {path}.series.{other} has {lengths[other]} entries and series.{first} "
+                          f"{lengths[first]}: expected one entry per step trained in every series")
 
 
 @functools.cache

@@ -95,9 +95,11 @@ def load_state(path: str | Path, kind: str = "checkpoint", map_location="cpu") -
             raise RecordError(f"{kind} {str(path)!r} is refused: it holds Python objects whose loading would "
                               f"import or run code ({cause}); only tensors and plain values are loaded") from None
         raise RecordError(f"{kind} {str(path)!r} is corrupt or not a {kind} ({cause})") from None
-    if not isinstance(state, dict) or state.get("kind") != kind or state.get("format") != FORMAT:
-        raise RecordError(f"{kind} {str(path)!r} is not a stability {kind} of format {FORMAT} "
-                          f"(kind {state.get('kind') if isinstance(state, dict) else type(state).__name__!r})")
+    plain = isinstance(state, dict) and isinstance(state.get("kind"), str) and type(state.get("format")) is int
+    if not plain or state["kind"] != kind or state["format"] != FORMAT:
+        found = state.get("kind") if isinstance(state, dict) else None
+        found = found[:60] if isinstance(found, str) else type(found if isinstance(state, dict) else state).__name__
+        raise RecordError(f"{kind} {str(path)!r} is not a stability {kind} of format {FORMAT} (kind {found!r})")
     return state
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from stability import config as cfg
+from stability.config.overrides import check_types
 from stability.model.build import build_model
 from stability.model.lm import next_token_loss, z_loss
 from stability.precision import PrecisionPolicy
@@ -39,12 +40,17 @@ def replay(path: str | Path, trust_factory: bool = False) -> dict:
     it). A bundle is data: a ``model.factory`` its config names is imported (its module's code run) only with
     ``trust_factory``."""
     bundle = load_state(path, kind="bundle")
+    if not isinstance(bundle.get("config"), dict):
+        raise RecordError(f"bundle {str(path)!r}: config = {_shown(bundle.get('config'))}: expected the run config "
+                          f"(an object)")
     try:
         run = cfg.from_dict(cfg.RunConfig, bundle["config"])
-    except (TypeError, ValueError, KeyError) as error:
+        check_types(run)
+    except (TypeError, ValueError, KeyError, AttributeError) as error:
         raise RecordError(f"bundle {str(path)!r} holds a config this code cannot read: {error}") from None
     if run.model.factory and not trust_factory:
         raise RecordError(untrusted_factory(f"bundle {str(path)!r}", run.model.factory))
+    check_bundle(bundle, run, path)
     written_on = run.device
     run = replace(run, device="cpu")
     notes = []
@@ -61,6 +67,56 @@ def replay(path: str | Path, trust_factory: bool = False) -> dict:
         torch.set_num_threads(threads)
 
 
+def _shown(value) -> str:
+    """A value of a bundle on one short line (a tensor by its shape and type)."""
+    if torch.is_tensor(value):
+        return f"a tensor of shape {tuple(value.shape)} and type {value.dtype}"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_bundle(bundle: dict, run: cfg.RunConfig, path) -> None:
+    """RecordError naming the bundle and the field unless each field the replay reads is of its type: the step
+    a whole number >= 0, the batch (``x``, ``y``) two integer tensors of one (batch, length) shape holding
+    token ids of the model's vocabulary, ``measured`` an object, the weights an object of tensors, the
+    optimiser and precision states objects or null, the thread count a whole number >= 1 or null."""
+    def refuse(field: str, expected: str):
+        raise RecordError(f"bundle {str(path)!r}: {field} = {_shown(bundle.get(field))}: expected {expected}")
+    step, threads = bundle.get("step"), bundle.get("threads")
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        refuse("step", "a whole number >= 0")
+    if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+        refuse("threads", "a whole number >= 1 or null")
+    for field in ("x", "y"):
+        batch = bundle.get(field)
+        if not (torch.is_tensor(batch) and batch.dim() == 2 and batch.numel() > 0
+                and not batch.is_floating_point() and batch.dtype != torch.bool):
+            refuse(field, "a (batch, length) tensor of token ids")
+        if batch.min() < 0 or (run.model.kind == "harness" and batch.max() >= run.model.vocab_size):
+            refuse(field, f"token ids in [0, {run.model.vocab_size})")
+    if bundle["x"].shape != bundle["y"].shape:
+        refuse("y", f"the shape of x {tuple(bundle['x'].shape)}")
+    model = bundle.get("model")
+    if not (isinstance(model, dict) and all(torch.is_tensor(v) for v in model.values())):
+        refuse("model", "the model's weights (an object of tensors)")
+    measured = bundle.get("measured")
+    if not isinstance(measured, dict):
+        refuse("measured", "what training measured at the step (an object)")
+    for key in ("loss", "grad_norm", "lr", "severity"):
+        value = measured.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise RecordError(f"bundle {str(path)!r}: measured.{key} = {_shown(value)}: expected a number or null")
+    reasons = measured.get("reasons", [])
+    if not isinstance(reasons, list) or not all(isinstance(reason, str) for reason in reasons):
+        raise RecordError(f"bundle {str(path)!r}: measured.reasons = {_shown(reasons)}: expected a list of strings")
+    if bundle.get("optimizer") is not None and not (measured.get("lr") is not None and math.isfinite(measured["lr"])):
+        raise RecordError(f"bundle {str(path)!r}: measured.lr = {_shown(measured.get('lr'))}: expected the step's learning "
+                          f"rate (a finite number), which the optimiser's step replays")
+    for field in ("optimizer", "precision"):
+        if bundle.get(field) is not None and not isinstance(bundle[field], dict):
+            refuse(field, "an object or null")
+
+
 def _replay(bundle: dict, run: cfg.RunConfig, path: Path, notes: list[str]) -> dict:
     model = build_model(run.model, run.seed)
     policy = PrecisionPolicy(run.precision, "cpu")
@@ -69,12 +125,16 @@ def _replay(bundle: dict, run: cfg.RunConfig, path: Path, notes: list[str]) -> d
         model.load_state_dict(bundle["model"])
         if bundle.get("precision") is not None:
             policy.load_state_dict(bundle["precision"])
-    except (RuntimeError, ValueError, KeyError) as error:
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
         raise RecordError(f"bundle {str(path)!r} does not fit this code's model (shapes differ): "
                           f"{str(error).strip().splitlines()[0][:300]}") from None
     optimizer = make_optimizer(model, run)
     if bundle.get("optimizer") is not None:
-        optimizer.load_state_dict(bundle["optimizer"])
+        try:
+            optimizer.load_state_dict(bundle["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
+            raise RecordError(f"bundle {str(path)!r}: optimizer does not fit this code's optimiser: "
+                              f"{str(error).strip().splitlines()[0][:300]}") from None
     step = int(bundle["step"])
     fault = poison_block(model, run, lambda: step)
     x, y = bundle["x"], bundle["y"]
