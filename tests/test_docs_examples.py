@@ -67,3 +67,11 @@ def test_quantization_doc_says_whether_quant_rows_are_judged():
     primary = any(p.figure.startswith("quant") for p in PRIMARY)
     assert ("no `quant_*` row is primary" in doc) == (not primary)
     assert "checked for regressions" not in doc or primary
+
+
+def test_your_repository_names_every_exit_code_of_the_check():
+    doc = " ".join((ROOT / "docs" / "your-repository.md").read_text().split())
+    section = doc.split("## What the suites can and cannot see on your model", 1)[1].split("It cannot see:")[0]
+    for code, verdict in reg.VERDICT_OF_EXIT.items():
+        assert f"exit {code}" in section, (code, verdict)
+    assert "Holm" in section and "fewest degrees of freedom" in section and reg.DOF_RULE == "min"
