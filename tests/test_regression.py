@@ -522,9 +522,14 @@ def test_a_job_missing_a_seed_an_arm_or_a_case_fails_closed(record, baseline):
     assert result.exit_code == 2 and "no record of the baseline's case(s) extra/standard" in result.errors[0]
 
 
-def test_a_new_case_is_noted_not_a_regression(record, baseline):
-    result = reg.check([record, pair_record(name="extra")], baseline)
-    assert result.exit_code == 0 and any("new case" in n for n in result.notes)
+def test_a_new_case_makes_the_baseline_stale_naming_the_command(record, baseline):
+    """A case the job's code trains that the baseline lacks is not covered: exit 2 with the command that
+    makes that case only; judged with --cases on what the baseline holds, the job passes."""
+    extra = {**pair_record(name="extra"), "stress": "extra"}
+    result = reg.check([record, extra], baseline, baseline_path="b.json")
+    assert result.exit_code == 2 and "case extra/standard (not in the baseline)" in result.errors[0]
+    assert result.errors[0].endswith("stability baseline make --preset smoke --device cpu --cases extra --out b.json")
+    assert reg.check([record, extra], baseline, cases=["standard"]).exit_code == 0
 
 
 def test_cases_narrow_the_baseline_on_purpose_and_say_so(record):
@@ -748,10 +753,10 @@ def test_a_regressed_job_is_regressed_whatever_else_is_wrong_with_it(record, bas
     result = reg.check([worse], baseline, invariants=failing)
     assert baseline["invariants"] is None and result.exit_code == 1 and result.verdict == "REGRESSED"
     assert any(line.startswith("regressed: smoke/standard gated m_act_max") for line in result.failure_lines())
-    assert any("loss_gap_fp8 does not hold" in line for line in result.failure_lines())
+    assert any("the baseline was made without the suites" in line for line in result.failure_lines())
     assert "make the baseline again" not in result.table() and "make the baseline again" not in result.markdown()
     alone = reg.check([record], baseline, invariants=failing)
-    assert alone.exit_code == 2 and "never one made on this change" in alone.errors[0]
+    assert alone.exit_code == 2 and "the baseline was made without the suites" in alone.errors[0]
 
 
 def test_the_command_line_reads_the_invariants_of_the_run_directories(tmp_path, record, capsys):
@@ -773,13 +778,90 @@ def test_the_command_line_reads_the_invariants_of_the_run_directories(tmp_path, 
     assert "model invariant loss_falls no longer holds" in capsys.readouterr().out
 
 
-def test_an_invariant_failing_against_a_baseline_that_records_none_cannot_be_judged(record):
+def test_a_baseline_without_the_invariants_the_job_evaluates_is_stale(record):
+    """A baseline made without the suites cannot judge the job's invariants, held or not: exit 2 on unchanged
+    code (never a silent pass), naming the cases to remake and the command."""
     base = baselines.make_baseline(with_replicates(record))
-    assert base["invariants"] is None
-    result = reg.check([record], base, invariants=[_invariant("loss_falls", "gated", 0, False, 0.95, 0.9)])
-    assert result.exit_code == 2 and "the baseline records no invariants to judge it against" in result.errors[0]
-    fine = reg.check([record], base, invariants=[_invariant("loss_falls", "gated", 0, True, 0.5, 0.9)])
-    assert fine.exit_code == 0 and any("records no model invariants" in n for n in fine.notes)
+    assert base["invariants"] is None and base["covers"]["invariants"] is None
+    for held in (False, True):
+        result = reg.check([record], base, invariants=[_invariant("loss_falls", "gated", 0, held, 0.5, 0.9)])
+        assert result.exit_code == 2 and result.errors == [
+            ("the baseline is stale: the code judges what it does not hold (case smoke/standard model invariants (the "
+            "baseline was made without the suites)): remake those cases: stability baseline make --preset smoke "
+            "--device cpu --cases standard --out reports/baselines/smoke-cpu.json")]
+    made = baselines.make_baseline(with_replicates(record), invariants=[_invariant("loss_falls", "gated", 0, True)])
+    assert made["covers"]["invariants"] == {"smoke/standard": ["loss_falls"]}
+    new = [_invariant("loss_falls", "gated", 0, True), _invariant("loss_stays_finite", "gated", 0, True)]
+    assert "model invariant(s) loss_stays_finite" in reg.check([record], made, invariants=new).errors[0]
+
+
+# ----------------------------------------------------------------------------- what a baseline covers
+
+def test_a_baseline_states_what_it_covers(record, baseline):
+    """The figures each case's runs report, the invariants, the primary family and each figure's resolution,
+    as the code that made it judged them; a run that diverged names its evaluation figures too."""
+    covered = baseline["covers"]
+    assert covered["figures"]["smoke/standard"] == sorted(set(reg.fig.judged(record["arms"][0]["final"])))
+    assert covered["primary_family"] == reg.fig.primary_family() and covered["invariants"] is None
+    assert covered["resolutions"]["accuracy"] == "token" and covered["resolutions"]["heldout_loss"] is None
+    diverged = _diverged(record, "gated", 0, 30)
+    assert "heldout_loss" in baselines.make_baseline(with_replicates(diverged))["covers"]["figures"]["smoke/standard"]
+
+
+def test_a_baseline_older_than_its_coverage_is_stale(record, baseline):
+    """A baseline that does not say what it covers (made by an older version) fails unchanged code, exit 2,
+    with the command that remakes it whole."""
+    old = {k: v for k, v in baseline.items() if k != "covers"}
+    result = reg.check([record], old)
+    assert result.exit_code == 2 and "does not state what it covers" in result.errors[0]
+    assert result.errors[0].endswith("stability baseline make --preset smoke --device cpu --out "
+                                     "reports/baselines/smoke-cpu.json")
+
+
+def test_a_figure_the_code_now_judges_makes_the_baseline_stale(record, baseline):
+    """A judged figure the job's runs report that the baseline's runs did not: stale, naming case and figure."""
+    fewer = copy.deepcopy(baseline)
+    fewer["covers"]["figures"]["smoke/standard"].remove("m_act_max")
+    for arm in fewer["cases"]["smoke/standard"]["arms"].values():
+        arm["figures"].pop("m_act_max")
+    result = reg.check([record], fewer)
+    assert result.exit_code == 2 and "case smoke/standard figure(s) m_act_max" in result.errors[0]
+    assert "--cases standard" in result.errors[0]
+
+
+def test_another_primary_family_makes_the_baseline_stale_until_it_is_calibrated_again(tmp_path, record, baseline,
+                                                                                      monkeypatch, capsys):
+    """A row that joined the primary family since the baseline was calibrated: stale (exit 2) naming the row and
+    `stability baseline calibrate --write`, which measures the curve again without training; then it passes."""
+    path = tmp_path / "b.json"
+    baselines.write_baseline(baseline, path)
+    extra = reg.fig.Primary("standard", "loss_spike_score", "arms")
+    monkeypatch.setattr(reg.fig, "PRIMARY", (*reg.fig.PRIMARY, extra))
+    result = reg.check([record], baseline, baseline_path=str(path))
+    assert result.exit_code == 2 and "the primary family changed" in result.errors[0]
+    assert "added standard/loss_spike_score[arms]" in result.errors[0]
+    assert result.errors[0].endswith(f"stability baseline calibrate --write {path}")
+    assert main(["baseline", "calibrate", "--write", str(path)]) == 0
+    assert reg.check([record], baselines.load_baseline(path)).exit_code == 0
+
+
+def test_a_stale_baseline_does_not_hide_a_regression(record, baseline):
+    """Stale and regressed: REGRESSED (exit 1), the staleness listed beside it."""
+    old = {k: v for k, v in baseline.items() if k != "covers"}
+    result = reg.check([edited(record, "gated", "m_act_max", factor=5.0)], old)
+    assert result.exit_code == 1 and any("does not state what it covers" in line for line in result.failure_lines())
+
+
+def test_a_baseline_remade_case_by_case_covers_each_case_as_remade(record):
+    """Merging remade cases takes their coverage from the new runs and keeps the others'."""
+    extra = {**pair_record(name="extra"), "stress": "extra"}
+    old = baselines.make_baseline(with_replicates(record) + with_replicates(extra))
+    old["covers"]["figures"]["extra/standard"].remove("m_act_max")
+    new = baselines.make_baseline(with_replicates(record), invariants=[_invariant("loss_falls", "gated", 0, True)])
+    both = baselines.merge_cases(old, new, ["standard"])
+    assert "m_act_max" not in both["covers"]["figures"]["extra/standard"]
+    assert both["covers"]["invariants"] == {"smoke/standard": ["loss_falls"]}
+    baselines.validate_baseline(both, "merged")
 
 
 # ----------------------------------------------------------------------------- the runs a job made

@@ -21,6 +21,7 @@ import datetime as _dt
 import math
 from pathlib import Path
 
+from stability.check.coverage import covers, merged
 from stability.record import (
     USABLE,
     RecordError,
@@ -200,6 +201,7 @@ def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int
         "preset": presets.pop(), "device": devices.pop(), "min_seeds": min_seeds, "draws": draws,
         "commit": commit if commit is not None else git.get("commit"), "branch": git.get("branch"),
         "dirty": bool(dirty), "cases": dict(sorted(cases.items())), "invariants": None if invariants is None else list(invariants),
+        "covers": covers(records, invariants),
     }
 
 
@@ -226,7 +228,8 @@ def merge_cases(old: dict, new: dict, stress: list[str]) -> dict:
             + list(new.get("invariants") or [])
     return {**old, "created_at": new["created_at"], "commit": new.get("commit"), "branch": new.get("branch"),
             "dirty": bool(old.get("dirty") or new.get("dirty")), "cases": dict(sorted(cases.items())),
-            "invariants": invariants, "cases_remade": sorted(stress), "calibration": None}
+            "invariants": invariants, "covers": merged(old, new, set(new["cases"])), "cases_remade": sorted(stress),
+            "calibration": None}
 
 
 def run_invariants(records: list[dict]) -> list[dict] | None:
@@ -243,7 +246,7 @@ def run_invariants(records: list[dict]) -> list[dict] | None:
 # ----------------------------------------------------------------------------- reading one back
 
 TOP_KEYS = ("schema_version", "kind", "created_at", "preset", "device", "min_seeds", "draws", "commit", "branch",
-            "dirty", "cases", "invariants", "calibration", "cases_remade")
+            "dirty", "cases", "invariants", "calibration", "cases_remade", "covers")
 REQUIRED_TOP_KEYS = ("preset", "device", "min_seeds", "draws", "cases")
 CASE_KEYS = ("name", "schedule", "stress", "steps", "fingerprint", "config", "records", "arms", "commit")
 ARM_KEYS = ("status", "diverged_at_step", "figures")
@@ -527,7 +530,34 @@ def validate_baseline(baseline, where_: str) -> dict:
         for index, line in enumerate(invariants):
             check_line(line, f"{where_}: invariants[{index}]")
     _check_calibration(baseline.get("calibration"), where_)
+    _check_covers(baseline.get("covers"), where_)
     return baseline
+
+
+def _names_per_case(value, what: str, where_: str) -> None:
+    if not isinstance(value, dict) or not all(isinstance(names, list) and all(isinstance(n, str) for n in names)
+                                              for names in value.values()):
+        raise RecordError(f"{where_}: covers.{what} = {_short(value)}: expected an object (case key -> a list of "
+                          f"names)")
+
+
+def _check_covers(covered, where_: str) -> None:
+    """null (a baseline made before baselines stated it: the check calls it stale), or what
+    ``stability.check.coverage.covers`` writes."""
+    if covered is None:
+        return
+    covered = _object(covered, "covers", where_)
+    _known_keys(covered, ("figures", "invariants", "primary_family", "resolutions"), "covers", where_)
+    _names_per_case(covered.get("figures"), "figures", where_)
+    if covered.get("invariants") is not None:
+        _names_per_case(covered["invariants"], "invariants", where_)
+    family = covered.get("primary_family")
+    if not isinstance(family, list) or not all(isinstance(row, dict) for row in family):
+        raise RecordError(f"{where_}: covers.primary_family = {_short(family)}: expected a list of primary rows")
+    resolutions = covered.get("resolutions")
+    if not isinstance(resolutions, dict) or not all(r is None or isinstance(r, str) for r in resolutions.values()):
+        raise RecordError(f"{where_}: covers.resolutions = {_short(resolutions)}: expected an object (figure -> the "
+                          f"kind of its resolution, or null)")
 
 
 def load_baseline(path) -> dict:

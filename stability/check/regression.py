@@ -53,6 +53,7 @@ from stability.check.baseline import (
     regression_records,
     validate_baseline,
 )
+from stability.check.coverage import reported, stale
 from stability.record import (
     REFERENCE_ARM,
     RecordError,
@@ -592,12 +593,14 @@ def mark_duplicates(rows: list[Row], values: dict[int, str]) -> None:
 
 
 def check(records: list[dict], baseline: dict, tolerances: dict | None = None, alpha: float = DEFAULT_ALPHA,
-          cases: list[str] | None = None, dof_rule: str = DOF_RULE, invariants: list[dict] | None = None) \
-        -> CheckResult:
+          cases: list[str] | None = None, dof_rule: str = DOF_RULE, invariants: list[dict] | None = None,
+          baseline_path: str | None = None) -> CheckResult:
     """Judge one job's records against a baseline at family-wise false-alarm rate ``alpha``. ``cases``:
     the stress cases (names, e.g. "standard") of the baseline to judge; None: every case the baseline
     holds. ``invariants``: the model invariants the job's suites recorded (None: the suites did not run).
-    Unusable inputs give exit_code 2 with ``errors`` (never a silent pass); an invalid tolerance table
+    A baseline that does not cover what the job's code judges (``stability.check.coverage``) is unusable
+    input, named with the command that remakes it (``baseline_path`` its file), beside the rows judged on
+    what it covers: a job whose rows regressed is still REGRESSED. Unusable inputs give exit_code 2 with ``errors`` (never a silent pass); an invalid tolerance table
     raises RecordError."""
     if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
         raise RecordError(f"alpha={alpha!r} is invalid: expected a false-alarm rate in (0, 1), e.g. 0.01")
@@ -632,10 +635,12 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
     if result.errors:
         return result
     try:
-        judge_cases(result, case_values(records), base_cases, tolerances, dof_rule)
+        job_cases = case_values(records)
+        judge_cases(result, job_cases, base_cases, tolerances, dof_rule)
     except RecordError as error:
         result.errors.append(str(error))
         return result
+    result.errors += stale(baseline, job_cases, reported(records), invariants, set(base_cases), baseline_path, cases)
     judge_invariants(result, baseline.get("invariants"), invariants, set(base_cases))
     decide(result)
     return result
@@ -647,19 +652,11 @@ def judge_invariants(result: CheckResult, held_before: list[dict] | None, now: l
     now fails the job (a line naming case, arm, seed, value and bound); one the baseline already showed
     failing is noted, never failing the job again; one the baseline holds that the job's suites did not
     evaluate is unusable input. ``now`` None: the job ran no suites (a note). ``held_before`` None: the
-    baseline's run recorded none, so an invariant failing now cannot be judged (unusable input)."""
+    baseline's run recorded none (a job that recorded some finds it stale: ``stability.check.coverage``)."""
     def key(line):
         return line["case"], line["name"], line["arm"], line["seed"]
     if held_before is None:
-        failing = [line for line in now or [] if line["case"] in cases and not line["held"]]
-        for line in failing:
-            result.errors.append(f"case {line['case']} arm {line['arm']}: model invariant {line['name']} does not hold "
-                                 f"({_value(line)}) and the baseline records no invariants to judge it against (it "
-                                 f"was made without the suites' invariants): a baseline made on code that passes "
-                                 f"the check can judge it; never one made on this change")
-        if now and not failing:
-            result.notes.append("the baseline records no model invariants: the job's, which all held, are not judged")
-        return
+        return   # a job's invariants the baseline lacks make it stale (stability.check.coverage)
     before = {key(line): line for line in held_before if line["case"] in cases}
     if now is None:
         if before:
@@ -718,10 +715,7 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
             if schedules:
                 result.errors.append(f"case {key}: schedule differs: the baseline has case {case['name']!r} with "
                                      f"schedule(s) {schedules}, the record has schedule {case['schedule']!r}")
-            else:
-                result.notes.append(f"case {key} is not in the baseline (new case): not compared; add it with "
-                                    f"`stability baseline make`")
-            continue
+            continue   # a new case: the baseline is stale (stability.check.coverage)
         # the stored fingerprint, or one recomputed from the stored config (fields added since count as defaults)
         if case["fingerprint"] not in (base["fingerprint"], config_fingerprint(base.get("config") or {})):
             result.errors.append(f"case {key}: the run config differs from the baseline's: "
@@ -755,7 +749,6 @@ def suite_failures(paths) -> list[str]:
     message>"), so that one verdict holds every step of the job; RecordError (exit 2) for a file that is
     missing, too large (``MAX_BYTES``), cannot be read or is not JUnit XML (the suites' outcome is then unknown)."""
     from xml.etree import ElementTree
-
 
     failed = []
     for path in paths:

@@ -111,7 +111,8 @@ def cmd_check(args) -> int:
         else:
             raise RecordError("give --baseline PATH (e.g. reports/baselines/smoke-cpu.json) or --from-mlflow BRANCH")
         cases = [c for c in args.cases.split(",") if c] if args.cases else None
-        result = check(records, baseline, tolerances, alpha=args.alpha, cases=cases, invariants=run_invariants(records))
+        result = check(records, baseline, tolerances, alpha=args.alpha, cases=cases, invariants=run_invariants(records),
+                       baseline_path=args.baseline)
         result.suite_failures = suite_failures(args.junit or [])
         result.notes[:0] = notes
     except RecordError as error:
@@ -207,6 +208,10 @@ def cmd_baseline_calibrate(args) -> int:
         print(f"error: calibration fails: {reason}", file=sys.stderr)
     if args.write and (not reason or args.accept_calibration):
         baseline["calibration"] = stored(curve, reason)
+        if baseline.get("covers"):   # the rules the curve measured: the coverage's rules are the current code's
+            from stability.check.coverage import rules
+
+            baseline["covers"] = {**baseline["covers"], **rules(baseline["covers"]["figures"])}
         write_baseline(baseline, args.baseline)
         print(f"calibration written into {args.baseline}" + (" (failing: --accept-calibration)" if reason else ""))
     return 1 if reason and not (args.write and args.accept_calibration) else 0

@@ -77,6 +77,9 @@ def check_line(line, where: str) -> dict:
     missing = [name for name in FIELDS if name not in line]
     if missing:
         raise RecordError(f"{where} is not an invariant: expected the fields {FIELDS} (missing {missing})")
+    extra = [name for name in line if name not in FIELD_TYPES]
+    if extra:
+        raise RecordError(f"{where} is not an invariant: expected only the fields {FIELDS} (found {extra[0]!r})")
     wrong = [f"{name} {words} (found {_shown(line[name])})" for name, (types, words) in FIELD_TYPES.items()
              if not _fits(line[name], types)]
     if wrong:

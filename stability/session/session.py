@@ -106,8 +106,19 @@ class Resume:
 
     @property
     def config(self) -> cfg.ExperimentConfig:
-        """The experiment config the interrupted run was started with."""
-        return cfg.from_dict(cfg.ExperimentConfig, self.records[0]["config"])
+        """The experiment config the interrupted run was started with; RecordError naming the record when this
+        code cannot read it (a record is data: its config is checked as a command line's would be)."""
+        from stability.config.overrides import check_types
+
+        record = self.records[0]
+        try:
+            config = cfg.from_dict(cfg.ExperimentConfig, record["config"])
+            check_types(config)
+            return config
+        except (TypeError, ValueError, KeyError, AttributeError) as error:   # ConfigError is a ValueError
+            message = " ".join(str(error).split())
+            raise RecordError(f"resume target {record['_path']!r} holds a config this code cannot read: "
+                              f"{message[:300]}") from None
 
     def unfinished(self) -> list[dict]:
         return [r for r in self.records if r.get("status") in UNFINISHED]
