@@ -118,6 +118,10 @@ FIGURES: dict[str, Figure] = _table(
            floor=2.0, rel_floor=0.5, quantum="count"),
     Figure("max_update_norm", "lower", "L2 norm", "largest global optimiser update norm ||W_after - W_before||",
            kind="peak", floor=0.05, rel_floor=0.5),
+    Figure("loss_excess_max", "lower", "nats/token", "largest excess of the training loss over the median of its "
+           "10 previous steps, after warmup", kind="peak", floor=0.05, rel_floor=0.5),
+    Figure("grad_norm_excursion", "lower", "ratio", "largest ratio of the gradient norm to the median of its 10 "
+           "previous steps, over the last half of the steps trained", kind="peak", floor=0.5, rel_floor=0.5),
     # the trajectory summarised where rounding does not scramble it (stability.record.summary)
     Figure("early_loss", "lower", "nats/token", "mean training loss over the early horizon (the first tenth of "
            "the planned steps)", kind="run", rel_floor=5e-4),

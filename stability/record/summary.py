@@ -49,6 +49,60 @@ def trajectory_figures(series: dict, steps_planned: int) -> dict[str, float]:
             "late_loss": _finite_mean(losses[late:]), "late_grad_norm": _median(grads[late:])}
 
 
+EXCURSION_WINDOW = 10
+"""W: the steps before a step whose median the loss excess and the gradient-norm excursion measure it against."""
+
+
+def _finite(value) -> bool:
+    return value is not None and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _excursions(values: list, start: int, window: int):
+    """(value, running median of the finite values among the ``window`` steps before it) for each step from
+    ``start`` (and from ``window`` at the earliest: a full window behind it) whose value is finite and whose
+    window holds a finite value."""
+    for t in range(max(start, window), len(values)):
+        if _finite(values[t]):
+            median = _median(values[t - window:t])
+            if not math.isnan(median):
+                yield values[t], median
+
+
+def logged_warmup(lrs: list | None, steps: int) -> int:
+    """The warmup as the series shows it: the steps before the first one whose logged LR is not above the
+    previous step's, or not a number (10 for a 10-step linear warmup, 1 without warmup). A run whose LR rises
+    to its end (the LR range test) or that has no LR series (fewer than 2 values) has no warmup to read: its
+    first quarter, ``steps // 4``. ``lrs``: the LR of each step, as logged (``series["lr"]``; NaN is null in
+    a record read back)."""
+    lrs = list(lrs or [])
+    return next((t for t in range(1, len(lrs))
+                 if not (_finite(lrs[t]) and _finite(lrs[t - 1]) and lrs[t] > lrs[t - 1])), steps // 4)
+
+
+def loss_excess_max(losses: list, start: int, window: int = EXCURSION_WINDOW) -> float:
+    """The largest excess of the training loss over the running median of its ``window`` previous steps,
+    ``max_t [loss_t - median(loss_{t-W} ... loss_{t-1})]`` over the steps ``t >= max(start, W)``, in
+    nats/token. ``losses``: one value per step (None, NaN and Inf are skipped, in the step and in its window).
+    0.0 when no step qualifies or no loss rises above its median (an excess is never negative)."""
+    return max([0.0, *(value - median for value, median in _excursions(losses, start, window))])
+
+
+def grad_norm_excursion(grad_norms: list, start: int, window: int = EXCURSION_WINDOW) -> float:
+    """The largest ratio of the global gradient norm to the running median of its ``window`` previous steps,
+    ``max_t [g_t / median(g_{t-W} ... g_{t-1})]`` over the steps ``t >= max(start, W)``, unitless (1 for a
+    flat series). ``grad_norms``: one value per step (None, NaN and Inf skipped as for the loss; a step whose
+    median is 0 is skipped too). 0.0 when no step qualifies."""
+    return max([0.0, *(value / median for value, median in _excursions(grad_norms, start, window) if median > 0)])
+
+
+def excursion_figures(series: dict) -> dict[str, float]:
+    """A loss spike and a gradient-norm excursion the run recovered from: ``loss_excess_max`` over the steps
+    after warmup (``logged_warmup``), ``grad_norm_excursion`` over the last half of the steps trained."""
+    losses, grads = series["loss"], series["grad_norm"]
+    return {"loss_excess_max": loss_excess_max(losses, logged_warmup(series.get("lr"), len(losses))),
+            "grad_norm_excursion": grad_norm_excursion(grads, len(grads) - len(grads) // 2)}
+
+
 def spike_score(flags: list[bool]) -> float:
     """Percentage of steps flagged as spikes (0 for no steps)."""
     return 100.0 * sum(flags) / len(flags) if flags else 0.0
@@ -81,6 +135,7 @@ def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
         "diverged": diverged,
         "divergence_step": arm["diverged_at_step"] if diverged else steps_planned,
         **trajectory_figures(series, steps_planned),
+        **excursion_figures(series),
     }
     if "update_norm" in series:  # records written before the update-norm probe have none
         finite_updates = [v for v in series["update_norm"] if v is not None and math.isfinite(v)]
