@@ -324,8 +324,19 @@ PRIMARY: tuple[Primary, ...] = (
     Primary("standard", "late_grad_norm", arms="arms", why="gradients grew late in training"),
     Primary("standard", "m_act_max", why="massive activations grew (Qiu et al. Table 4)"),
     Primary("standard", "max_attn_logit", why="attention logits grew (Wortsman et al. 2023)"),
+    # what the harness exists to watch beside the model's figures: the damage of post-training quantization (KL of
+    # the next-token distributions, never negative) under per-tensor W8A8, which an outlier feature breaks
+    # (Bondarenko et al. 2023), and under 4-bit weights; and a loss or gradient spike the model recovers from
+    Primary("standard", "quant_w8a8-tensor_kl", arms="arms",
+            why="the trained model loses more to int8 weights and activations (outlier features, Bondarenko et al. 2023)"),
+    Primary("standard", "quant_nf4_kl", arms="arms", why="the trained model loses more to 4-bit weights"),
+    Primary("standard", "loss_excess_max", arms="arms", why="a loss spike: the loss jumped above its running median"),
+    Primary("standard", "grad_norm_excursion", arms="arms",
+            why="a late gradient spike: the gradient norm jumped above its running median"),
     Primary("lr_sweep", "lr_sensitivity", why="the loss depends more on the learning rate (Wortsman et al. 2023)"),
-    Primary("lr_ramp", "ramp_divergence_lr", arms="arms", why="the LR range test diverges at a lower learning rate"),
+    # not lr_ramp's ramp_divergence_lr: the smallest drop that fails a job alone is 130-146% of its mean at ci and
+    # 265-540% at smoke (stability baseline calibrate, docs/figures.md): a learning rate cannot lose that much, so
+    # the row counted in m and guarded nothing; the range test stays watched by its early rows and its outcomes
     # the same model's early horizon under a second schedule (no warmup, the LR rising from its smallest value):
     # a change of the arithmetic that makes the plain pair's early training look better can make this one worse
     Primary("lr_ramp", "early_loss", arms="arms", either_way=True,

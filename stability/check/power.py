@@ -1,0 +1,112 @@
+"""How far each primary row must move to fail a job alone: the power of the family, row by row.
+
+    moves = smallest_failing_moves(baseline)      # one entry per primary row of the baseline
+    print(moves_table(moves))                     # `stability baseline calibrate` prints it
+
+A job fails when Holm over the m primary rows rejects a row; a row that moved alone is rejected when its
+p is at most alpha / m (the first Holm step; alpha / 2m per side for a row judged either way). Under the
+check's rule (stability.check.regression.judge) the p of a row is the upper tail of ``(worse - floor) /
+se`` under Student's t with the row's degrees of freedom, so the smallest move in the worse direction that
+fails the job by itself is
+
+    move = floor + t(alpha / m, df) * se
+
+with ``floor`` the larger of the figure's floor and its relative floor times the baseline mean, and ``se``
+the standard error of a job's mean difference over the baseline's seeds (its replicate noise). The rows are
+computed with the baseline's own reference runs playing the job (``se`` does not depend on the job's values).
+
+A row *cannot fail alone* when that move is out of the figure's reach: a figure whose better direction is
+"higher" and whose values are not negative (a learning rate, a step, an accuracy) cannot drop by more than
+its baseline mean. Such a row counts in m and guards nothing; it leaves the family (docs/figures.md).
+
+This module reads JSON only: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from stability.check.calibration import split_runs
+from stability.check.regression import (
+    DEFAULT_ALPHA,
+    DOF_RULE,
+    CheckResult,
+    mark_duplicates,
+    resolve_tolerances,
+    rows_of_case,
+)
+from stability.record.stats import t_quantile
+from stability.report.tables import fmt, text_table
+
+
+@dataclass
+class Move:
+    case: str
+    arm: str
+    figure: str
+    better: str
+    baseline: float      # the baseline mean of the row
+    floor: float         # the smallest change the row calls a change
+    se: float            # standard error of a job's mean difference
+    dof: float           # the row's degrees of freedom
+    t: float             # the critical t at alpha / m (alpha / 2m for a row judged either way)
+    move: float          # floor + t * se: the smallest move in the worse direction that fails the job alone
+
+    @property
+    def relative(self) -> float | None:
+        """The move as a fraction of the baseline mean (None at a mean of zero)."""
+        return self.move / abs(self.baseline) if self.baseline else None
+
+    @property
+    def can_fail_alone(self) -> bool:
+        """False when the move is out of reach: a non-negative figure whose better direction is "higher"
+        would have to drop below zero."""
+        return not (self.better == "higher" and self.baseline >= 0 and self.move >= self.baseline)
+
+
+def _dof(mode: str) -> float:
+    """The degrees of freedom of a row's ``mode`` ("n=3 df=4")."""
+    text = mode.split("df=")[-1]
+    return math.inf if text in ("inf", "") else float(text)
+
+
+def critical_t(tail: float, dof: float) -> float:
+    """The t whose upper tail is ``tail`` under ``dof`` degrees of freedom (the check's rounding: whole dof,
+    at least 1; the normal quantile for more than 1000)."""
+    if not math.isfinite(dof) or dof > 1000:
+        return NormalDist().inv_cdf(1 - tail)
+    return t_quantile(tail, max(1, int(dof)))
+
+
+def smallest_failing_moves(baseline: dict, alpha: float = DEFAULT_ALPHA, tolerances: dict | None = None,
+                           dof_rule: str = DOF_RULE) -> list[Move]:
+    """Per primary row of ``baseline`` (validated by the caller), the smallest move that fails a job alone."""
+    first = str((baseline.get("draws") or [0])[0])
+    _, drawn = split_runs(baseline["cases"], lambda seed: first)
+    result = CheckResult(alpha=alpha)
+    tolerances = resolve_tolerances(tolerances)
+    for key, base in sorted(baseline["cases"].items()):
+        rows_of_case(result, key, base, drawn[key], tolerances, dof_rule, advisory=False)
+    mark_duplicates(result.rows, result.signatures)
+    rows = [row for row in result.primary if row.se is not None and row.floor is not None]
+    moves = []
+    for row in rows:
+        tail = alpha / len(rows) / (2 if row.either_way else 1)
+        dof = _dof(row.mode)
+        t = critical_t(tail, dof)
+        moves.append(Move(row.case, row.arm, row.figure, row.better, row.baseline, row.floor, row.se, dof, t,
+                          row.floor + t * row.se))
+    return moves
+
+
+def moves_table(moves: list[Move]) -> str:
+    """The moves as a text table, the rows that cannot fail alone marked."""
+    header = ["case", "arm", "figure", "worse", "baseline", "floor", "se", "df", "t*", "smallest failing move",
+              "of the mean", "alone"]
+    body = [[m.case, m.arm, m.figure, "up" if m.better == "lower" else "down", fmt(m.baseline), fmt(m.floor),
+             fmt(m.se), fmt(m.dof), f"{m.t:.3g}", fmt(m.move),
+             f"{m.relative:.1%}" if m.relative is not None else "-", "yes" if m.can_fail_alone else "CANNOT"]
+            for m in moves]
+    return text_table([header, *body])
