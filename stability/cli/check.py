@@ -199,10 +199,15 @@ def cmd_baseline_calibrate(args) -> int:
     baseline (a failing one only with --accept-calibration, as ``baseline update``), nothing else changed."""
     from stability.check.baseline import load_baseline, write_baseline
     from stability.check.calibration import acceptable, calibrate, curve_lines, stored
+    from stability.check.power import moves_table, smallest_failing_moves
 
     baseline = load_baseline(args.baseline)
     curve = calibrate(baseline, alphas=calibration_alphas(args.alpha))
     print("\n".join(curve_lines(curve)))
+    moves = smallest_failing_moves(baseline, args.alpha)
+    print(f"each primary row's smallest failing move: the smallest move in its worse direction that fails a job "
+          f"alone (floor + t(alpha / m) x se, m = {len(moves)}; stability.check.power)")
+    print(moves_table(moves))
     reason = acceptable(curve)
     if reason:
         print(f"error: calibration fails: {reason}", file=sys.stderr)
