@@ -8,9 +8,13 @@ the baseline's draws of s. So every way of choosing one draw per seed to play "t
 check's own code against the remaining draws, is a harmless job: with D draws and S seeds there are D^S
 such arrangements (5^3 = 125 for the committed baselines), and the fraction of them that fail is the
 check's false-alarm rate on this baseline, measured (each one judged against one draw fewer than a real
-job has, so slightly pessimistic). ``calibrate`` gives that fraction at each alpha of ``ALPHAS``, the
-*margin* of the closest arrangement (m x its smallest primary p / alpha, with m its primary rows: how far
-below the Holm threshold it stayed; 0 when a per-seed outcome failed it), and which row came closest.
+job has, so slightly pessimistic). A per-seed outcome of the chosen draw is ranked among all the seed's
+draws, the chosen one counted as held out (``regression.outcome_p``), so that the check's rule, p = (k + 1)
+/ (n + 1) <= ``OUTCOME_P``, fails an arrangement where it would fail a real job with the same k: against 4
+draws of 5, p = 1 / (4 + 1) could never reach 1/6. ``calibrate`` gives the fraction that fails at each alpha
+of ``ALPHAS``, the *margin* of the closest arrangement (m x its smallest primary p / alpha, with m its
+primary rows: how far below the Holm threshold it stayed; 0 when a per-seed outcome failed it), and which
+row came closest.
 
 ``acceptable(curve)`` is the rule a new baseline must pass (``stability baseline make``): the curve at or
 under the diagonal (at most alpha of the arrangements fail at each alpha) and a margin of at least
@@ -86,7 +90,7 @@ def judge_arrangement(baseline: dict, chosen: dict, alpha: float = DEFAULT_ALPHA
     draws = [d for d in baseline.get("draws") or [] if str(d) not in set(chosen.values())]
     result = CheckResult(alpha=alpha, baseline_commit=baseline.get("commit"), preset=baseline["preset"],
                          device=baseline["device"], draws=draws)
-    judge_cases(result, drawn, kept, resolve_tolerances(tolerances), dof_rule, advisory=advisory)
+    judge_cases(result, drawn, kept, resolve_tolerances(tolerances), dof_rule, advisory=advisory, held_out=1)
     decide(result)
     return result
 

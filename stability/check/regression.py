@@ -10,9 +10,13 @@ has to be told from. ``check(records, baseline)`` judges the job in three parts:
    than the baseline's (each seed is paired with its own baseline runs), another preset, device or
    config, a figure value that is not a number.
 2. **Outcomes, seed by seed.** A figure the table marks as an *outcome* (the run diverged, met a
-   non-finite value its precision recipe did not handle: ``Figure.outcome``) fails the job when a run of
-   the job is not clean where every baseline run of that seed completed and was clean, with one line
-   naming case, arm, seed and what happened (the divergence step). A figure finite in every baseline
+   non-finite value its precision recipe did not handle: ``Figure.outcome``) not clean in a run of the
+   job is judged by rank against the n baseline runs of that seed that report it: k of them not clean
+   (a run that diverged counts as not clean for every outcome: a non-finite value on the way to a
+   divergence is part of it), p = (k + 1) / (n + 1) that one more draw would be, and the run fails the
+   job when p <= ``OUTCOME_P`` (1/6: with the committed 5 draws, where every baseline run of the seed
+   was clean), with one line naming case, arm, seed, what happened (the divergence step), k, n and p;
+   above it, a note says the same and that it does not fail the job. A figure finite in every baseline
    run of a seed that is non-finite or absent in the job's run of that seed (when that run should report
    it) fails the same way: a NaN is a result, and the result is a regression.
 3. **Rows.** Every other judged figure of every case and arm, and the paired difference ``<arm> -
@@ -31,9 +35,10 @@ has to be told from. ``check(records, baseline)`` judges the job in three parts:
 Exit codes: 0 nothing regressed; 1 an outcome, a primary row or a test of the job regressed, whatever else
 is wrong with the job (the other problems are listed beside it); 3 a primary row changed (moved past its
 floor in its good direction) and nothing regressed; 2 the inputs cannot be judged.
-Seeds whose baseline runs did not all end the same way (some completed, some diverged) are judged by an
-explicit rule, stated in the verdict's notes: the evaluation and peak figures of such a seed are judged
-against its completed runs when the job's run completed, and left out when it diverged too.
+Seeds whose baseline runs did not all end the same way (some completed, some diverged) have their outcomes
+judged by the rank rule above like any seed, and their other figures by an explicit rule, stated in the
+verdict's notes: the evaluation and peak figures of such a seed are judged against its completed runs when
+the job's run completed, and left out when it diverged too.
 
 This module reads JSON only: no torch, no MLflow.
 """
@@ -77,6 +82,21 @@ noisier than the others) or "welch" (Welch-Satterthwaite over the seeds' varianc
 p in the tail when one seed dominates the variance). Chosen by calibration on the committed ci baseline: with
 Welch the closest of 125 arrangements came within 6.5x of failing (one chaotic seed's early gradient norm),
 with "min" within 15x; the power of the early-horizon rows (z in the thousands) does not depend on it."""
+OUTCOME_P = 1 / 6
+"""The threshold of the per-seed outcome rule. Under a harmless change the job's run of a seed is one more
+draw of that seed, exchangeable with its n baseline draws; if k of them are not clean for an outcome figure,
+the chance that one more draw is not clean by rank is p = (k + 1) / (n + 1), exactly (a permutation p-value,
+``outcome_p``). The job's run, not clean, fails the job when p <= OUTCOME_P. 1/6 is the p of k = 0 among the
+committed baselines' n = 5 draws (reference + 4 replicates): the rule fails a new divergence where every
+baseline draw of the seed was clean, as it always did, and fails none that a draw of the seed already showed
+(1 of 5: p 1/3, a note); a baseline of more draws fails a divergence some of them showed, when they are rare
+enough (1 of 11: p 1/6). So high a threshold per seed and figure is sound because rounding draws rarely flip
+an outcome: a seed's outcome is clean in every draw, or not clean in every draw (a case that expects
+divergence); a flip is a change, not rounding noise. That premise is measured, not assumed: the calibration
+(``stability.check.calibration``) judges every arrangement of the baseline's draws with this rule, ranking the
+draw that plays the change among the baseline's full n draws (``held_out``), so an arrangement in which a
+draw that flipped an outcome plays the change fails; the curve is the false-alarm rate of the whole job,
+outcomes included, and a baseline whose draws flip an outcome is refused (its curve crosses the diagonal)."""
 METHOD = "Holm over the primary family; outcomes per seed; noise from rounding replicates"
 
 
@@ -164,7 +184,8 @@ class Row:
 
 @dataclass
 class Outcome:
-    """A run of the job that is not clean where every baseline run of its seed was: a failure."""
+    """A failure of one run of the job: an outcome not clean where the baseline runs of its seed make that
+    unlikely (p <= ``OUTCOME_P``), a finite figure gone non-finite or absent, an invariant that stopped holding."""
 
     case: str
     arm: str
@@ -372,7 +393,8 @@ class CheckResult:
         out = [f"### Stability check: {icon} {self.verdict}", "",
                (f"Preset {markdown_text(self.preset)}, device {markdown_text(self.device)}, baseline from "
                 f"commit {markdown_text(str(self.baseline_commit)[:12])}. The job fails when a run diverges or meets an unhandled "
-                f"non-finite value where every baseline run of its seed was clean, or when a row of the "
+                f"non-finite value where the baseline runs of its seed make that unlikely (k of n not clean: "
+                f"p = (k + 1) / (n + 1) <= {OUTCOME_P:.3g}), or when a row of the "
                 f"primary family got worse by more than its floor (an early-horizon row: moved past it either "
                 f"way) with Holm-adjusted evidence at alpha = {self.alpha:g} over its {self.judged} rows: the chance that a harmless change fails this job "
                 f"through them is at most {self.alpha:g}. {self.advisory} advisory rows are shown, never "
@@ -454,31 +476,59 @@ def reports(name: str, status: str) -> bool:
     return status == Status.COMPLETED or not entry.needs_completed_arm
 
 
-def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict) -> list[Outcome]:
-    """The per-seed failures of one arm: an outcome figure not clean where every baseline run of the seed
-    completed and was clean (in a case whose runs diverge, the LR range test, a NaN at the divergence is
-    part of it); a figure finite in every baseline run of the seed that is non-finite or absent now."""
+def outcome_p(k: int, n: int, held_out: int = 0) -> float:
+    """The chance that one more draw exchangeable with a seed's n baseline draws, k of them not clean, is not
+    clean by rank: (k + 1) / (n + 1) (a permutation p-value). ``held_out``: draws of the baseline left out
+    of the n to play the job (the calibration: 1); the rank is then taken among all the baseline's draws,
+    (k + 1) / (n + held_out + 1), so that an arrangement fails where a job against the whole baseline with
+    the same k would (one draw fewer to count k over: slightly pessimistic, as the rows are)."""
+    return (k + 1) / (n + held_out + 1)
+
+
+def _not_clean(name: str) -> str:
+    return "diverged" if name == "diverged" else f"diverged or had {name} not clean"
+
+
+def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict, notes: list[str] | None = None,
+                    held_out: int = 0) -> list[Outcome]:
+    """The per-seed failures of one arm. An outcome figure not clean in the job's run of a seed is judged
+    against the seed's baseline runs that report the figure, n of them: k are not clean, a run that diverged
+    counting as not clean for every outcome (a NaN on the way to a divergence, in the LR range test, is part
+    of the divergence, judged by ``diverged``); p = ``outcome_p(k, n, held_out)`` is the exact chance that
+    one more exchangeable draw would be not clean. p <= ``OUTCOME_P`` fails the job with a line naming case,
+    arm, seed, what happened, k, n and p; above it a line saying the same goes to ``notes``, judged and not
+    failing. The rule holds in every seed, whatever its baseline runs' status: where k of them diverged, a
+    divergence now is judged with that k. A figure finite in every baseline run of the seed that is
+    non-finite or absent now fails the job too."""
     found = []
     for seed, status in sorted(cur["status"].items()):
         draws = base["status"].get(seed, {})
-        completed = bool(draws) and all(s == Status.COMPLETED for s in draws.values())
         for name, values in base["figures"].items():
             entry = fig.figure(name)
             baseline_draws = values.get(seed, {})
-            if not baseline_draws or len(baseline_draws) < len(draws) or not reports(name, status):
-                continue   # the figure is not in every baseline run of the seed, or this run cannot report it
+            if not baseline_draws or not reports(name, status):
+                continue   # no baseline run of the seed reports the figure, or this run cannot report it
             value = cur["figures"].get(name, {}).get(seed, "absent")
-            if entry.outcome:   # judged where every baseline run of the seed completed and was clean
-                if value == "absent" or value is None or entry.clean(value) or not completed \
-                        or not all(v is not None and entry.clean(v) for v in baseline_draws.values()):
+            if entry.outcome:
+                if value == "absent" or value is None or entry.clean(value):
                     continue
+                k = sum(v is None or not entry.clean(v) or draws.get(d) != Status.COMPLETED
+                        for d, v in baseline_draws.items())
+                n = len(baseline_draws)
+                p = outcome_p(k, n, held_out)
                 step = cur["diverged_at_step"].get(seed)
                 shown = ("true" if value else "false") if entry.quantum == "seed" else fmt(value)
                 what = f"{name} = {shown}" + (f" (diverged at step {step})" if step is not None else "")
-                found.append(Outcome(key, arm, seed, name, f"case {key} arm {arm} seed {seed}: {what}; every one "
-                                                           f"of the {len(baseline_draws)} baseline runs of this "
-                                                           f"seed was clean"))
-            elif all(v is not None for v in baseline_draws.values()) and (value == "absent" or value is None):
+                odds = f"{_not_clean(name)} (p {p:.3f} that one more draw would)"
+                rank = (f"every one of the {n} baseline runs of this seed was clean: 0 of {n} {odds}" if k == 0
+                        else f"{k} of the {n} baseline runs of this seed {odds}")
+                line = f"case {key} arm {arm} seed {seed}: {what}; {rank}"
+                if p <= OUTCOME_P:
+                    found.append(Outcome(key, arm, seed, name, line))
+                elif notes is not None:
+                    notes.append(f"{line}: judged, not failing the job (it fails at p <= {OUTCOME_P:.3f})")
+            elif len(baseline_draws) >= len(draws) and all(v is not None for v in baseline_draws.values()) \
+                    and (value == "absent" or value is None):
                 found.append(Outcome(key, arm, seed, name, f"case {key} arm {arm} seed {seed}: {name} is "
                                                            f"{'absent' if value == 'absent' else 'non-finite'} "
                                                            f"now; finite in every one of the "
@@ -487,7 +537,8 @@ def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict) -> list[Outcome]:
 
 
 def mixed_status_notes(key: str, arm: str, base: dict, cur: dict) -> list[str]:
-    """The explicit rule for seeds whose baseline runs did not all end the same way."""
+    """The explicit rule for the evaluation and peak figures of seeds whose baseline runs did not all end the
+    same way (their outcomes are judged by ``outcomes_of_arm``, whose note gives the divergence's p)."""
     notes = []
     for seed, status in sorted(cur["status"].items()):
         ends = list(base["status"].get(seed, {}).values())
@@ -502,9 +553,9 @@ def mixed_status_notes(key: str, arm: str, base: dict, cur: dict) -> list[str]:
 
 
 def rows_of_case(result: CheckResult, key: str, base: dict, case: dict, tolerances: dict,
-                 dof_rule: str = DOF_RULE, advisory: bool = True) -> None:
+                 dof_rule: str = DOF_RULE, advisory: bool = True, held_out: int = 0) -> None:
     """The outcomes, notes and rows of one case (its arms and seeds must match the baseline's); without
-    ``advisory``, the primary rows only."""
+    ``advisory``, the primary rows only; ``held_out``: see ``outcome_p``."""
     current = single_draw(case, key)
     config, steps = base.get("config") or case["config"], base.get("steps") or case["steps"]
     stress = base.get("stress") or case.get("stress") or ""
@@ -532,7 +583,7 @@ def rows_of_case(result: CheckResult, key: str, base: dict, case: dict, toleranc
         if cur_seeds - base_seeds:
             result.notes.append(f"case {key} arm {arm}: seed(s) {_seeds(cur_seeds - base_seeds)} are not in the "
                                 f"baseline: left out")
-        result.outcomes += outcomes_of_arm(key, arm, base_arm, cur_arm)
+        result.outcomes += outcomes_of_arm(key, arm, base_arm, cur_arm, result.notes, held_out)
         result.notes += mixed_status_notes(key, arm, base_arm, cur_arm)
     for arm in arm_names([{"arm": a} for a in base["arms"]]):
         base_arm, cur_arm = base["arms"][arm], current[arm]
@@ -705,9 +756,10 @@ def select_cases(base_cases: dict, names: list[str] | None, result: CheckResult)
 
 
 def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: dict,
-                dof_rule: str = DOF_RULE, advisory: bool = True) -> None:
+                dof_rule: str = DOF_RULE, advisory: bool = True, held_out: int = 0) -> None:
     """The outcomes and rows of every case of ``base_cases``; errors for a case the job lacks or whose config
-    differs."""
+    differs. ``held_out``: draws of the baseline taken out of ``base_cases`` to play the job (the
+    calibration: 1), counted in the rank of an outcome (``outcome_p``)."""
     for key, case in sorted(cases.items()):
         base = base_cases.get(key)
         if base is None:
@@ -721,7 +773,7 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
             result.errors.append(f"case {key}: the run config differs from the baseline's: "
                                  f"{config_diff(base.get('config', {}), case['config'])}")
             continue
-        rows_of_case(result, key, base, case, tolerances, dof_rule, advisory)
+        rows_of_case(result, key, base, case, tolerances, dof_rule, advisory, held_out)
     missing = sorted(set(base_cases) - set(cases))
     if missing:
         result.errors.append(f"the job has no record of the baseline's case(s) {', '.join(missing)}: a job must "
