@@ -204,7 +204,7 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
 
     assert reg.in_primary_family("standard", "gated", "heldout_loss")
     assert reg.in_primary_family("standard", "gated-baseline", "m_act_max")
-    assert not reg.in_primary_family("standard", "gated", "f_attn_mean")
+    assert not reg.in_primary_family("standard", "gated", "f_attn_mean", "smoke")
     assert not reg.in_primary_family("lr_sweep", "gated", "heldout_loss")
     assert any(p.case == "precision_ladder" and p.arms == "arms" for p in PRIMARY)
     assert not reg.in_primary_family("precision_ladder", "gated-baseline", "loss_gap_fp16")
@@ -973,3 +973,13 @@ def test_a_baseline_remade_case_by_case_keeps_the_other_cases_and_shows_what_mov
     assert "expected exactly ['lr_ramp']" in capsys.readouterr().err
     assert main(["baseline", "update", *remade, "--out", str(tmp_path / "none.json"), "--cases", "standard"]) == 2
     assert "make it whole first" in capsys.readouterr().err
+
+
+def test_the_first_token_share_is_primary_where_a_sink_forms_and_advisory_at_smoke_saying_why():
+    """F-Attn is a primary row at ci (a sink forms there) and advisory at smoke, where the check notes why."""
+    for preset, tier in (("smoke", "advisory"), ("ci", "primary")):
+        record = pair_record(preset=preset)
+        result = reg.check([record], baselines.make_baseline(with_replicates(record)))
+        assert {r.tier for r in result.rows if r.figure == "f_attn_mean" and "-" not in r.arm} == {tier}
+        said = [n for n in result.notes if "standard f_attn_mean is advisory at smoke" in n]
+        assert bool(said) == (preset == "smoke") and all("no attention sink forms" in n for n in said)

@@ -62,8 +62,9 @@ def move(old: dict, new: dict) -> tuple[float | None, float | None, float | None
     return old_mean, new_mean, delta, noise, sigmas
 
 
-def compare(old_cases: dict, new_cases: dict) -> list[Move]:
-    """Every (case, arm, figure) of either side, with its move; what one side lacks is noted."""
+def compare(old_cases: dict, new_cases: dict, preset: str | None = None) -> list[Move]:
+    """Every (case, arm, figure) of either side, with its move (tiers at ``preset``: None, any); what one side
+    lacks is noted."""
     moves = []
     for key in sorted(set(old_cases) | set(new_cases)):
         old_case, new_case = old_cases.get(key), new_cases.get(key)
@@ -79,7 +80,7 @@ def compare(old_cases: dict, new_cases: dict) -> list[Move]:
                 moves.append(Move(key, arm, "-", "-", None, None, None, None, None, f"arm only on the {side} side"))
                 continue
             for name in sorted(set(old_arm["figures"]) | set(new_arm["figures"])):
-                tier = "primary" if in_primary_family(stress, arm, name) else "advisory"
+                tier = "primary" if in_primary_family(stress, arm, name, preset) else "advisory"
                 if name not in old_arm["figures"] or name not in new_arm["figures"]:
                     side = "new" if name not in old_arm["figures"] else "old"
                     moves.append(Move(key, arm, name, tier, None, None, None, None, None,

@@ -85,7 +85,7 @@ def smallest_failing_moves(baseline: dict, alpha: float = DEFAULT_ALPHA, toleran
     """Per primary row of ``baseline`` (validated by the caller), the smallest move that fails a job alone."""
     first = str((baseline.get("draws") or [0])[0])
     _, drawn = split_runs(baseline["cases"], lambda seed: first)
-    result = CheckResult(alpha=alpha)
+    result = CheckResult(alpha=alpha, preset=baseline["preset"])
     tolerances = resolve_tolerances(tolerances)
     for key, base in sorted(baseline["cases"].items()):
         rows_of_case(result, key, base, drawn[key], tolerances, dof_rule, advisory=False)

@@ -428,15 +428,22 @@ def _fmt_p(p: float | None) -> str:
     return "-" if p is None else (f"{p:.1e}" if p < 1e-3 else f"{p:.3f}")
 
 
-def in_primary_family(stress: str, arm: str, figure: str) -> fig.Primary | None:
-    """The primary-family entry that declares the row (stress case, arm or "<arm>-baseline", figure) primary;
-    None for an advisory row."""
+def in_primary_family(stress: str, arm: str, figure: str, preset: str | None = None) -> fig.Primary | None:
+    """The primary-family entry that declares the row (stress case, arm or "<arm>-baseline", figure) primary
+    at ``preset`` (None: at any); None for an advisory row."""
     paired = arm.endswith(f"-{REFERENCE_ARM}")
     arms_match = {"all": True, "arms": not paired, "paired": paired, "baseline": arm == REFERENCE_ARM}
     for entry in fig.PRIMARY:
-        if entry.case == stress and fnmatch.fnmatchcase(figure, entry.figure) and arms_match[entry.arms]:
+        if entry.case == stress and fnmatch.fnmatchcase(figure, entry.figure) and arms_match[entry.arms] \
+                and entry.applies(preset):
             return entry
     return None
+
+
+def advisory_here(preset: str, stresses: set[str]) -> list[str]:
+    """Notes naming the primary rows of the judged stress cases that are advisory at ``preset``, and why."""
+    return [f"{entry.case} {entry.figure} is advisory at {preset} (primary at {', '.join(entry.presets)}): "
+            f"{entry.elsewhere}" for entry in fig.PRIMARY if entry.case in stresses and not entry.applies(preset)]
 
 
 # ----------------------------------------------------------------------------- one case
@@ -590,14 +597,14 @@ def rows_of_case(result: CheckResult, key: str, base: dict, case: dict, toleranc
         names = [n for n in fig.judged(set(base_arm["figures"]) | set(cur_arm["figures"]))
                  if not fig.figure(n).outcome]
         for name in names:
-            if not advisory and not in_primary_family(stress, arm, name):
+            if not advisory and not in_primary_family(stress, arm, name, result.preset):
                 continue
             values = (base_arm["figures"].get(name, {}), cur_arm["figures"].get(name, {}))
             _add_row(result, key, stress, arm, name, *values, fig.quantum(name, config, steps), tolerances, dof_rule)
         if arm == REFERENCE_ARM:
             continue
         for name in names:
-            if not advisory and not in_primary_family(stress, paired_arm(arm), name):
+            if not advisory and not in_primary_family(stress, paired_arm(arm), name, result.preset):
                 continue
             values = (paired_values(base["arms"], arm, name, True), paired_values(current, arm, name, False))
             if any(v is not None for draws in values[0].values() for v in draws.values()) \
@@ -621,7 +628,7 @@ def _add_row(result: CheckResult, key: str, stress: str, arm: str, name: str, ba
         verdict = "new" if stats["current"] is not None else "ok"
     elif stats["p"] is None:
         verdict, stats["note"] = "missing", "no finite value now (see the failed outcomes)"
-    entry = in_primary_family(stress, arm, name)
+    entry = in_primary_family(stress, arm, name, result.preset)
     row = Row(key, arm, name, fig.better(name), verdict=verdict, tier="primary" if entry else "advisory",
               either_way=bool(entry and entry.either_way), **stats)
     result.rows.append(row)
@@ -693,6 +700,7 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
         return result
     result.errors += stale(baseline, job_cases, reported(records), invariants, set(base_cases), baseline_path, cases)
     judge_invariants(result, baseline.get("invariants"), invariants, set(base_cases))
+    result.notes += advisory_here(baseline["preset"], {case.get("stress") for case in base_cases.values()})
     decide(result)
     return result
 

@@ -179,7 +179,7 @@ def cmd_baseline_update(args) -> int:
     if before is not None:
         from stability.check.compare import compare, moved, moves_table
 
-        shown = moved(compare(before["cases"], baseline["cases"]), 3.0)
+        shown = moved(compare(before["cases"], baseline["cases"], baseline["preset"]), 3.0)
         print(f"what moved from the baseline before (3 or more replicate noise): {len(shown)} row(s)")
         if shown:
             print(moves_table(shown))
@@ -242,7 +242,7 @@ def cmd_baseline_compare(args) -> int:
         for note in notes:
             print(f"note: {note}")
         new, what = case_values(regression_records(records)[0]), f"the records of {', '.join(args.new)}"
-    moves = compare(old["cases"], new)
+    moves = compare(old["cases"], new, old["preset"])
     shown = moved(moves, args.min_sigmas)
     judged = sum(m.sigmas is not None for m in moves)
     print(f"from baseline {args.old!r} (commit {str(old.get('commit'))[:12]}) to {what}: {len(shown)} of "

@@ -292,13 +292,21 @@ class Primary:
     case ``case``, for ``arms``: "all" (each arm and each paired difference arm - baseline), "arms" (each
     arm), "paired" (the differences only) or "baseline" (the reference arm only). ``either_way``: the row is
     judged two-sided, and a move past its floor in the good direction fails the job too ("changed"): for the
-    early horizon, where only a change of what the model computes moves a figure that far, better or worse."""
+    early horizon, where only a change of what the model computes moves a figure that far, better or worse.
+    ``presets``: the scale presets where the row is primary (empty: every preset); elsewhere it is advisory,
+    and the check says why (``elsewhere``)."""
 
     case: str
     figure: str
     arms: str = "all"
     why: str = ""
     either_way: bool = False   # also fails the job when the row moves past its floor in its good direction
+    presets: tuple[str, ...] = ()
+    elsewhere: str = ""
+
+    def applies(self, preset: str | None) -> bool:
+        """Whether the row is primary at ``preset`` (None: any preset)."""
+        return not self.presets or preset is None or preset in self.presets
 
     def __post_init__(self) -> None:
         if self.arms not in ("all", "arms", "paired", "baseline"):
@@ -330,6 +338,12 @@ PRIMARY: tuple[Primary, ...] = (
     Primary("standard", "quant_w8a8-tensor_kl", arms="arms",
             why="the trained model loses more to int8 weights and activations (outlier features, Bondarenko et al. 2023)"),
     Primary("standard", "quant_nf4_kl", arms="arms", why="the trained model loses more to 4-bit weights"),
+    # the first-token share where an attention sink forms: at ci the reference arm's sink rate is 0.24 (up to half
+    # the heads of a run); at smoke no head is a sink (sink rate 0 in every baseline run, F-Attn 0.12, near the
+    # uniform share), so a row there would watch nothing (docs/figures.md, the first-token share)
+    Primary("standard", "f_attn_mean", arms="arms", presets=("ci", "full"),
+            why="the attention sink grew: more attention on the first token (Qiu et al. 2025: 46.7% -> 4.8%)",
+            elsewhere="no attention sink forms at this preset (sink rate 0 in every baseline run)"),
     Primary("standard", "loss_excess_max", arms="arms", why="a loss spike: the loss jumped above its running median"),
     Primary("standard", "grad_norm_excursion", arms="arms",
             why="a late gradient spike: the gradient norm jumped above its running median"),
@@ -356,4 +370,5 @@ PRIMARY: tuple[Primary, ...] = (
 def primary_family() -> list[dict]:
     """The primary family as {case, figure, arms} entries: what a calibration records of the rule it measured
     (the ``why`` texts left out, so that rewording one does not make a calibration stale)."""
-    return [{"case": p.case, "figure": p.figure, "arms": p.arms, "either_way": p.either_way} for p in PRIMARY]
+    return [{"case": p.case, "figure": p.figure, "arms": p.arms, "either_way": p.either_way,
+             **({"presets": list(p.presets)} if p.presets else {})} for p in PRIMARY]
