@@ -175,10 +175,12 @@ def _outputs(path: Path) -> dict:
 
 
 def run_job(workflow: Path, job_name: str, copy: Path, install=prepare_venv, env: dict | None = None,
-            timeout: float = 3600, run_id: int | None = None, inputs: dict | None = None) -> Job:
+            timeout: float = 3600, run_id: int | None = None, inputs: dict | None = None,
+            skip: tuple[str, ...] = ()) -> Job:
     """Run the job's steps in ``copy`` (see the module docstring); returns what each step did. ``run_id``: the
     workflow run's number (``github.run_id``; default: a new one for every call, as each run has); ``inputs``:
-    a manually dispatched run's inputs (``inputs.<name>``)."""
+    a manually dispatched run's inputs (``inputs.<name>``); ``skip``: the ids of steps not to run (the later
+    steps of a job run again on what an earlier run of it left, e.g. the check on its records)."""
     spec = yaml.safe_load(workflow.read_text())["jobs"][job_name]
     contexts = {"github": {"run_id": run_id if run_id is not None else uuid.uuid4().int % 10**10, "run_attempt": 1,
                          "event_name": "workflow_dispatch" if inputs else "pull_request"},
@@ -199,7 +201,7 @@ def run_job(workflow: Path, job_name: str, copy: Path, install=prepare_venv, env
         if "uses" in step:
             job.steps[name] = Step(name, ran=False, output=f"uses {step['uses']}: the runner's action, not run here")
             continue
-        if not condition(step.get("if"), outputs, job.failed):
+        if name in skip or not condition(step.get("if"), outputs, job.failed):
             job.steps[name] = Step(name, ran=False)
             continue
         started = time.perf_counter()

@@ -241,6 +241,7 @@ HELD_OUT_EARLY = (
 # A non-finite value is a result the record keeps; a run that diverges where every baseline run of its seed
 # completed, and a job that lacks a seed, fail the job with the reason (docs/figures.md).
 LR_LINE = "    lr = parts.schedule.lr_at(step, run)\n"
+OPTIMISER_LR = "        group[\"lr\"] = lr\n"
 BATCH_RAMP_LR = "        return warmup_cosine(step, run) * lr_scale(self.lr_rule, growth)\n"
 FAILURES = (
     Entry("gated_lr_nan_last_step_seed1", True, "the gated arm's LR is NaN at the last step of seed 1", (
@@ -252,6 +253,10 @@ FAILURES = (
          + BATCH_RAMP_LR),)),
     Entry("lr_x1000_last_fifth", True, "the LR is 1000x over the last 20% of every run", (
         ("stability/train/step.py", LR_LINE, LR_LINE + "    if step >= 0.8 * run.steps:\n        lr = lr * 1000\n"),)),
+    Entry("gated_lr_x100_late_seed1", True, "the gated arm of seed 1 trains its last 15% at 100x the logged "
+          "learning rate (the optimiser's, not the schedule's)", (
+        ("stability/train/step.py", OPTIMISER_LR, OPTIMISER_LR.replace(
+            "lr\n", "lr * (100 if run.model.gate.enabled and run.seed == 1 and step >= 0.85 * run.steps else 1)\n")),)),
     Entry("seed_dropped", True, "the CPU presets train seeds 0 and 1 only (the job lacks seed 2)", tuple(
         ("stability/config/presets.py", f"seeds=(0, 1, 2),  # {comment}", "seeds=(0, 1),") for comment in (
             "the fewest a regression baseline takes (its noise comes from the seed spread)",

@@ -860,7 +860,7 @@ def test_a_baseline_remade_case_by_case_covers_each_case_as_remade(record):
     new = baselines.make_baseline(with_replicates(record), invariants=[_invariant("loss_falls", "gated", 0, True)])
     both = baselines.merge_cases(old, new, ["standard"])
     assert "m_act_max" not in both["covers"]["figures"]["extra/standard"]
-    assert both["covers"]["invariants"] == {"smoke/standard": ["loss_falls"]}
+    assert both["covers"]["invariants"] == {"extra/standard": [], "smoke/standard": ["loss_falls"]}
     baselines.validate_baseline(both, "merged")
 
 

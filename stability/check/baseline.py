@@ -228,7 +228,7 @@ def merge_cases(old: dict, new: dict, stress: list[str]) -> dict:
             + list(new.get("invariants") or [])
     return {**old, "created_at": new["created_at"], "commit": new.get("commit"), "branch": new.get("branch"),
             "dirty": bool(old.get("dirty") or new.get("dirty")), "cases": dict(sorted(cases.items())),
-            "invariants": invariants, "covers": merged(old, new, set(new["cases"])), "cases_remade": sorted(stress),
+            "invariants": invariants, "covers": merged(old, new, set(new["cases"]), cases, invariants), "cases_remade": sorted(stress),
             "calibration": None}
 
 
@@ -531,6 +531,14 @@ def validate_baseline(baseline, where_: str) -> dict:
             check_line(line, f"{where_}: invariants[{index}]")
     _check_calibration(baseline.get("calibration"), where_)
     _check_covers(baseline.get("covers"), where_)
+    if baseline.get("covers") is not None:
+        from stability.check.coverage import invariant_names
+
+        held = invariant_names(cases, invariants)
+        if baseline["covers"].get("invariants") != held:
+            raise RecordError(f"{where_}: covers.invariants = {_short(baseline['covers'].get('invariants'))} does "
+                              f"not name the invariants the baseline holds ({_short(held)}): edited by hand? "
+                              f"Remake it")
     return baseline
 
 

@@ -39,14 +39,18 @@ def reported(records: list[dict]) -> dict[str, set[str]]:
     return found
 
 
+def invariant_names(cases, invariants: list[dict] | None) -> dict[str, list[str]] | None:
+    """Per case key of ``cases``, the names of the ``invariants`` recorded there (None: none were recorded)."""
+    if invariants is None:
+        return None
+    return {key: sorted({line["name"] for line in invariants if line["case"] == key}) for key in sorted(cases)}
+
+
 def covers(records: list[dict], invariants: list[dict] | None) -> dict:
     """What a baseline made of the regression ``records``, with the suites' ``invariants`` (None: no suites
     ran), covers, as the current code judges it."""
     figures = {key: sorted(names) for key, names in sorted(reported(records).items())}
-    named = None
-    if invariants is not None:
-        named = {key: sorted({line["name"] for line in invariants if line["case"] == key}) for key in figures}
-    return {"figures": figures, "invariants": named, **rules(figures)}
+    return {"figures": figures, "invariants": invariant_names(figures, invariants), **rules(figures)}
 
 
 def rules(figures: dict[str, list[str]]) -> dict:
@@ -57,17 +61,15 @@ def rules(figures: dict[str, list[str]]) -> dict:
             "resolutions": {name: (fig.figure(name).quantum if fig.figure(name) else None) for name in names}}
 
 
-def merged(old: dict, new: dict, remade: set[str]) -> dict:
-    """The coverage of a baseline remade case by case: the case keys ``remade`` from ``new``'s coverage,
-    the others from ``old``'s; the rules are ``new``'s (the calibration that follows measures them)."""
+def merged(old: dict, new: dict, remade: set[str], cases: dict, invariants: list[dict] | None) -> dict:
+    """The coverage of a baseline remade case by case: the figures of the case keys ``remade`` from ``new``'s
+    coverage, the others' from ``old``'s; the invariants those the merged baseline holds (``cases``,
+    ``invariants``); the rules ``new``'s (the calibration that follows measures them)."""
     old, new = old.get("covers") or {}, new.get("covers") or {}
     figures = {k: v for k, v in (old.get("figures") or {}).items() if k not in remade}
     figures.update({k: v for k, v in (new.get("figures") or {}).items() if k in remade})
-    invariants = None
-    if old.get("invariants") is not None or new.get("invariants") is not None:
-        invariants = {k: v for k, v in (old.get("invariants") or {}).items() if k not in remade}
-        invariants.update({k: v for k, v in (new.get("invariants") or {}).items() if k in remade})
-    return {"figures": dict(sorted(figures.items())), "invariants": invariants, **rules(figures)}
+    return {"figures": dict(sorted(figures.items())), "invariants": invariant_names(cases, invariants),
+            **rules(figures)}
 
 
 def remake_command(baseline: dict, stress: list[str] | None, path: str | None) -> str:
@@ -102,7 +104,7 @@ def stale(baseline: dict, job_cases: dict, job_figures: dict[str, set[str]], job
         new = sorted(job_figures.get(key, set()) - set((covered.get("figures") or {}).get(key, [])))
         if new:
             lacking.setdefault(base["stress"], []).append(f"case {key} figure(s) {', '.join(new)}")
-    named = covered.get("invariants")
+    named = invariant_names(baseline["cases"], baseline.get("invariants"))   # what it holds, not what it says
     for key in sorted({line["case"] for line in job_invariants or []} & judged):
         now = sorted({line["name"] for line in job_invariants if line["case"] == key})
         before = set((named or {}).get(key, []))
