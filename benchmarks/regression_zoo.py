@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import seed_spread_rule
 from _workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
-from _zoo import FAILURES, HELD_OUT, HELD_OUT_EARLY, HELD_OUT_PRIMARY, ZOO, Entry
+from _zoo import FAILURES, HELD_OUT, HELD_OUT_EARLY, HELD_OUT_MISSION, HELD_OUT_PRIMARY, ZOO, Entry
 
 from stability.check.baseline import load_baseline
 from stability.check.calibration import margin
@@ -52,6 +52,7 @@ GROUPS = (("the code as it is", [UNCHANGED]),
           ("entries held out from the replicate rule", list(HELD_OUT)),
           ("entries held out from the primary-family rule", list(HELD_OUT_PRIMARY)),
           ("entries held out from the early-horizon rows", list(HELD_OUT_EARLY)),
+          ("entries held out from the quantization and spike rows", list(HELD_OUT_MISSION)),
           ("failures the verdict must not pass", list(FAILURES)))
 KEPT = ROOT / "reports" / "zoo"
 DROPPED = ("series", "probes", "precision_stats", "events")   # per-step and per-snapshot detail: never judged
@@ -230,7 +231,7 @@ def main() -> int:
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
     parser.add_argument("--out", help="Markdown table (default reports/zoo-<scale>.md)")
     args = parser.parse_args()
-    everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *FAILURES]
+    everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION, *FAILURES]
     wanted = args.entries.split(",") if args.entries else [e.name for e in everything]
     unknown = sorted(set(wanted) - {e.name for e in everything})
     if unknown:
