@@ -1,6 +1,6 @@
 """The plain pair at the preset's settings (the case ``stability run`` trains): both arms train (an
 assertion), complete and learn (model invariants, recorded), and its figures hold against the committed
-baseline. The gate's plain pair is quantized after training with every registered post-training scheme
+baseline. The plain pair is quantized after training with every registered post-training scheme
 (those the device cannot run are recorded as skipped, with the reason), so the damage per scheme and arm
 (``quant_<scheme>_kl``, ``quant_<scheme>_damage_loss``) is in the baseline and in every job
 (docs/quantization.md); a repository's own model (a factory) is not quantized."""
@@ -13,17 +13,9 @@ pytestmark = pytest.mark.stress
 CASE = "standard"
 
 
-def quantized(stress_config) -> dict:
-    """The overrides that quantize the plain pair after training: every registered scheme, for the harness's
-    own model (a repository's factory model is left as it is)."""
-    from stability.evaluate.quantize import SCHEMES
-
-    return {"quant_schemes": ",".join(SCHEMES)} if stress_config().run.model.kind == "harness" else {}
-
-
 @pytest.fixture(scope="module")
-def record(stress_record, stress_config, report_figures):
-    record = stress_record(CASE, quantized(stress_config))
+def record(stress_record, report_figures):
+    record = stress_record(CASE)   # quantized by the case itself (stability.cases.stress.quantized_by_default)
     report_figures(record, ["heldout_loss", "m_act_mean", "f_attn_mean", "sink_rate_mean", "max_attn_logit",
                             "loss_spike_score"], "standard pair")
     return record
@@ -55,7 +47,7 @@ def test_every_scheme_is_measured_or_skipped_with_its_reason(record):
     for arm in record["arms"]:
         schemes = (arm.get("quant") or {}).get("schemes")
         if schemes is None:
-            assert record["config"]["quant_schemes"] == [], "the pair was asked to quantize and holds no result"
+            assert not record["config"]["quant_schemes"], "the pair was asked to quantize and holds no result"
             continue
         ran = [name for name, result in schemes.items() if "skipped" not in result]
         assert ran, schemes

@@ -158,7 +158,8 @@ def test_run_and_stress_standard_are_one_case(workdir, capsys):
     """`stability run` trains the stress case "standard" by the path `stability stress standard` takes: the same
     record (every figure, the case's name), in a run directory labelled by the command."""
     small = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "steps=4", "--set", "probes.every=2",
-             "--set", "probes.eval_batches=1", "--set", "seeds=0", "--no-track", "--quiet"]
+             "--set", "probes.eval_batches=1", "--set", "seeds=0", "--set", "quant_schemes=int8", "--no-track",
+             "--quiet"]   # run quantizes with every scheme unless told: one scheme for both, named
     assert main(["run", *small, "--out", str(workdir / "run")]) == 0
     assert main(["stress", "standard", *small, "--out", str(workdir / "stress")]) == 0
     kept = {}

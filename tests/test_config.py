@@ -80,8 +80,8 @@ def test_overrides_apply_in_any_order_and_a_lasting_error_still_names_its_field(
 
 
 def test_one_table_says_what_may_differ_when_resuming_and_when_comparing():
-    """FIELDS_ABOUT names real fields; resuming lets only how a run is kept differ, the check also the draw,
-    the device and the names."""
+    """FIELDS_ABOUT names real fields; resuming lets only how a run is kept and what is evaluated after
+    training differ, the check the draw, the device and the names (and how a run is kept)."""
     from stability.record import FIELDS_ABOUT, comparable_config, resume_config
 
     config = to_dict(resolve("smoke"))
@@ -92,6 +92,8 @@ def test_one_table_says_what_may_differ_when_resuming_and_when_comparing():
     assert comparable_config(other) == comparable_config(config)
     assert {k for k in resume_config(other) if resume_config(other)[k] != resume_config(config)[k]} == {
         "seeds", "run.seed", "run.device", "name", "run.replicate", "replicates"}
+    quantized = to_dict(resolve("smoke", {"quant_schemes": "int8"}))   # measured after training: resumable, compared
+    assert resume_config(quantized) == resume_config(config) and comparable_config(quantized) != comparable_config(config)
     assert "run.checkpoint.every" not in resume_config(other) and "run.checkpoint.every" not in comparable_config(other)
     assert "run.optim.lr" in resume_config(config) and "run.optim.lr" in comparable_config(config)
 

@@ -34,11 +34,17 @@ def test_the_wheel_maps_kernels_and_suites_into_the_stability_namespace(tmp_path
     assert "[pytest11]\nstability = stability.plugin.pytest_plugin" in entry_points
 
 
-def test_the_kernels_folder_is_empty_as_a_top_level_package(monkeypatch):
+def test_the_kernels_folder_is_never_the_top_level_package(monkeypatch):
+    """With the repository root first on sys.path, ``import kernels`` gives the installed hub-kernels package
+    (a dependency of transformers) when there is one, else an empty module: never the Triton kernels."""
     monkeypatch.syspath_prepend(str(ROOT))
     monkeypatch.delitem(sys.modules, "kernels", raising=False)
-    top = importlib.import_module("kernels")          # the repository root on sys.path: found, but empty
-    assert not hasattr(top, "gated_attention") and not hasattr(top, "__version__")
+    top = importlib.import_module("kernels")
+    assert not hasattr(top, "gated_attention")
+    if Path(top.__file__).resolve().parent == ROOT / "kernels":
+        assert not hasattr(top, "__version__")           # nothing installed under the name: empty
+    else:
+        assert "site-packages" in Path(top.__file__).parts   # the installed package
     assert importlib.import_module("stability.kernels").gated_attention is not None
 
 
@@ -50,14 +56,15 @@ def from_root(*command: str) -> subprocess.CompletedProcess:
 
 def test_transformers_imports_with_the_repository_root_on_sys_path():
     """``python -c`` in the repository root puts it on sys.path; transformers probes for the hub-kernels
-    package ``kernels`` and finds the folder: it must not fail, nor take the folder for that package."""
+    package ``kernels`` (a dependency of it) and finds the folder first: it must not fail, nor take the folder
+    for that package."""
     probe = ("import stability.model.hf, transformers, sys\n"
              "from transformers import LlamaConfig, LlamaForCausalLM\n"
-             "from transformers.utils import is_kernels_available\n"
              "LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,\n"
              "                             num_attention_heads=2, num_key_value_heads=1, vocab_size=64))\n"
              "import stability.kernels\n"
-             "assert not is_kernels_available() and stability.kernels.gated_attention\n"
+             "import kernels\n"
+             "assert not hasattr(kernels, 'gated_attention') and stability.kernels.gated_attention\n"
              "print('ok', sys.path[0] == '')\n")
     run = from_root(sys.executable, "-c", probe)
     assert run.returncode == 0 and run.stdout.split() == ["ok", "True"], run.stderr[-3000:]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from _stopping import CONFIG, SETS, STEPS, ctrl_c, finish, start, store_copier, the_record, wait_for
 
-from stability.cases.experiment import run_pair
+from stability.cases.stress import run_case
 from stability.config import resolve
 from stability.record import Status
 from stability.session.steplog import read_steplog
@@ -25,7 +25,7 @@ from stability.session.steplog import read_steplog
 @pytest.fixture(scope="module")
 def reference():
     torch.set_num_threads(1)
-    return run_pair(resolve("smoke", CONFIG))
+    return run_case("standard", resolve("smoke", CONFIG))   # what `stability run` trains (quantized too)
 
 
 @pytest.mark.slow   # the same command continuing is also tested in-process (test_long_runs.py)

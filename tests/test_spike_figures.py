@@ -138,7 +138,7 @@ def test_both_are_final_figures_of_an_arm_and_peak_figures_of_the_table():
     for name, floor in (("loss_excess_max", 0.05), ("grad_norm_excursion", 0.5)):
         entry = fig.figure(name)
         assert (entry.better, entry.kind, entry.floor, entry.quantum) == ("lower", "peak", floor, None)
-        assert entry.needs_completed_arm and name not in primary   # advisory: left out of a diverged arm's pair
+        assert entry.needs_completed_arm and name in primary   # primary; left out of a diverged arm's pair
 
 
 # ----------------------------------------------------------------------------- end to end: an LR spike in training

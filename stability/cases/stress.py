@@ -463,7 +463,19 @@ def run_standard(stress_case: StressCase, config: cfg.ExperimentConfig, session=
     """The plain pair (every arm of the config) at the preset's settings: what ``stability run`` and
     ``stability stress standard`` run."""
     with cpu_threads(config.stress.threads):
-        return run_pair(config, session=session, runner=runner)
+        return run_pair(quantized_by_default(config), session=session, runner=runner)
+
+
+def quantized_by_default(config: cfg.ExperimentConfig) -> cfg.ExperimentConfig:
+    """The plain pair of the harness's own model is quantized after training with every registered scheme
+    (``stability.evaluate.quantize.SCHEMES``) unless the config names its schemes: the damage per scheme
+    and arm is in every baseline and job (docs/quantization.md). A repository's own model (a factory or a
+    Hugging Face config) is left as it is."""
+    if config.quant_schemes or config.run.model.kind != "harness":
+        return config
+    from stability.evaluate.quantize import SCHEMES
+
+    return replace(config, quant_schemes=tuple(SCHEMES))
 
 
 # ----------------------------------------------------------------------------- the registry

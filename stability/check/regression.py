@@ -64,6 +64,8 @@ from stability.record import (
     RecordError,
     Status,
     arm_names,
+    case_key,
+    comparable_config,
     config_diff,
     config_fingerprint,
     record_device,
@@ -493,7 +495,7 @@ def outcome_p(k: int, n: int, held_out: int = 0) -> float:
 
 
 def _not_clean(name: str) -> str:
-    return "diverged" if name == "diverged" else f"diverged or had {name} not clean"
+    return "diverged" if fig.is_divergence(name) else f"diverged or had {name} not clean"
 
 
 def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict, notes: list[str] | None = None,
@@ -690,6 +692,11 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
     if result.errors:
         return result
     base_cases = select_cases(baseline["cases"], cases, result)
+    for index, record in enumerate(records):
+        key, base = case_key(record), base_cases.get(case_key(record))
+        if base is not None and not same_config(record["config"], base):
+            result.errors.append(f"{where(record, index)}: case {key}: the run config differs from the baseline's: "
+                                 f"{config_diff(base.get('config', {}), comparable_config(record['config']))}")
     if result.errors:
         return result
     try:
@@ -763,6 +770,13 @@ def select_cases(base_cases: dict, names: list[str] | None, result: CheckResult)
     return chosen
 
 
+def same_config(config: dict, base: dict) -> bool:
+    """Whether a job's run config (a record's, or a case's comparable view) compares equal with a baseline
+    case's: by the stored fingerprint, or one recomputed from the stored config (fields added since count as
+    their defaults)."""
+    return config_fingerprint(config) in (base["fingerprint"], config_fingerprint(base.get("config") or {}))
+
+
 def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: dict,
                 dof_rule: str = DOF_RULE, advisory: bool = True, held_out: int = 0) -> None:
     """The outcomes and rows of every case of ``base_cases``; errors for a case the job lacks or whose config
@@ -776,8 +790,7 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
                 result.errors.append(f"case {key}: schedule differs: the baseline has case {case['name']!r} with "
                                      f"schedule(s) {schedules}, the record has schedule {case['schedule']!r}")
             continue   # a new case: the baseline is stale (stability.check.coverage)
-        # the stored fingerprint, or one recomputed from the stored config (fields added since count as defaults)
-        if case["fingerprint"] not in (base["fingerprint"], config_fingerprint(base.get("config") or {})):
+        if not same_config(case["config"], base):
             result.errors.append(f"case {key}: the run config differs from the baseline's: "
                                  f"{config_diff(base.get('config', {}), case['config'])}")
             continue

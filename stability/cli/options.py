@@ -37,7 +37,7 @@ def check_device(device: str) -> None:
 
 def config_given(args) -> bool:
     """Whether the command line names a config (a preset, --set or --config), not only --resume."""
-    return bool(args.preset or args.set or args.config or getattr(args, "quant", "auto") not in (None, "auto"))
+    return bool(args.preset or args.set or args.config or getattr(args, "quant", None))
 
 
 def overrides_of(args) -> dict:
@@ -71,18 +71,12 @@ def load_extensions(args) -> None:
 def resolve_from_args(args) -> cfg.ExperimentConfig:
     """The preset with the file and --set overrides applied, validated, and checked for this machine
     (``check_here``): ConfigError otherwise, before any training."""
-    from stability.evaluate.quantize import SCHEMES
-
     overrides = overrides_of(args)
     quant = getattr(args, "quant", None)
-    if quant == "auto" and "quant_schemes" not in overrides:
-        # `stability run`'s plain pair is the suites' (suites/test_standard.py): the harness's own model is
-        # quantized with every scheme, a repository's own model (a factory) is not
-        harness = cfg.resolve(args.preset or "smoke", overrides).run.model.kind == "harness"
-        quant = "all" if harness else "none"
-    if quant and quant != "auto":  # --quant int8,nf4, --quant all, --quant none
-        named = {"all": ",".join(SCHEMES), "none": ""}
-        overrides["quant_schemes"] = named.get(quant.strip(), quant)
+    if quant:  # --quant int8,nf4 or --quant all
+        from stability.evaluate.quantize import SCHEMES
+
+        overrides["quant_schemes"] = ",".join(SCHEMES) if quant.strip() == "all" else quant
     config = cfg.resolve(args.preset or "smoke", overrides)
     check_here(config)
     return config

@@ -176,11 +176,11 @@ def add_parsers(sub) -> None:
     run = sub.add_parser("run", help="train the baseline and its treatment arms (--set arms=...) and record them")
     add_config_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
-    run.add_argument("--quant", metavar="SCHEMES", default="auto",
+    run.add_argument("--quant", metavar="SCHEMES",
                      help="post-training quantization schemes to evaluate on every arm: a comma list of names "
                           "(int8, nf4, w8a8-token, torchao-int8wo ...: stability.evaluate.quantize.SCHEMES, "
-                          "docs/quantization.md), 'all' or 'none' (sets quant_schemes; default: 'all' for the "
-                          "harness's own model, as the suites' plain pair and the baseline, 'none' for a factory)")
+                          "docs/quantization.md), or 'all' (sets quant_schemes; the harness's own plain pair is quantized with "
+                          "every scheme when none is named)")
     run.set_defaults(func=cmd_run)
     presets = sub.add_parser("presets", help="print the named presets")
     presets.set_defaults(func=cmd_presets)

@@ -242,6 +242,12 @@ def figure(name: str) -> Figure | None:
     return next((f for key, f in FIGURES.items() if "*" in key and fnmatch.fnmatchcase(name, key)), None)
 
 
+def is_divergence(name: str) -> bool:
+    """Whether ``name`` is the outcome that says the run diverged (every other outcome counts a diverged run
+    as not clean too)."""
+    return name == "diverged"
+
+
 def better(name: str) -> str | None:
     """"lower", "higher" or None (not judged, or unknown)."""
     entry = figure(name)

@@ -47,16 +47,17 @@ FIELDS_ABOUT = {
     "run.replicate": "draw",           # the rounding draw (0: the reference runs)
     "replicates": "draw",              # how many rounding draws a baseline takes
     "run.device": "place",             # where the run trains ("cuda:1": its kind is compared by the check)
+    "quant_schemes": "evaluation",     # what is measured after training (the plain pair's default: every scheme)
     "name": "naming",
     "preset": "naming",
 }
 # the views: which of these may differ ...
-RESUMING = ("keeping",)                             # between an interrupted run and the command continuing it
+RESUMING = ("keeping", "evaluation")               # between an interrupted run and the command continuing it
 COMPARING = ("keeping", "draw", "place", "naming")  # between records the merge check compares
 
 
 def about(key: str) -> str:
-    """What the flattened config field ``key`` is about ("keeping", "draw", "place", "naming"; "measure" for
+    """What the flattened config field ``key`` is about ("keeping", "draw", "place", "naming", "evaluation"; "measure" for
     every field ``FIELDS_ABOUT`` does not name)."""
     for field, what in FIELDS_ABOUT.items():
         if key == field or (field.endswith(".") and key.startswith(field)):
