@@ -325,7 +325,8 @@ def unknown_figure(name: str, config: dict, where_: str) -> RecordError:
     plugins = config.get("plugins") or []
     if plugins:
         return RecordError(f"{where_}: figure {name!r} is not known to this installation: the baseline was made with "
-                           f"extensions {plugins}; install them and load them (--set plugins=...) to read it")
+                           f"extensions {plugins}; load them to read it: installed with an entry point, or named by "
+                           f"plugins in [tool.stability] of the current directory")
     return RecordError(f"{where_}: figure {name!r} is not a figure of the table (stability.record.figures): "
                        f"expected one of its figures")
 

@@ -24,7 +24,7 @@ has to be told from. ``check(records, baseline)`` judges the job in three parts:
    ``m_s`` and ``v_s`` are the mean and variance of seed s's baseline runs (never below the figure's
    resolution squared), standard error ``sqrt(sum_s v_s (1 + 1/n_s)) / n``, degrees of freedom by
    ``DOF_RULE`` (the fewest of any seed), and the p-value of "worse by more than the floor" (``floor = max(floor, rel_floor *
-   |baseline|)``, the figure table). Rows of the *primary family* (``stability.record.figures.PRIMARY``)
+   |baseline|)``, the figure table). Rows of the *primary family* (``stability.record.figures.primary_rows()``)
    are judged together by Holm's step-down procedure at ``alpha`` (default 1%): the chance that a
    harmless change fails the job through them is at most alpha whatever their dependence. An *either-way*
    row (the early horizon, ``Primary.either_way``) enters with its two-sided p, and a rejection in its good
@@ -420,7 +420,7 @@ class CheckResult:
         return {"exit_code": self.exit_code, "verdict": self.verdict, "errors": self.errors,
                 "outcomes": [o.as_dict() for o in self.outcomes], "notes": self.notes, "warnings": self.warnings,
                 "baseline_commit": self.baseline_commit, "alpha": self.alpha, "method": METHOD,
-                "dof_rule": DOF_RULE, "primary_family": [p.as_dict() for p in fig.PRIMARY],
+                "dof_rule": DOF_RULE, "primary_family": [p.as_dict() for p in fig.primary_rows()],
                 "rows_judged": self.judged, "rows_advisory": self.advisory, "draws": self.draws,
                 "calibration": self.calibration, "suite_failures": self.suite_failures,
                 "rows": [r.as_dict() for r in self.rows]}
@@ -435,7 +435,7 @@ def in_primary_family(stress: str, arm: str, figure: str, preset: str | None = N
     at ``preset`` (None: at any); None for an advisory row."""
     paired = arm.endswith(f"-{REFERENCE_ARM}")
     arms_match = {"all": True, "arms": not paired, "paired": paired, "baseline": arm == REFERENCE_ARM}
-    for entry in fig.PRIMARY:
+    for entry in fig.primary_rows():
         if entry.case == stress and fnmatch.fnmatchcase(figure, entry.figure) and arms_match[entry.arms] \
                 and entry.applies(preset):
             return entry
@@ -445,7 +445,7 @@ def in_primary_family(stress: str, arm: str, figure: str, preset: str | None = N
 def advisory_here(preset: str, stresses: set[str]) -> list[str]:
     """Notes naming the primary rows of the judged stress cases that are advisory at ``preset``, and why."""
     return [f"{entry.case} {entry.figure} is advisory at {preset} (primary at {', '.join(entry.presets)}): "
-            f"{entry.elsewhere}" for entry in fig.PRIMARY if entry.case in stresses and not entry.applies(preset)]
+            f"{entry.elsewhere}" for entry in fig.primary_rows() if entry.case in stresses and not entry.applies(preset)]
 
 
 # ----------------------------------------------------------------------------- one case

@@ -15,9 +15,10 @@ repository):
   imported (``stability.plugin.gpus``);
 * the fixtures scale, device, seeds, tracking_uri, run_dir, replicate, stability_settings, stress_config,
   ray_runner, stress_record and model_invariant;
-* the table's ``cases``: the suites of the other stress cases are deselected; when the table names a
-  model other than the harness's own, so are the stress tests of the harness's own model and detectors
-  (suite modules without ``CASE``);
+* the table's ``cases`` (the suites' own cases and those the loaded extensions registered, which
+  ``test_extension_cases.py`` trains): the suites of the other stress cases are deselected; when the table
+  names a model other than the harness's own, so are the stress tests of the harness's own model and
+  detectors (tests of no case);
 * model invariants: ``model_invariant(record, name, arm, seed, held, value, bound, message)`` records a
   property of the model under test, never failing the test, as one line of
   ``<run dir>/invariants-<xdist worker>.jsonl`` (worker "main" without xdist) with the fields ``case`` (the
@@ -60,6 +61,7 @@ MARKERS = {
     "gpu": "needs a CUDA GPU; skipped cleanly without one",
     "slow": "long runs (ci/full scale, searches); skipped unless --run-slow",
     "bench": "benchmarks (pytest-benchmark); speed is reported, never asserted",
+    "case": "case(NAME): the stress case a test trains, where its module has no CASE (a case an extension registered)",
 }
 
 # --stability-NAME (and --NAME where free): the keyword arguments of addoption
@@ -253,7 +255,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     chosen = [name for name in (option(config, "cases") or "").split(",") if name.strip()] or None
     if settings is None and chosen is None:
         return
-    known = suite_cases(where)
+    known = known_cases(where)
     for where_named, names in (("--stability-cases", chosen),
                                (settings.source if settings else "", settings.cases if settings else None)):
         unknown = [name for name in names or () if name not in known]
@@ -267,6 +269,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept
+
+
+def known_cases(where: Path) -> tuple[str, ...]:
+    """The stress cases the settings and ``--stability-cases`` may name: those the suites have a file for, then
+    those the loaded extensions registered (``stability.record.cases``, filled by ``stability.cases.stress.
+    register``; the suite ``test_extension_cases.py`` trains them). No torch."""
+    from stability.record.cases import RECORDED_CASES
+
+    own = suite_cases(where)
+    return (*own, *(name for name in RECORDED_CASES if name not in own))
+
+
+def case_of(item: pytest.Item) -> str | None:
+    """The stress case a test trains: its ``case`` marker (a registered case's suite), else its module's
+    ``CASE``; None for a test of no case."""
+    marker = item.get_closest_marker("case")
+    if marker is not None:
+        return marker.args[0]
+    return getattr(getattr(item, "module", None), "CASE", None)
 
 
 def suite_cases(where: Path) -> tuple[str, ...]:
@@ -287,7 +308,7 @@ def _left_out(item: pytest.Item, settings: Settings, where: Path) -> bool:
     the harness's own) one of the harness's own model and detectors (a module without CASE)."""
     if "stress" not in item.keywords or not item.path.is_relative_to(where):
         return False
-    case = getattr(getattr(item, "module", None), "CASE", None)
+    case = case_of(item)
     if case is None:
         return not settings.own_model
     return settings.cases is not None and case not in settings.cases
@@ -297,7 +318,7 @@ def _not_chosen(item: pytest.Item, chosen: list[str] | None, where: Path) -> boo
     """A stress test of the suites outside the cases ``--stability-cases`` names (a test of no case too)."""
     if chosen is None or "stress" not in item.keywords or not item.path.is_relative_to(where):
         return False
-    return getattr(getattr(item, "module", None), "CASE", None) not in chosen
+    return case_of(item) not in chosen
 
 
 def _has_cuda() -> bool:

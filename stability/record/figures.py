@@ -373,8 +373,28 @@ PRIMARY: tuple[Primary, ...] = (
 )
 
 
+ADDED_PRIMARY: list[Primary] = []   # the rows extensions declared (``register_primary``), in the order declared
+
+
+def register_primary(entry: Primary) -> Primary:
+    """Declare a row primary: the figure ``entry.figure`` of the case ``entry.case`` joins the family the merge
+    check fails a job through, after the built-in rows (``PRIMARY``). An extension calls it once it has added the
+    figure to the table (a probe's or a case's figure). A baseline made or calibrated before records another
+    family: it is stale until calibrated again (``stability.check.coverage``)."""
+    key = (entry.case, entry.figure, entry.arms)
+    if any((p.case, p.figure, p.arms) == key for p in primary_rows()):
+        raise ValueError(f"primary row {entry.case}/{entry.figure}[{entry.arms}] is declared already")
+    ADDED_PRIMARY.append(entry)
+    return entry
+
+
+def primary_rows() -> tuple[Primary, ...]:
+    """The primary family of this process: the built-in rows, then those its extensions declared."""
+    return (*PRIMARY, *ADDED_PRIMARY)
+
+
 def primary_family() -> list[dict]:
     """The primary family as {case, figure, arms} entries: what a calibration records of the rule it measured
     (the ``why`` texts left out, so that rewording one does not make a calibration stale)."""
     return [{"case": p.case, "figure": p.figure, "arms": p.arms, "either_way": p.either_way,
-             **({"presets": list(p.presets)} if p.presets else {})} for p in PRIMARY]
+             **({"presets": list(p.presets)} if p.presets else {})} for p in primary_rows()]
