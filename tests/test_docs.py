@@ -25,7 +25,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _workflow import ROOT, fresh_copy, prepare_venv
+
+from validation.workflow import ROOT, fresh_copy, prepare_venv
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"^<!-- test: (default|slow|ci|downstream) -->$")
