@@ -49,6 +49,7 @@ def test_the_cpu_jobs_kernel_step_catches_a_wrong_gate_gradient(tmp_path):
     backward: with the zoo's ``kernel_dg_missing_factor`` applied, that step, run as the workflow
     writes it, fails and names dgate."""
     import yaml
+
     from validation.workflow import WORKFLOW
 
     steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["stress-cpu"]["steps"]
