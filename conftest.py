@@ -10,6 +10,16 @@ repository that uses it.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
+
+# The tests import validation.* and benchmarks.* (folders of this repository, not of the package). The root goes
+# at the end of sys.path, not the front (where pytest's `pythonpath` would put it): there the folder kernels/
+# never shadows an installed top-level `kernels` (Hugging Face's hub-kernels package, which transformers imports
+# when it is installed).
+ROOT = str(Path(__file__).resolve().parent)
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
 
 # Triton kernels on a machine without CUDA run in the interpreter; this must be set before any kernel is
 # defined, so it is set here, before tests import anything.

@@ -1,13 +1,13 @@
 """What one logged training step costs on each MLflow store: SQLite, a server on SQLite, a server on PostgreSQL.
 
-    python benchmarks/bench_stores.py [--steps 300] [--repeats 3]
+    python -m benchmarks.bench_stores [--steps 300] [--repeats 3]      # from the repository root
 
 For each store a fresh run gets ``--steps`` steps of the metrics the live tracker sends per step
 (loss, LR, grad norm, update norm, loss scale, batch size, tokens, step time: 8 values), two ways:
 one ``log_batch`` call per step (the slowest a writer can go) and 100 steps per call (how the live
 tracker sends a backlog). The stores take turns (ABCCBA order, ``--repeats`` times) in one process;
 the table shows the median milliseconds per step and the ratios to SQLite. The servers are started
-here on 127.0.0.1 (tests/_postgres.py: a throwaway PostgreSQL cluster); without PostgreSQL its column
+here on 127.0.0.1 (validation/servers.py: a throwaway PostgreSQL cluster); without PostgreSQL its column
 says why. Asserts nothing.
 """
 
@@ -20,8 +20,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 METRICS = ("loss", "lr", "grad_norm", "update_norm", "loss_scale", "batch_size", "tokens", "step_seconds")
 
@@ -51,7 +49,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    from _postgres import Unavailable, mlflow_server, postgres_cluster
+    from validation.servers import Unavailable, mlflow_server, postgres_cluster
 
     folder = Path(tempfile.mkdtemp(prefix="bench-stores-"))
     stores, notes = {}, {}

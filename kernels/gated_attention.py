@@ -473,7 +473,7 @@ def _kernel(name, block_d, dtype):
 def tuned_configs() -> dict[str, dict[str, str]]:
     """The blocks the autotuner chose in this process: {"fwd/fast": {autotune key: config}, ...}. Two
     processes that chose different blocks for a shape sum in a different order (their outputs differ
-    in the last bits); this is what to compare (``benchmarks/gpu_check.py`` prints it)."""
+    in the last bits); this is what to compare (``validation/gpu_check.py`` prints it)."""
     return {f"{name}/{tier}": {str(key): str(config) for key, config in getattr(tuned, "cache", {}).items()}
             for (name, tier), tuned in _TUNED.items()}
 

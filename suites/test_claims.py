@@ -114,7 +114,7 @@ def test_claims_of_the_controls_on_held_out_seeds(device, tracking_uri, run_dir,
 
 # reports/sink.md, the "sink" preset: the positive control of the first-token probe. Three arms (baseline, G1
 # elementwise, G1 floored at 0.5); the preset's own seeds are the held-out ones below.
-SINK_DISCOVERY_SEEDS = (0, 1, 2)                # benchmarks/sink_search.py searched on these only
+SINK_DISCOVERY_SEEDS = (0, 1, 2)                # studies/sink_search.py searched on these only
 SINK_HELD_OUT_SEEDS = (300, 301, 302, 303, 304, 305)
 # Discovery (seeds 0-2): gated - baseline f_attn_mean -0.132 [-0.201, -0.063]. The held-out seeds, run once, did
 # not confirm it at 95%: -0.0546 [-0.114, +0.0048], sign-flip p 0.094, gated lower in 5 of 6 (reports/sink.md).

@@ -1,12 +1,9 @@
-"""An empty, migrated MLflow SQLite store to copy from (creating and migrating one takes seconds), and
-the stop of an ``mlflow server``/``mlflow ui`` process the tests started."""
+"""An empty, migrated MLflow SQLite store to copy from (creating and migrating one takes seconds). The stop
+of an ``mlflow server``/``mlflow ui`` process: ``validation.servers.stop_server``."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 
@@ -23,16 +20,3 @@ def migrated_template(pytest_config, tmp_path_factory) -> Path:
         MlflowClient(tracking_uri=f"sqlite:///{fresh}").search_experiments()   # creates and migrates the schema
         os.replace(fresh, path)
     return path
-
-
-def stop_server(process: subprocess.Popen, timeout: float = 15) -> None:
-    """SIGTERM to the server's process group (it was started in its own session, so its workers go too);
-    SIGKILL when it has not ended within ``timeout`` seconds."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from _workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
+from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
 
 # warmup reaches the peak learning rate 10% sooner: the early horizon's loss falls past its floor, nothing
 # else moves past its own (found by trying it on the plain pair at smoke)

@@ -1,4 +1,5 @@
-"""The shape of the package: no import cycles, parsers only in the CLI, JSON commands without torch."""
+"""The shape of the package: no import cycles, parsers only in the CLI, JSON commands without torch; and the
+folders around it: scripts run as modules (no sys.path edits), nothing imports the tests."""
 
 from __future__ import annotations
 
@@ -270,3 +271,68 @@ def test_the_name_rule_catches_a_planted_special_case():
               'def gap(p):\n    return p in ("fp32", "bf16")\n'
     assert branches_on_names(planted, names) == [(2, "case", "precision_ladder"), (5, "format", "fp32"),
                                                  (5, "format", "bf16")]
+
+
+# ----------------------------------------------------------------------------- the folders around the package
+
+# validation/ (the gate's evidence), studies/ and benchmarks/ run as modules from the repository root: none
+# edits sys.path. The package imports none of them, and none of them imports the tests' modules. validation/
+# may import the package and benchmarks/ (the GPU check runs the kernel benchmark), benchmarks/ may import
+# validation/ (bench_stores.py starts its throwaway servers), studies/ only the package.
+SCRIPT_FOLDERS = ("validation", "studies", "benchmarks")
+NOT_IMPORTED = {"stability": {"tests", "validation", "studies", "benchmarks"},
+                "validation": {"tests", "studies"},
+                "studies": {"tests", "validation", "benchmarks"},
+                "benchmarks": {"tests", "studies"}}
+
+
+def sys_path_edits(source: str) -> list[int]:
+    """Lines of ``sys.path.insert / append / extend`` calls."""
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("insert", "append", "extend") and ast.unparse(node.func.value) == "sys.path"]
+
+
+def imported_names(source: str) -> set[str]:
+    """The first part of every absolute import's module name (``from validation.zoo import X`` -> validation)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def folder_of(name: str) -> str | None:
+    """The repository folder an imported top-level name comes from (the tests' modules are found by their own
+    names: tests/ is on pytest's pythonpath)."""
+    if name in ("tests", "stability", *SCRIPT_FOLDERS):
+        return name
+    return "tests" if (ROOT / "tests" / f"{name}.py").is_file() else None
+
+
+def test_no_script_folder_edits_sys_path():
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for folder in SCRIPT_FOLDERS
+                 for path in sorted((ROOT / folder).rglob("*.py")) for line in sys_path_edits(path.read_text())]
+    assert offenders == [], f"sys.path edited (run the script as a module from the repository root): {offenders}"
+
+
+def test_the_sys_path_rule_catches_a_planted_insert():
+    planted = 'import sys\nsys.path.insert(0, "tests")\nprint(sys.path)\nsys.path.append("x")\n'
+    assert sys_path_edits(planted) == [2, 4]
+
+
+def test_each_folder_imports_only_what_it_may():
+    offenders = []
+    for folder, forbidden in NOT_IMPORTED.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            wrong = {folder_of(name) for name in imported_names(path.read_text())} & forbidden
+            offenders += [f"{path.relative_to(ROOT)} imports {w}" for w in sorted(wrong)]
+    assert offenders == [], "; ".join(offenders)
+
+
+def test_the_folder_rule_catches_planted_imports():
+    planted = "import _stability_records\nfrom validation.zoo import ZOO\nfrom . import sibling\nimport torch\n"
+    assert {folder_of(name) for name in imported_names(planted)} == {"tests", "validation", None}
+    assert folder_of("stability") == "stability" and folder_of("benchmarks") == "benchmarks"

@@ -25,7 +25,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _workflow import ROOT, fresh_copy, prepare_venv
+
+from validation.workflow import ROOT, fresh_copy, prepare_venv
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"^<!-- test: (default|slow|ci|downstream) -->$")
@@ -103,3 +104,35 @@ def test_the_default_blocks_run_in_order(path, tmp_path):
 @pytest.mark.parametrize("path", [p for p in DOCS if any(k == "slow" for k, _ in blocks(p))], ids=lambda p: p.name)
 def test_every_block_runs_in_order(path, tmp_path):
     run_blocks(path, ("default", "slow"), tmp_path)
+
+
+REPORTS = ROOT / "reports"
+INDEXED = re.compile(r"^\| `([^`]+)` \|", re.MULTILINE)   # a table row whose first cell is a file
+
+
+def indexed(text: str) -> list[str]:
+    """The files reports/README.md lists: the first cell of each table row, relative to reports/."""
+    return INDEXED.findall(text)
+
+
+def committed_reports() -> set[str]:
+    """The files git tracks under reports/, relative to it, without reports/runs/ and the index itself."""
+    listed = subprocess.run(["git", "ls-files", "-z", "reports"], cwd=ROOT, capture_output=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: which files are committed is unknown")
+    names = {name.removeprefix("reports/") for name in listed.stdout.decode().split("\0") if name}
+    return {name for name in names if not name.startswith("runs/") and name != "README.md"}
+
+
+def test_the_reports_index_lists_every_committed_file_and_only_files_that_exist():
+    listed = indexed((REPORTS / "README.md").read_text())
+    assert len(listed) == len(set(listed)), "files listed twice in reports/README.md"
+    missing = sorted(committed_reports() - set(listed))
+    assert not missing, f"committed under reports/ but not in reports/README.md: {missing}"
+    absent = sorted(name for name in listed if not (REPORTS / name).is_file())
+    assert not absent, f"reports/README.md lists files that do not exist: {absent}"
+
+
+def test_the_index_reader_takes_first_cells_only():
+    table = "| file | command |\n|---|---|\n| `zoo-ci.md` | `python -m validation.regression_zoo` |\ntext `x.md`\n"
+    assert indexed(table) == ["zoo-ci.md"]

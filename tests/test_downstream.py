@@ -3,7 +3,7 @@ its own attention and gate) and examples/downstream-gqa (``gqalm``: grouped-quer
 a per-head gate that honours its settings, and a baseline arm that fails in fp16).
 
 One fresh virtual environment outside this repository (it sees this environment's packages through a .pth
-file, as tests/_workflow.py's do) gets this repository from its wheel, not editable, as a user installs it:
+file, as validation/workflow.py's do) gets this repository from its wheel, not editable, as a user installs it:
 the README's commands ("Use it in your repository"), line by line (the CPU torch line stands: this environment
 has torch). Each example is copied, installed there too, and run through ``stability init --factory ...``, its
 team's settings and ``stability baseline make``:
@@ -32,8 +32,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _workflow import ROOT, apply_patch, fresh_copy, install, make_venv, run_job
 from test_docs import blocks
+
+from validation.workflow import ROOT, apply_patch, fresh_copy, install, make_venv, run_job
 
 EXAMPLE = ROOT / "examples" / "downstream"
 GQA = ROOT / "examples" / "downstream-gqa"

@@ -1,9 +1,8 @@
-"""benchmarks/gpu_check.py: what runs without a GPU (arguments, the table, the correctness rule, a run
+"""validation/gpu_check.py: what runs without a GPU (arguments, the table, the correctness rule, a run
 that skips every GPU part cleanly). The GPU parts themselves run only on a CUDA machine."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,19 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import bench_kernel
+from validation import gpu_check
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module     # (dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = load("gpu_check")
-bench_kernel = load("bench_kernel")
 
 
 def test_arguments():
@@ -82,7 +72,7 @@ def test_the_flash_rule_passes_the_torch_path_and_catches_an_injected_error():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the full check is a benchmark")
 def test_without_a_gpu_every_part_is_skipped_cleanly(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path / "t.md")],
+    out = subprocess.run([sys.executable, "-m", "validation.gpu_check", "--out", str(tmp_path / "t.md")], cwd=ROOT,
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr
     assert "no CUDA GPU" in out.stdout

@@ -19,9 +19,9 @@ import urllib.request
 
 import pytest
 from _chromium import Chromium, executable
-from _mlflow_store import stop_server
 
 from stability.cli import main
+from validation.servers import stop_server
 
 TINY = {"seeds": "0", "steps": 12, "probes.every": 6, "probes.eval_batches": 1, "model.d_model": 32,
         "model.n_heads": 2, "model.n_kv_heads": 1, "model.context": 32, "data.batch_size": 4,

@@ -1,19 +1,13 @@
-"""The permutation test of benchmarks/pooled_rows.py: its arrangements are the check's rows."""
+"""The permutation test of validation/pooled_rows.py: its arrangements are the check's rows."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 from _stability_records import edited, pair_record, replicate, with_replicates
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import pooled_rows
-
 from stability.check import regression as reg
 from stability.check.baseline import make_baseline
+from validation import pooled_rows
 
 RECORD = pair_record(seeds=(0, 1, 2))   # a smoke pair of three seeds; its baseline: it and 4 replicates
 

@@ -1,5 +1,5 @@
 """A team's MLflow server on PostgreSQL: a real PostgreSQL cluster and a real ``mlflow server`` on the
-loopback interface (tests/_postgres.py), written to by several processes at once.
+loopback interface (validation/servers.py), written to by several processes at once.
 
 * two ``stability stress`` commands at the same time, each with its live tracker;
 * the stress suites with 2 pytest-xdist workers;
@@ -32,7 +32,7 @@ SETS = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from _postgres import Unavailable, mlflow_server, postgres_cluster
+    from validation.servers import Unavailable, mlflow_server, postgres_cluster
 
     pytest.importorskip("psycopg", reason="the postgres extra is not installed (pip install -e '.[postgres]')")
     folder = tmp_path_factory.mktemp("pg-mlflow")

@@ -173,7 +173,7 @@ def test_read_record_refuses_a_file_with_an_unknown_key_naming_the_file(tmp_path
 
 
 def test_a_slimmed_record_validates(record):
-    """The zoo keeps records without their per-step detail (benchmarks/regression_zoo.py ``slim``)."""
+    """The zoo keeps records without their per-step detail (validation/regression_zoo.py ``slim``)."""
     slim = {**record, "arms": [{k: v for k, v in a.items() if k not in ("series", "probes", "events",
                                                                          "precision_stats")} for a in record["arms"]]}
     validate_record(slim, "r")

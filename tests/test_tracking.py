@@ -100,7 +100,7 @@ def mlflow_server(tmp_path_factory, template_db):
          "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     state = {"uri": f"http://127.0.0.1:{port}", "process": process, "log": root / "server.log", "up": False}
     yield state
-    from _mlflow_store import stop_server
+    from validation.servers import stop_server
 
     stop_server(process)
     log.close()
@@ -336,7 +336,7 @@ def test_a_run_and_mlflow_server_started_at_once_on_a_new_store(tmp_path):
         run = subprocess.run([sys.executable, "-m", "stability.cli", "run", "--tracking-uri", uri, "--quiet", *sets],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
     finally:
-        from _mlflow_store import stop_server
+        from validation.servers import stop_server
 
         stop_server(server)
         log.close()

@@ -3,7 +3,7 @@ and a job that lacks a seed, each trained for real, recorded, and judged against
 the preset (no doctored JSON). A NaN is a result the record keeps; a run that diverges or goes non-finite
 where every baseline run of its seed completed fails the job with a line naming case, arm, seed and step;
 a missing seed fails it closed. `smoke` runs in the default test command, `ci` with --run-slow
-(benchmarks/regression_zoo.py runs the same failures through the whole CPU job: reports/zoo-*.md)."""
+(validation/regression_zoo.py runs the same failures through the whole CPU job: reports/zoo-*.md)."""
 
 from __future__ import annotations
 

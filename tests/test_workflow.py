@@ -20,11 +20,11 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from _workflow import apply_patch, fresh_copy, prepare_venv, run_job
-from _zoo import BY_NAME
 
 from stability.cli import build_parser
 from stability.record.rundir import newest_session
+from validation.workflow import apply_patch, fresh_copy, prepare_venv, run_job
+from validation.zoo import BY_NAME
 
 SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", "then", "else", "do", "if", "!", ">>", ">"}
 WORKFLOW = Path(__file__).resolve().parents[1] / ".github" / "workflows" / "stability.yml"

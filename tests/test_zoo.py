@@ -1,5 +1,5 @@
 """A couple of regression-zoo entries of each kind, through the cases they move (the zoo benchmark,
-benchmarks/regression_zoo.py, runs every entry through the whole CPU workflow job)."""
+validation/regression_zoo.py, runs every entry through the whole CPU workflow job)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import os
 import subprocess
 
 import pytest
-from _workflow import prepare_venv
-from _zoo import BY_NAME, patched_copy
+
+from validation.workflow import prepare_venv
+from validation.zoo import BY_NAME, patched_copy
 
 ZOO_CASES = ("standard", "lr_sweep")
 
@@ -26,7 +27,7 @@ def copy_environment() -> dict:
     pytest.param("fused_qkv_projection", 0, marks=pytest.mark.slow)])
 def test_zoo_entries_harmful_caught_harmless_passed(tmp_path, name, expected):
     """Two harmful and two harmless zoo entries through `stability stress` of the cases they move and
-    `stability check` (benchmarks/regression_zoo.py measures every entry through the whole CPU job)."""
+    `stability check` (validation/regression_zoo.py measures every entry through the whole CPU job)."""
     entry = BY_NAME[name]
     assert entry.harmful == bool(expected)
     copy = patched_copy(tmp_path / name, name)
@@ -48,7 +49,8 @@ def test_the_cpu_jobs_kernel_step_catches_a_wrong_gate_gradient(tmp_path):
     backward: with the zoo's ``kernel_dg_missing_factor`` applied, that step, run as the workflow
     writes it, fails and names dgate."""
     import yaml
-    from _workflow import WORKFLOW
+
+    from validation.workflow import WORKFLOW
 
     steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["stress-cpu"]["steps"]
     script = next(step["run"] for step in steps if step.get("id") == "kernel")
@@ -66,7 +68,7 @@ def test_every_zoo_patch_still_applies_to_the_code_exactly_once():
     patched file still compiles."""
     from pathlib import Path
 
-    from _zoo import BY_NAME
+    from validation.zoo import BY_NAME
 
     root = Path(__file__).resolve().parents[1]
     drifted, broken = [], []

@@ -108,7 +108,7 @@ def _sink() -> ExperimentConfig:
     to do) trained in the optimiser-stress regime of reports/effects.md (peak LR 1e-2, no weight decay,
     beta2 0.999, no clipping), the heavy probes on 16 held-out sequences every 100 steps (the share
     against tokens trained), and three arms: the baseline, the G1 elementwise gate and the paper's
-    floored gate. Found by benchmarks/sink_search.py on seeds 0-2; its seeds are the held-out ones of the
+    floored gate. Found by studies/sink_search.py on seeds 0-2; its seeds are the held-out ones of the
     sink claim (suites/test_claims.py), so ``stability run --preset sink`` is that comparison. Measured
     and what it does not reach: reports/sink.md."""
     return ExperimentConfig(

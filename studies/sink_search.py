@@ -17,13 +17,13 @@ reads the record of that comparison kept by the suite and draws the figure.
 
 Usage (from the repository root, inside the virtualenv)::
 
-    python benchmarks/sink_search.py --list
-    python benchmarks/sink_search.py --regime text_heads16 --seeds 0,1
-    python benchmarks/sink_search.py --stage all                         # every screen, seed 0
-    python benchmarks/sink_search.py --regime sink --seeds 0,1,2 --arms gated,gated_floored
-    python benchmarks/sink_search.py --plot reports/sink-discovery.png --regime sink   # from --jsonl
-    python benchmarks/sink_search.py --held-out                          # the sink preset, 6 held-out seeds
-    python benchmarks/sink_search.py --record RECORD.json --plot reports/sink.png      # a kept record
+    python -m studies.sink_search --list
+    python -m studies.sink_search --regime text_heads16 --seeds 0,1
+    python -m studies.sink_search --stage all                         # every screen, seed 0
+    python -m studies.sink_search --regime sink --seeds 0,1,2 --arms gated,gated_floored
+    python -m studies.sink_search --plot reports/sink-discovery.png --regime sink   # from --jsonl
+    python -m studies.sink_search --held-out                          # the sink preset, 6 held-out seeds
+    python -m studies.sink_search --record RECORD.json --plot reports/sink.png      # a kept record
 
 Rows are appended to ``--table`` and the curves to ``--jsonl`` (default ``reports/sink/``, git-ignored);
 reports/sink.md is written from them. The machine is shared: one torch thread, one arm at a time.

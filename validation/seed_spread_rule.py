@@ -8,8 +8,8 @@ figure regressed when it moved in its worse direction by more than its band, eve
 family-wise control); a seed whose baseline arm completed and whose arm now diverged regressed.
 
 ``judge(records, baseline)`` applies it to a replicate baseline (schema 3) by reading only its
-reference runs (draw 0), as the baselines of that rule held them. Used by benchmarks/regression_zoo.py
-and benchmarks/power_curve.py for their "before" columns.
+reference runs (draw 0), as the baselines of that rule held them. Used by validation/regression_zoo.py
+and validation/power_curve.py for their "before" columns.
 """
 
 from __future__ import annotations

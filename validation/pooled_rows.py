@@ -1,6 +1,6 @@
 """Would a test that pools the job's rows see what Holm misses? A permutation test on kept zoo jobs.
 
-    python benchmarks/pooled_rows.py --scale ci --entries rope_on_queries_only,rmsnorm_divide_by_sqrt
+    python -m validation.pooled_rows --scale ci --entries rope_on_queries_only,rmsnorm_divide_by_sqrt
 
 The check judges every row on its own and controls the family-wise rate with Holm, which is blind to
 a change that moves many rows a little. A pooled statistic adds the rows' evidence; its null
@@ -29,12 +29,11 @@ import math
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
 from stability.check.baseline import case_values, load_baseline, regression_records
 from stability.check.calibration import split_runs
 from stability.check.regression import CheckResult, judge_cases, single_draw
+
+ROOT = Path(__file__).resolve().parents[1]
 
 JOB = "job"   # the draw label of the judged job's runs among the baseline's
 
@@ -100,7 +99,7 @@ def permutation_test(baseline: dict, records: list[dict]) -> dict:
 
 
 def main() -> int:
-    import regression_zoo as zoo
+    from validation import regression_zoo as zoo
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="ci", choices=("smoke", "ci"))
@@ -112,7 +111,7 @@ def main() -> int:
     for name in args.entries.split(","):
         document = zoo.read_kept(args.scale, name)
         if document is None:
-            parser.error(f"no kept job {name!r} at {args.scale} (run benchmarks/regression_zoo.py first)")
+            parser.error(f"no kept job {name!r} at {args.scale} (run python -m validation.regression_zoo first)")
         out = permutation_test(baseline, document["records"])
         kind = "harmful" if document["harmful"] else "harmless"
         if not out["arrangements"]:

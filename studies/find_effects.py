@@ -21,12 +21,12 @@ compared between arms like the other figures.
 
 Usage (from the repository root, inside the virtualenv)::
 
-    python benchmarks/find_effects.py --stage coarse                 # first pass, 1 seed
-    python benchmarks/find_effects.py --stage confirm --seeds 0,1,2  # the chosen regimes
-    python benchmarks/find_effects.py --regime deep_hot --seeds 0,1,2
-    python benchmarks/find_effects.py --regime controls_ci_150 --seeds discovery
-    python benchmarks/find_effects.py --long controls_ci_150 --seeds held_out
-    python benchmarks/find_effects.py --list
+    python -m studies.find_effects --stage coarse                 # first pass, 1 seed
+    python -m studies.find_effects --stage confirm --seeds 0,1,2  # the chosen regimes
+    python -m studies.find_effects --regime deep_hot --seeds 0,1,2
+    python -m studies.find_effects --regime controls_ci_150 --seeds discovery
+    python -m studies.find_effects --long controls_ci_150 --seeds held_out
+    python -m studies.find_effects --list
 
 Rows are appended to ``--table`` (default ``reports/find_effects/table.md``, git-ignored) and the
 per-regime summaries to ``--jsonl``; ``reports/effects.md`` is written by hand from them.

@@ -1,8 +1,8 @@
 """The GPU check in one go: on a machine with one CUDA GPU, about 8 minutes, one table at the end.
 
-    python benchmarks/gpu_check.py                    # every part
-    python benchmarks/gpu_check.py --parts bench,pair --pair-seconds 60
-    python benchmarks/gpu_check.py --out gpu_check.md # also write the table to a file
+    python -m validation.gpu_check                    # every part
+    python -m validation.gpu_check --parts bench,pair --pair-seconds 60
+    python -m validation.gpu_check --out gpu_check.md # also write the table to a file
 
 Installs nothing beyond the project (``pip install -e ".[test]"``). The parts, each reusing what the
 project already has:
@@ -32,6 +32,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks import bench_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("kernel-tests", "fp8-tests", "bench", "determinism", "pair")
@@ -117,9 +119,6 @@ def fp8_tests(args) -> list[Row]:
 
 
 def bench(args) -> list[Row]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench_kernel
-
     report = ROOT / "reports" / "gpu_check_bench.md"
     report.parent.mkdir(exist_ok=True)
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_kernel.py"), "--out", str(report),
@@ -148,9 +147,8 @@ def bench(args) -> list[Row]:
 
 
 DETERMINISM = r"""
-import hashlib, json, sys, torch
-sys.path.insert(0, "benchmarks")
-import bench_kernel
+import hashlib, json, torch
+from benchmarks import bench_kernel
 from stability.kernels import gated_attention
 from stability.kernels.gated_attention import tuned_configs
 leaves, dy = bench_kernel.make_inputs(4, 16, 16, 2048, 128, torch.bfloat16)

@@ -13,7 +13,7 @@ What is executed is the workflow file's own text: each ``run:`` script goes to `
 recorded as skipped. The one substitution: a step named ``install ...`` downloads packages, which a
 test machine cannot, so ``install`` (a callable) runs in its place; by default ``prepare_venv``.
 
-Also used by ``benchmarks/regression_zoo.py`` (which adds this folder to ``sys.path``).
+Used by the tests and by ``validation/regression_zoo.py`` (the zoo runs the job on every entry).
 """
 
 from __future__ import annotations

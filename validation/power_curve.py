@@ -1,8 +1,8 @@
 """The sensitivity of the merge gate: the smallest graded regression the CPU job catches every time.
 
-    python benchmarks/power_curve.py --scale smoke                   # train, keep, judge
-    python benchmarks/power_curve.py --scale ci --dials 2,1,0.5
-    python benchmarks/power_curve.py --scale smoke --rejudge         # judge the kept records again
+    python -m validation.power_curve --scale smoke                   # train, keep, judge
+    python -m validation.power_curve --scale ci --dials 2,1,0.5
+    python -m validation.power_curve --scale smoke --rejudge         # judge the kept records again
 
 The dial: the initial weights' standard deviation multiplied by ``1 + e`` (a patch of
 ``stability/model/lm.py``, as a pull request would make it). For each ``e`` of ``--dials`` (largest first)
@@ -10,7 +10,7 @@ the CPU job of ``.github/workflows/stability.yml`` runs three times on the diall
 another rounding perturbation (``--replicate 101``, ``102``, ``103``: the runs' initial parameters moved
 by one rounding step, so the three draws differ as three harmless rewrites of the same change would).
 Records are kept in ``reports/power/<scale>/`` like the zoo's. Both rules judge every draw: the check as
-it is and the earlier seed-spread rule (benchmarks/seed_spread_rule.py). The table
+it is and the earlier seed-spread rule (validation/seed_spread_rule.py). The table
 (``reports/power-<scale>.md``) gives, per e and rule, the draws caught, and the smallest e caught in 3 of 3
 draws. The descent stops below the first e that neither rule catches 3 of 3 times.
 """
@@ -22,13 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import regression_zoo as zoo
-from _zoo import Entry
-
 from stability.check.baseline import load_baseline
+from validation import regression_zoo as zoo
+from validation.zoo import Entry
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DRAWS = (101, 102, 103)
 DEFAULT_DIALS = {"smoke": (2.0, 1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01), "ci": (2.0, 1.0, 0.5, 0.2, 0.1, 0.05)}

@@ -8,6 +8,8 @@ The cluster lives in a fresh folder (``initdb``, then ``pg_ctl start``; fsync of
 and is stopped and deleted afterwards. PostgreSQL refuses to run as root, so under root it runs as the
 user ``nobody`` (through ``setpriv``). ``Unavailable`` says why a server could not be started: the
 binaries are missing (Debian: ``apt-get install postgresql``), no unprivileged user, a start failed.
+``stop_server`` ends a server process started in its own session (also ``mlflow ui`` in the tests).
+Used by the tests and by ``benchmarks/bench_stores.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +28,18 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _mlflow_store import stop_server
+
+def stop_server(process: subprocess.Popen, timeout: float = 15) -> None:
+    """SIGTERM to the server's process group (it was started in its own session, so its workers go too);
+    SIGKILL when it has not ended within ``timeout`` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 class Unavailable(RuntimeError):

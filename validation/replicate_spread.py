@@ -1,13 +1,13 @@
 """Do rounding replicates move the figures as much as harmless code changes do? A table per preset.
 
-    python benchmarks/replicate_spread.py --scale smoke        # reports/replicates-smoke.md
+    python -m validation.replicate_spread --scale smoke        # reports/replicates-smoke.md
 
 The merge check takes a figure's noise from its rounding replicates (stability/model/rounding.py). That
 is only right if a harmless change of the code (another but equivalent formula, another summation
 order, another thread count) moves the figures about as far as one rounding step of the initial
 weights does. This compares the two on the same rows, seed by seed:
 
-* each harmless zoo entry (kept by benchmarks/regression_zoo.py, same seeds as the baseline): its
+* each harmless zoo entry (kept by validation/regression_zoo.py, same seeds as the baseline): its
   value ``x`` against the seed's baseline runs (mean ``m``, sample variance ``v`` of n runs),
   ``u = (x - m) / sqrt(v (1 + 1/n))``;
 * the replicates themselves, leave-one-out: each baseline run against the other n - 1 runs of its seed,
@@ -26,15 +26,13 @@ import math
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import regression_zoo as zoo
-
 from stability.check.baseline import case_values, load_baseline
 from stability.check.regression import paired_values, single_draw
 from stability.record import REFERENCE_ARM
 from stability.record import figures as fig
+from validation import regression_zoo as zoo
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rows_of(arms: dict, nested: bool):

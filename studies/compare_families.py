@@ -14,9 +14,9 @@ It is CPU-heavy (about 9 minutes of one core per arm), so it runs one (family, s
 asked, keeps each arm's result as a small JSON file under reports/families/, and ``--merge`` pools the
 seeds whose two arms are both there into the Markdown table::
 
-    nice -n 10 python benchmarks/compare_families.py --family llama --seed 3 --arm baseline
-    nice -n 10 python benchmarks/compare_families.py --family llama --seed 3 --arm gated
-    python benchmarks/compare_families.py --merge --out reports/families-table.md
+    nice -n 10 python -m studies.compare_families --family llama --seed 3 --arm baseline
+    nice -n 10 python -m studies.compare_families --family llama --seed 3 --arm gated
+    python -m studies.compare_families --merge --out reports/families-table.md
 
 Paired statistics: ``stability.record.stats.paired_difference`` (difference = gated - baseline per seed,
 95% t-interval over seeds, exact sign-flip p).

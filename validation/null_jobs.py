@@ -1,9 +1,9 @@
 """False alarms of the merge gate, measured: the CPU job of unchanged code under fresh rounding draws.
 
-    python benchmarks/null_jobs.py --scale smoke --draws 5-64        # 60 jobs: train, keep, judge
-    python benchmarks/null_jobs.py --scale ci --draws 5-14
-    python benchmarks/null_jobs.py --scale smoke --rejudge           # judge the kept records again
-    python benchmarks/null_jobs.py --scale ci --rejudge --draws 5-28 --chose 5-16
+    python -m validation.null_jobs --scale smoke --draws 5-64        # 60 jobs: train, keep, judge
+    python -m validation.null_jobs --scale ci --draws 5-14
+    python -m validation.null_jobs --scale smoke --rejudge           # judge the kept records again
+    python -m validation.null_jobs --scale ci --rejudge --draws 5-28 --chose 5-16
 
 A *null job* is the ``stress-cpu`` job of ``.github/workflows/stability.yml`` run on the code as it is, with
 every run trained as rounding replicate N (``--replicate N``: each initial parameter moved by one rounding
@@ -28,12 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import regression_zoo as zoo
-
 from stability.check.baseline import load_baseline
+from validation import regression_zoo as zoo
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def draws_of(text: str) -> list[int]:

@@ -6,8 +6,8 @@ want the merge gate to stop; *harmless* ones change the numerics but not the mat
 attention path, another but equivalent formula, another thread count, other seeds drawn the same
 way), so a gate that flags them teaches people to re-record baselines blindly.
 
-``benchmarks/regression_zoo.py`` runs the CPU workflow job on each entry and tabulates what the gate
-caught; ``tests/test_workflow.py`` runs a couple of entries of each kind.
+``python -m validation.regression_zoo`` runs the CPU workflow job on each entry and tabulates what the gate
+caught; ``tests/test_zoo.py`` and ``tests/test_workflow.py`` run a few entries of each kind.
 """
 
 from __future__ import annotations
@@ -286,7 +286,7 @@ BY_NAME = {entry.name: entry for entry in (*ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *
 
 def patched_copy(destination: Path, name: str) -> Path:
     """A fresh copy of the repository in ``destination`` with zoo entry ``name``'s patch applied."""
-    from _workflow import apply_patch, fresh_copy
+    from validation.workflow import apply_patch, fresh_copy
 
     copy = fresh_copy(destination)
     apply_patch(copy, BY_NAME[name].edits)

@@ -1,19 +1,19 @@
 """Detection power of the merge gate: the CPU workflow job, run on every entry of the regression zoo.
 
-    python benchmarks/regression_zoo.py --scale smoke                 # every entry: train, keep, judge
-    python benchmarks/regression_zoo.py --scale ci --entries init_std_x3,two_threads
-    python benchmarks/regression_zoo.py --scale smoke --rejudge       # judge the kept records again
+    python -m validation.regression_zoo --scale smoke                 # every entry: train, keep, judge
+    python -m validation.regression_zoo --scale ci --entries init_std_x3,two_threads
+    python -m validation.regression_zoo --scale smoke --rejudge       # judge the kept records again
 
-For each entry of ``tests/_zoo.py`` (plus ``unchanged``, the code as it is): a fresh copy of the
+For each entry of ``validation/zoo.py`` (plus ``unchanged``, the code as it is): a fresh copy of the
 repository, the entry's patch, then the steps of the ``stress-cpu`` job of
 ``.github/workflows/stability.yml`` exactly as written (``--scale``/``BASELINE`` switched to the chosen
-preset), run by ``tests/_workflow.py``. What the job measured is kept in
+preset), run by ``validation/workflow.py``. What the job measured is kept in
 ``reports/zoo/<scale>/<entry>.json.xz``: its regression records (without their per-step series and probe
 snapshots, which the check never reads), which stress tests and which kernel step failed, and its time.
 
 Judging (also ``--rejudge``, which trains nothing) applies two rules to the kept records against the
 committed baseline (``reports/baselines/<scale>-cpu.json``): the check as it is (``stability check``:
-replicate noise, Holm at alpha) and the earlier seed-spread rule (``benchmarks/seed_spread_rule.py``,
+replicate noise, Holm at alpha) and the earlier seed-spread rule (``validation/seed_spread_rule.py``,
 on the baseline's reference runs). A harmful entry is *caught* when the job fails (a stress test, the
 kernel step or the check); a harmless one is *flagged* when it fails. The table, first entries and
 held-out entries apart, goes to ``reports/zoo-<scale>.md``. Nothing is asserted here; tests/test_zoo.py
@@ -32,20 +32,16 @@ import time
 from pathlib import Path
 from xml.etree import ElementTree
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import seed_spread_rule
-from _workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
-from _zoo import FAILURES, HELD_OUT, HELD_OUT_EARLY, HELD_OUT_MISSION, HELD_OUT_PRIMARY, ZOO, Entry
-
 from stability.check.baseline import load_baseline
 from stability.check.calibration import margin
 from stability.check.regression import check
 from stability.record import figures as fig
 from stability.record.rundir import load_records
+from validation import seed_spread_rule
+from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
+from validation.zoo import FAILURES, HELD_OUT, HELD_OUT_EARLY, HELD_OUT_MISSION, HELD_OUT_PRIMARY, ZOO, Entry
 
+ROOT = Path(__file__).resolve().parents[1]
 UNCHANGED = Entry("unchanged", False, "the code as it is", ())
 GROUPS = (("the code as it is", [UNCHANGED]),
           ("first entries", list(ZOO)),
@@ -194,7 +190,7 @@ def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> s
              (f"Baseline `reports/baselines/{scale}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, draws "
               f"{baseline.get('draws')}). Check: outcomes seed by seed, the primary family by Holm at alpha = 0.01 "
               f"(replicate noise), inputs that fail closed. Earlier rule: seed-spread bands, k = 3, every row on its "
-              f"own (benchmarks/seed_spread_rule.py). A job fails on a stress test, the kernel step or the check. "
+              f"own (validation/seed_spread_rule.py). A job fails on a stress test, the kernel step or the check. "
               f"Margin: m x the smallest primary p / alpha (under 1: the check failed the job)."), "",
              ("Only entries whose kept records hold the figures this check judges are listed (records of an "
               "earlier commit are refused, not guessed; earlier tables are in the history of this file)."), "",
