@@ -31,10 +31,17 @@ def tiny(**overrides):
     return resolve("smoke", {**TINY, **overrides})
 
 
+def untimed(value):
+    """``value`` without the wall-clock durations it holds (keys ending in "seconds": the quantization's)."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if not k.endswith("seconds")}
+    return [untimed(v) for v in value] if isinstance(value, list) else value
+
+
 def figures(record: dict) -> str:
     """Everything a case measured, timings and run bookkeeping aside, as comparable text."""
     timing_free = ("timing", "unit", "run_name", "run_key")
-    arms = [{k: v for k, v in arm.items() if k not in timing_free} for arm in record["arms"]]
+    arms = [untimed({k: v for k, v in arm.items() if k not in timing_free}) for arm in record["arms"]]
     case = {k: v for k, v in (record.get(record["stress"]) or {}).items() if k != "runs"}
     runs = [{k: v for k, v in run.items() if k != "timing"} for run in (record.get(record["stress"]) or {})
             .get("runs", [])]

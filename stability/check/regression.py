@@ -65,7 +65,6 @@ from stability.record import (
     Status,
     arm_names,
     case_key,
-    comparable_config,
     config_diff,
     config_fingerprint,
     record_device,
@@ -692,16 +691,16 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
     if result.errors:
         return result
     base_cases = select_cases(baseline["cases"], cases, result)
+    if result.errors:
+        return result
+    differing: dict[str, list[str]] = {}   # case key -> the job's records whose config differs from the baseline's
     for index, record in enumerate(records):
         key, base = case_key(record), base_cases.get(case_key(record))
         if base is not None and not same_config(record["config"], base):
-            result.errors.append(f"{where(record, index)}: case {key}: the run config differs from the baseline's: "
-                                 f"{config_diff(base.get('config', {}), comparable_config(record['config']))}")
-    if result.errors:
-        return result
+            differing.setdefault(key, []).append(where(record, index))
     try:
         job_cases = case_values(records)
-        judge_cases(result, job_cases, base_cases, tolerances, dof_rule)
+        judge_cases(result, job_cases, base_cases, tolerances, dof_rule, named=differing)
     except RecordError as error:
         result.errors.append(str(error))
         return result
@@ -778,10 +777,11 @@ def same_config(config: dict, base: dict) -> bool:
 
 
 def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: dict,
-                dof_rule: str = DOF_RULE, advisory: bool = True, held_out: int = 0) -> None:
+                dof_rule: str = DOF_RULE, advisory: bool = True, held_out: int = 0,
+                named: dict[str, list[str]] | None = None) -> None:
     """The outcomes and rows of every case of ``base_cases``; errors for a case the job lacks or whose config
-    differs. ``held_out``: draws of the baseline taken out of ``base_cases`` to play the job (the
-    calibration: 1), counted in the rank of an outcome (``outcome_p``)."""
+    differs (naming the records of ``named[case key]``). ``held_out``: draws of the baseline taken out of
+    ``base_cases`` to play the job (the calibration: 1), counted in the rank of an outcome (``outcome_p``)."""
     for key, case in sorted(cases.items()):
         base = base_cases.get(key)
         if base is None:
@@ -791,8 +791,9 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
                                      f"schedule(s) {schedules}, the record has schedule {case['schedule']!r}")
             continue   # a new case: the baseline is stale (stability.check.coverage)
         if not same_config(case["config"], base):
-            result.errors.append(f"case {key}: the run config differs from the baseline's: "
-                                 f"{config_diff(base.get('config', {}), case['config'])}")
+            files = (named or {}).get(key)
+            result.errors.append((f"{', '.join(files)}: " if files else "") + f"case {key}: the run config differs "
+                                 f"from the baseline's: {config_diff(base.get('config', {}), case['config'])}")
             continue
         rows_of_case(result, key, base, case, tolerances, dof_rule, advisory, held_out)
     missing = sorted(set(base_cases) - set(cases))
