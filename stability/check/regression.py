@@ -693,14 +693,12 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
     base_cases = select_cases(baseline["cases"], cases, result)
     if result.errors:
         return result
-    differing: dict[str, list[str]] = {}   # case key -> the job's records whose config differs from the baseline's
+    files: dict[str, list[str]] = {}   # case key -> its records, as messages name them (one config per case)
     for index, record in enumerate(records):
-        key, base = case_key(record), base_cases.get(case_key(record))
-        if base is not None and not same_config(record["config"], base):
-            differing.setdefault(key, []).append(where(record, index))
+        files.setdefault(case_key(record), []).append(where(record, index))
     try:
         job_cases = case_values(records)
-        judge_cases(result, job_cases, base_cases, tolerances, dof_rule, named=differing)
+        judge_cases(result, job_cases, base_cases, tolerances, dof_rule, named=files)
     except RecordError as error:
         result.errors.append(str(error))
         return result
@@ -769,13 +767,6 @@ def select_cases(base_cases: dict, names: list[str] | None, result: CheckResult)
     return chosen
 
 
-def same_config(config: dict, base: dict) -> bool:
-    """Whether a job's run config (a record's, or a case's comparable view) compares equal with a baseline
-    case's: by the stored fingerprint, or one recomputed from the stored config (fields added since count as
-    their defaults)."""
-    return config_fingerprint(config) in (base["fingerprint"], config_fingerprint(base.get("config") or {}))
-
-
 def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: dict,
                 dof_rule: str = DOF_RULE, advisory: bool = True, held_out: int = 0,
                 named: dict[str, list[str]] | None = None) -> None:
@@ -790,7 +781,8 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
                 result.errors.append(f"case {key}: schedule differs: the baseline has case {case['name']!r} with "
                                      f"schedule(s) {schedules}, the record has schedule {case['schedule']!r}")
             continue   # a new case: the baseline is stale (stability.check.coverage)
-        if not same_config(case["config"], base):
+        # the stored fingerprint, or one recomputed from the stored config (fields added since count as defaults)
+        if case["fingerprint"] not in (base["fingerprint"], config_fingerprint(base.get("config") or {})):
             files = (named or {}).get(key)
             result.errors.append((f"{', '.join(files)}: " if files else "") + f"case {key}: the run config differs "
                                  f"from the baseline's: {config_diff(base.get('config', {}), case['config'])}")
