@@ -212,7 +212,7 @@ def test_mx_on_a_torchao_without_it_is_a_config_error_naming_the_format(monkeypa
     assert not isinstance(error.value, ao.TorchaoMissing)  # torchao is there: this is not a skip
     with pytest.raises(ConfigError, match="MX format"):
         precision.check(PrecisionConfig(dtype="mxfp4"), "cpu")
-    from stability.cases.stress import ladder_skips
+    from stability.cases.precision_ladder import ladder_skips
 
     with pytest.raises(ConfigError, match="MX format"):
         ladder_skips(resolve("smoke"))
@@ -240,7 +240,7 @@ def test_without_torchao_its_rungs_are_skipped_and_nothing_else_breaks(monkeypat
                    PrecisionConfig(dtype="fp8", fp8_recipe="own")):
         precision.check(config, "cpu")
         PrecisionPolicy(config, "cpu").prepare(_mlp())
-    from stability.cases.stress import ladder_skips
+    from stability.cases.precision_ladder import ladder_skips
 
     skipped = ladder_skips(resolve("smoke"))
     assert set(skipped) == {"fp8", "mxfp8", "mxfp4"}

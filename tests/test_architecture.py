@@ -223,11 +223,12 @@ def test_check_baseline_and_report_run_without_torch(tmp_path):
 
 
 # The registries' own packages, where a built-in name may be branched on: the config (it declares the
-# defaults and the ladder's reference), the formats' package, the cases' registry and the record's table of
-# cases and figures. Anywhere else a comparison with a built-in case, format or figure name is a special case
+# defaults and the ladder's reference), the formats' package, the cases' registry, the precision ladder's case
+# (its checks state which library trains each built-in rung) and the record's table of cases and figures.
+# Anywhere else a comparison with a built-in case, format or figure name is a special case
 # that an extension could never get.
-REGISTRY_HOMES = ("stability/config/", "stability/precision/", "stability/cases/stress.py", "stability/record/cases.py",
-                  "stability/record/figures.py")
+REGISTRY_HOMES = ("stability/config/", "stability/precision/", "stability/cases/stress.py",
+                  "stability/cases/precision_ladder.py", "stability/record/cases.py", "stability/record/figures.py")
 
 
 def built_in_names() -> dict[str, str]:

@@ -15,16 +15,12 @@ import torch
 from _stability_records import pair_record, replicate
 from torch import nn
 
-from stability.cases.stress import (
-    _finite,
-    _rolling_min_index,
-    loss_vs_tokens,
-    ramp_figures,
-    reference_index,
-    shock_figures,
-    sweep_figures,
-    update_before,
-)
+from stability.cases.batch_ramp import loss_vs_tokens
+from stability.cases.case import finite as _finite
+from stability.cases.lr_ramp import ramp_figures, update_before
+from stability.cases.lr_ramp import rolling_min_index as _rolling_min_index
+from stability.cases.lr_sweep import reference_index, sweep_figures
+from stability.cases.shock import shock_figures
 from stability.check import regression as reg
 from stability.check.baseline import case_values
 from stability.check.calibration import arrangements, split_runs

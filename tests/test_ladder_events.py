@@ -3,12 +3,12 @@ handle (a gradient overflow whose step was skipped is GradScaler doing its job).
 
 import pytest
 
-from suites.test_precision_ladder import CASE, unhandled_events
+from stability.cases.precision_ladder import CASE, unhandled_events
 
 
 def ladder_record(precision: str, events: list[dict]) -> dict:
     """A ladder record with one run of the baseline arm at seed 0 holding ``events``."""
-    return {CASE: {"runs": [{"precision": precision, "arm": "baseline", "seed": 0, "events": events}]}}
+    return {CASE.name: {"runs": [{"precision": precision, "arm": "baseline", "seed": 0, "events": events}]}}
 
 
 def event(what: str, skipped: bool) -> dict:

@@ -153,11 +153,15 @@ def test_the_settings_select_the_suites(tmp_path):
     result = pytest_in(root, "--co", "-q", "--pyargs", "stability.suites", "-m", "stress", "-p", "no:xdist")
     assert result.returncode == 0, result.stdout + result.stderr
     collected = [line for line in result.stdout.splitlines() if "::" in line]
-    assert collected and all(line.startswith("test_standard.py::") for line in collected), collected
+    assert collected and all(line.startswith("test_stress_cases.py::") and ("[standard" in line)
+                             for line in collected), collected
     (root / "pyproject.toml").write_text('[tool.stability]\ncases = ["standard"]\n')
     result = pytest_in(root, "--co", "-q", "--pyargs", "stability.suites", "-m", "stress", "-p", "no:xdist")
     files = {line.split("::")[0] for line in result.stdout.splitlines() if "::" in line}
-    assert files == {"test_standard.py", "test_faults.py", "test_configs_property.py", "test_quant.py"}, result.stdout
+    assert files == {"test_stress_cases.py", "test_faults.py", "test_configs_property.py", "test_quant.py"}, result.stdout
+    cases = {line.split("[")[1].split("/")[0].rstrip("]") for line in result.stdout.splitlines()
+             if line.startswith("test_stress_cases.py::")}
+    assert cases == {"standard"}, result.stdout
 
 
 @pytest.mark.parametrize(("factory", "arms", "named"), [

@@ -90,8 +90,8 @@ def test_two_stress_commands_at_once(server, tmp_path):
 @pytest.mark.slow
 def test_stress_suites_with_two_xdist_workers(server, tmp_path):
     env = {**os.environ, "STABILITY_RUN_DIR": str(tmp_path / "run"), "STABILITY_PLOTS": "0"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "suites/test_shock.py", "suites/test_lr_ramp.py", "-m",
-                          "stress", "-n", "2", "-q", "-p", "no:cacheprovider", "--tracking-uri", server],
+    out = subprocess.run([sys.executable, "-m", "pytest", "suites/test_stress_cases.py", "--stability-cases",
+                          "shock,lr_ramp", "-m", "stress", "-n", "2", "-q", "-p", "no:cacheprovider", "--tracking-uri", server],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=False)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     records = records_under(tmp_path / "run")

@@ -7,7 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from stability.cases.stress import ramp_figures, reference_index, run_case, shock_figures, sweep_figures
+from stability.cases.lr_ramp import ramp_figures
+from stability.cases.lr_sweep import reference_index, sweep_figures
+from stability.cases.shock import shock_figures
+from stability.cases.stress import run_case
 from stability.check.claims import claim_rows, held_out
 from stability.config import ConfigError, resolve
 from stability.config.schedules import BatchRamp, ExponentialRamp, Schedule, Shock, Standard, lr_scale
@@ -123,7 +126,7 @@ def test_the_case_registry_names_every_case_once_in_order(monkeypatch):
     monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
     monkeypatch.setattr(record_cases, "RECORDED_CASES", dict(record_cases.RECORDED_CASES))
     with pytest.raises(ValueError, match="registered already"):
-        stress.register(stress.StressCase("shock", stress.run_shock))
+        stress.register(stress.StressCase("shock", stress.CASES["shock"].train))
     stress.register(stress.StressCase("toy", lambda case, config, session=None, runner=None: {"stress": case.name}))
     assert stress.check_cases(["toy", "shock"]) == ("toy", "shock") and run_case("toy", resolve("smoke")) == {
         "stress": "toy"}
@@ -137,7 +140,7 @@ def test_a_registered_case_keeps_results_of_its_own_checked_against_its_declared
     from typing import TypedDict
 
     from stability.cases import stress
-    from stability.record import RecordError, case_steps, validate_record
+    from stability.record import RecordError, case_steps, set_case_result, validate_record
     from stability.record import cases as record_cases
 
     class Doubled(TypedDict):
@@ -151,7 +154,7 @@ def test_a_registered_case_keeps_results_of_its_own_checked_against_its_declared
         config = replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=2 * config.run.optim.lr)))
         run = stress.CaseRun(case, config, "doubled", "every arm at twice the LR", session, runner)
         per_arm = run.train_each_arm(Standard(), lambda _run, arm_record: ({}, {}))
-        stress.set_case_result(run.record, case.name, {"lr": config.run.optim.lr,
+        set_case_result(run.record, case.name, {"lr": config.run.optim.lr,
                                                        "diverged": [a["status"] != "completed" for a in per_arm]})
         return run.finish()
 

@@ -2,7 +2,11 @@
 of a ladder), trained and kept.
 
     experiment.py   the paired experiment (``run_pair``) and how every case trains its runs
-    stress.py       the stress cases and their registry ``CASES``
+    case.py         what a stress case declares (``StressCase``) and the bookkeeping of its runs (``CaseRun``)
+    standard.py, lr_sweep.py, lr_ramp.py, batch_ramp.py, precision_ladder.py, shock.py
+                    one stress case each: its training, its figures, the checks its record must pass
+    checks.py       what those checks use
+    stress.py       the registry of stress cases ``CASES``
     runs.py         one run of a case (``Unit``): its name, key and stable id
     pipeline.py     the record on disk first, then the report, then MLflow
     ray_runner.py   the runs of a case as Ray tasks

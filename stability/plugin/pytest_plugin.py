@@ -15,8 +15,8 @@ repository):
   imported (``stability.plugin.gpus``);
 * the fixtures scale, device, seeds, tracking_uri, run_dir, replicate, stability_settings, stress_config,
   ray_runner, stress_record and model_invariant;
-* the table's ``cases`` (the suites' own cases and those the loaded extensions registered, which
-  ``test_extension_cases.py`` trains): the suites of the other stress cases are deselected; when the table
+* the table's ``cases`` (the built-in cases and those the loaded extensions registered, each trained by
+  ``test_stress_cases.py``): the tests of the other stress cases are deselected; when the table
   names a model other than the harness's own, so are the stress tests of the harness's own model and
   detectors (tests of no case);
 * model invariants: ``model_invariant(record, name, arm, seed, held, value, bound, message)`` records a
@@ -61,7 +61,7 @@ MARKERS = {
     "gpu": "needs a CUDA GPU; skipped cleanly without one",
     "slow": "long runs (ci/full scale, searches); skipped unless --run-slow",
     "bench": "benchmarks (pytest-benchmark); speed is reported, never asserted",
-    "case": "case(NAME): the stress case a test trains, where its module has no CASE (a case an extension registered)",
+    "case": "case(NAME): the stress case a test trains (the settings' cases select tests by it)",
 }
 
 # --stability-NAME (and --NAME where free): the keyword arguments of addoption
@@ -237,6 +237,17 @@ def device_option(config: pytest.Config) -> str | None:
     return option(config, "device") or os.environ.get("STABILITY_DEVICE") or None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under ``--dist loadfile``, the stress suite's cases spread over the workers like files
+    (``stability.plugin.scheduling``); any other distribution is pytest-xdist's own."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from stability.plugin.scheduling import CaseScheduling
+
+    return CaseScheduling(config, log)
+
+
 # ----------------------------------------------------------------------------- collection
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -272,40 +283,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def known_cases(where: Path) -> tuple[str, ...]:
-    """The stress cases the settings and ``--stability-cases`` may name: those the suites have a file for, then
-    those the loaded extensions registered (``stability.record.cases``, filled by ``stability.cases.stress.
-    register``; the suite ``test_extension_cases.py`` trains them). No torch."""
+    """The stress cases the settings and ``--stability-cases`` may name: the built-in cases and those the loaded
+    extensions registered, in the record's table of cases (``stability.record.cases``, filled by
+    ``stability.cases.stress.register``); the suite ``test_stress_cases.py`` trains each. No torch."""
     from stability.record.cases import RECORDED_CASES
 
-    own = suite_cases(where)
-    return (*own, *(name for name in RECORDED_CASES if name not in own))
+    return tuple(RECORDED_CASES)
 
 
 def case_of(item: pytest.Item) -> str | None:
-    """The stress case a test trains: its ``case`` marker (a registered case's suite), else its module's
-    ``CASE``; None for a test of no case."""
+    """The stress case a test trains (its ``case`` marker); None for a test of no case."""
     marker = item.get_closest_marker("case")
-    if marker is not None:
-        return marker.args[0]
-    return getattr(getattr(item, "module", None), "CASE", None)
-
-
-def suite_cases(where: Path) -> tuple[str, ...]:
-    """The stress cases the suites have a file for (their ``CASE``), read without importing them (no torch)."""
-    import ast
-
-    names = []
-    for path in sorted(where.glob("test_*.py")):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["CASE"] \
-                    and isinstance(node.value, ast.Constant):
-                names.append(node.value.value)
-    return tuple(names)
+    return marker.args[0] if marker is not None else None
 
 
 def _left_out(item: pytest.Item, settings: Settings, where: Path) -> bool:
     """A stress test of the suites that the settings leave out: another case's, or (with a model other than
-    the harness's own) one of the harness's own model and detectors (a module without CASE)."""
+    the harness's own) one of the harness's own model and detectors (a test of no case)."""
     if "stress" not in item.keywords or not item.path.is_relative_to(where):
         return False
     case = case_of(item)

@@ -1,0 +1,95 @@
+"""The batch ramp (``batch_ramp``): the batch size doubles every ``stress.batch.double_every`` steps up to
+``stress.batch.max_size``, the LR scaled by ``stress.batch.lr_rule`` (none, sqrt, linear); spikes,
+divergence and the loss against tokens seen.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from stability import config as cfg
+from stability.cases.case import CaseRun, StressCase, cpu_threads, finite
+from stability.cases.checks import close, learns, require
+from stability.config import RunConfig, from_dict
+from stability.config.schedules import lr_scale, warmup_cosine
+from stability.record import case_result, set_case_result
+from stability.record.schema import BatchRamp
+
+
+def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
+    """[[tokens seen, mean loss of the steps since the previous point], ...] at about ``points`` points."""
+    series = arm_record["series"]
+    n = len(series["loss"])
+    if not n:
+        return []
+    every = max(1, math.ceil(n / points))
+    out = []
+    for start in range(0, n, every):
+        window = [v for v in series["loss"][start:start + every] if finite(v)]
+        out.append([series["tokens"][min(n, start + every) - 1], sum(window) / len(window) if window else None])
+    return out
+
+
+def run_batch_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+    """Batch doubling every ``stress.batch.double_every`` steps up to ``stress.batch.max_size``, LR by
+    ``stress.batch.lr_rule``."""
+    stress = config.stress
+    schedule = stress.batch
+    if schedule.max_size < config.run.data.batch_size:
+        raise cfg.ConfigError(f"stress.batch.max_size={schedule.max_size!r} is invalid: expected at least "
+                              f"data.batch_size={config.run.data.batch_size}")
+    with cpu_threads(stress.threads):
+        case = CaseRun(stress_case, config, f"batch_ramp-{schedule.lr_rule}", schedule.describe(), session,
+                     runner)
+
+        def figures_of(_run, arm_record):
+            series = arm_record["series"]
+            figures = {"tokens_seen": series["tokens"][-1] if series["tokens"] else 0,
+                       "final_batch_size": series["batch_size"][-1] if series["batch_size"] else None}
+            return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record)}
+
+        per_arm = case.train_each_arm(schedule, figures_of)
+        set_case_result(case.record, case.name, {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
+                                                    "max_batch_size": schedule.max_size, "per_arm": per_arm})
+        return case.finish()
+
+
+# ----------------------------------------------------------------------------- what its record must show
+
+def the_batch_doubles_and_the_lr_follows_its_rule(record, invariant):
+    """At every step the batch is the base batch doubled every ``double_every`` steps (capped), the LR the
+    warmup-cosine LR scaled by the rule, and the tokens seen add up."""
+    ramp = record["config"]["stress"]["batch"]
+    run = from_dict(RunConfig, record["config"]["run"])
+    base = run.data.batch_size
+    for arm in record["arms"]:
+        series, where = arm["series"], f"{arm['arm']} seed {arm['seed']}"
+        for step, batch, lr in zip(series["step"], series["batch_size"], series["lr"]):
+            expected = min(ramp["max_size"], base * 2 ** (step // ramp["double_every"]))
+            require(batch == expected, f"{where} step {step}: batch {batch}, expected {expected}")
+            scaled = warmup_cosine(step, run) * lr_scale(ramp["lr_rule"], batch / base)
+            require(close(lr, scaled), f"{where} step {step}: LR {lr}, expected {scaled}")
+        tokens = [b * run.model.context for b in series["batch_size"]]
+        require(series["tokens"][-1] == sum(tokens) == arm["final"]["tokens_seen"], f"{where}: tokens seen")
+
+
+def the_ramp_stays_trainable(record, invariant):
+    """No non-finite event, no divergence, the loss falls (model invariants)."""
+    for arm in record["arms"]:
+        learns(record, arm, arm["series"]["loss"][0], invariant)
+
+
+def the_loss_against_tokens_is_recorded(record, invariant):
+    """Each arm's loss-against-tokens curve is recorded, its tokens increasing up to the tokens seen."""
+    for entry in case_result(record, CASE.name)["per_arm"]:
+        curve = entry["loss_vs_tokens"]
+        require(curve and all(a[0] < b[0] for a, b in itertools.pairwise(curve))
+                and curve[-1][0] == entry["tokens_seen"], f"{entry['arm']} seed {entry['seed']}: curve {curve}")
+
+
+CASE = StressCase("batch_ramp", run_batch_ramp, result=BatchRamp, title="batch ramp",
+                  reported=lambda record: ["loss_spike_score", "grad_spike_score", "final_train_loss",
+                                           "m_act_mean", "f_attn_mean"],
+                  checks=(the_batch_doubles_and_the_lr_follows_its_rule, the_ramp_stays_trainable,
+                          the_loss_against_tokens_is_recorded))

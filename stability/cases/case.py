@@ -1,0 +1,160 @@
+"""What a stress case is: its declaration (``StressCase``) and the bookkeeping every case shares while it
+trains (``CaseRun``).
+
+Each built-in case is one module of this package that declares everything about it in one ``StressCase``
+(``standard.py``, ``lr_sweep.py``, ``lr_ramp.py``, ``batch_ramp.py``, ``precision_ladder.py``,
+``shock.py``): its name, its training function, its rung, its result type and run length, the figures its
+suite reports and the checks its record must pass. ``stability.cases.stress`` gathers them into the
+registry ``CASES``; an extension declares its own the same way and registers it there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from stability import config as cfg
+from stability.cases.experiment import load_inputs, train_units
+from stability.cases.runs import Rung, Unit
+from stability.record import (
+    RecordedCase,
+    add_arm,
+    add_figures,
+    case_result,
+    finish_case,
+    new_case_record,
+    set_corpus,
+)
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: int):
+    """Run the block with ``threads`` CPU intra-op threads (0: unchanged), then restore."""
+    if threads <= 0:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def finite(value) -> bool:
+    """A number (not a bool) that is neither NaN nor infinite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def run_summary(arm_record: dict, **extra) -> dict:
+    """A compact copy of one run for the case key: status, final figures, timing, loss curve."""
+    return {**extra, "arm": arm_record["arm"], "seed": arm_record["seed"], "variant": arm_record["variant"],
+            "status": arm_record["status"], "diverged_at_step": arm_record["diverged_at_step"],
+            "stop_reason": arm_record["stop_reason"], "final": dict(arm_record["final"]),
+            "events": arm_record["events"], "timing": arm_record["timing"],
+            "loss": list(arm_record["series"]["loss"])}
+
+
+class CaseRun:
+    """The bookkeeping every stress case shares while it trains: the record, the corpus, the per-run
+    timings, the session (``stability.cases.experiment.train_arm``: record on disk after every run, resume,
+    Ctrl-C), the runner (None: train here; see ``stability.cases.experiment.train_units``).
+
+    ``CaseRun(case, config, schedule_name, description, session, runner)``: ``case`` is the ``StressCase`` being
+    run (its registry entry: the name its records say under "stress", its rung), handed to its function by
+    ``StressCase.run``; ``train_each_arm`` trains every arm and seed, ``finish()`` returns the record."""
+
+    def __init__(self, case: StressCase, config: cfg.ExperimentConfig, schedule_name: str, description: str,
+                 session=None, runner=None):
+        self.started = time.perf_counter()
+        self.case = case
+        self.config = config
+        self.session = session
+        self.runner = runner
+        self.record = new_case_record(config, schedule_name, description, stress=case.name)
+        self.corpus = load_inputs(config)
+        set_corpus(self.record, self.corpus.info)
+        self.runs: list[dict] = []  # timing dicts of every run trained
+
+    @property
+    def name(self) -> str:
+        """The case's name (its entry's)."""
+        return self.case.name
+
+    def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
+        """One run of the case, its rung as the case declares it."""
+        return Unit(self.name, arm, seed, run, schedule, self.case.rung(run) if self.case.rung else None)
+
+    def train_units(self, units: list[Unit]):
+        """Yield the arm record of each unit, in order (trained here or by the runner)."""
+        for arm_record in train_units(self.record, self.config, units, self.corpus, self.session, self.runner):
+            self.runs.append(arm_record["timing"])
+            yield arm_record
+
+    def train_each_arm(self, schedule, figures_of) -> list[dict]:
+        """Train every seed and arm under ``schedule``. ``figures_of(run, arm_record)`` returns
+        (figures added to the arm's ``final``, extra entries for its summary). Returns one summary
+        per arm: arm, seed, status, diverged_at_step, the figures and the extras."""
+        per_arm = []
+        units = [self.unit(arm, seed, self.config.arm_config(arm, seed), schedule)
+                 for seed in self.config.seeds for arm in self.config.arm_names]
+        for unit, arm_record in zip(units, self.train_units(units)):
+            figures, extras = figures_of(unit.run, arm_record)
+            add_figures(arm_record, figures)
+            add_arm(self.record, arm_record)
+            per_arm.append({"arm": unit.arm, "seed": unit.seed, "status": arm_record["status"],
+                            "diverged_at_step": arm_record["diverged_at_step"], **figures, **extras})
+        return per_arm
+
+    def finish(self) -> dict:
+        record = self.record
+        finish_case(record, self.runs, time.perf_counter() - self.started,
+                    [run["status"] for run in (case_result(record, self.name) or {}).get("runs", [])])
+        return record
+
+
+@dataclass(frozen=True)
+class StressCase:
+    """A stress case, declared once: everything the harness knows about it.
+
+    name: what ``stability stress NAME`` calls it, what its records say under "stress". train:
+    ``train(case, config, session=None, runner=None)`` trains it and returns its case record; it is handed
+    this entry (``CaseRun(case, ...)`` takes its name and rung from it: the name is never written twice).
+    rung: for a case of several runs per arm and seed, what tells them apart (``rung(run) ->
+    stability.cases.runs.Rung``: it names the runs and keys their files); None for one run per arm and seed.
+    result: the type (a TypedDict) of its own results, ``record["results"][name]``; None for none. steps:
+    the run length of one of its runs, from a record's config dict (None: ``run.steps``), what the merge
+    check reads. ``result`` and ``steps`` go into the record's table of cases (``stability.record.cases``),
+    which the check and the report read without torch.
+
+    What the suites do with it (``suites/test_stress_cases.py``, one test per check and case): title and
+    reported: the heading and the figures of its paired table (``reported(record)`` -> figure names; the
+    table is reported, never asserted). checks: the properties its record must show, each
+    ``check(record, invariant)``, named by its function: a property of the harness raises ``CheckFailed``
+    (``stability.cases.checks.require``); a property of the model is recorded through ``invariant(record,
+    name, arm, seed, held, value, bound, message)`` and judged by ``stability check``. rerun: the suites
+    train it a second time and require the same figures (the determinism the baseline relies on)."""
+
+    name: str
+    train: Callable[..., dict]
+    rung: Callable[[cfg.RunConfig], Rung] | None = None
+    result: type | None = None
+    steps: Callable[[dict], int] | None = None
+    title: str = ""
+    reported: Callable[[dict], list[str]] | None = None
+    checks: tuple[Callable[..., None], ...] = ()
+    rerun: bool = False
+
+    @property
+    def recorded(self) -> RecordedCase:
+        """What records know of the case (``stability.record.cases.RecordedCase``)."""
+        return RecordedCase(self.name, self.result, self.steps)
+
+    def run(self, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+        """Train the case on ``config``; its case record."""
+        return self.train(self, config, session=session, runner=runner)

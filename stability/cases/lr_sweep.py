@@ -1,0 +1,142 @@
+"""The learning-rate sweep (``lr_sweep``; Wortsman et al. 2023): every arm trained at every peak LR of
+``stress.sweep_lrs`` for every seed (several runs per arm and seed); LR sensitivity and critical LR per arm,
+paired over seeds. On the CPU no preset shows an LR-sensitivity or critical-LR difference between the arms
+(reports/effects.md), so no claim is made of them.
+
+* ``critical_lr``: smallest swept peak LR at which the arm diverged. When no LR diverged the value
+  is *censored*: one grid step above the largest LR (``critical_lr_censored`` is True), so paired
+  statistics and the regression check still see a finite lower bound.
+* ``lr_sensitivity``: ``mean_eta [min(L(eta), L_init) - min_eta L(eta)]`` with ``L`` the held-out
+  loss after training at peak LR ``eta``, a diverged (or failed) run counting as ``L_init`` (the
+  loss at step 0, the same for every LR of an arm and seed).
+
+The ``arms`` entries of the record are the runs at the grid LR nearest ``optim.lr`` (the reference runs);
+the other runs are summarised in ``record["results"]["lr_sweep"]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from stability import config as cfg
+from stability.cases.case import CaseRun, StressCase, cpu_threads, finite, run_summary
+from stability.cases.checks import arm_names, learns, require
+from stability.cases.runs import lr_rung
+from stability.config.schedules import Standard
+from stability.record import Status, add_arm, add_figures, case_result, set_case_result
+from stability.record.schema import LrSweep
+
+
+def sweep_figures(lrs: list[float], losses: list[float | None], diverged: list[bool], loss_init: float) -> dict:
+    """LR sensitivity and critical LR of one arm and seed over a grid (see module docstring).
+
+    ``losses[i]`` is the final (held-out) loss at ``lrs[i]``; a diverged or non-finite entry counts as
+    ``loss_init``."""
+    counted = [loss_init if (div or not finite(loss)) else min(loss, loss_init)
+               for loss, div in zip(losses, diverged)]
+    best = min(counted)
+    sensitivity = sum(c - best for c in counted) / len(counted)
+    failing = [lr for lr, div in zip(lrs, diverged) if div]
+    if failing:
+        critical, censored = min(failing), False
+    else:
+        step = lrs[-1] / lrs[-2] if len(lrs) > 1 else 2.0
+        critical, censored = lrs[-1] * step, True
+    best_index = counted.index(best)
+    return {"lr_sensitivity": sensitivity, "critical_lr": critical, "critical_lr_censored": censored,
+            "best_lr": lrs[best_index], "best_lr_loss": best, "loss_init": loss_init}
+
+
+def with_lr(run: cfg.RunConfig, lr: float) -> cfg.RunConfig:
+    return replace(run, optim=replace(run.optim, lr=lr))
+
+
+def reference_index(lrs: tuple[float, ...], lr: float) -> int:
+    """Index of the grid LR nearest ``lr`` on a log scale."""
+    return min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i]) - math.log(lr)))
+
+
+def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, session=None, runner=None) -> dict:
+    """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
+
+    ``record["results"]["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
+    sweep figures, and a compact summary of every run. The ``arms`` entries are the runs at the grid
+    LR nearest ``optim.lr``, with ``lr_sensitivity``, ``critical_lr`` ... added to ``final``."""
+    if lrs is not None:
+        config = replace(config, stress=replace(config.stress, sweep_lrs=tuple(float(v) for v in lrs)))
+    grid = config.stress.sweep_lrs
+    ref = reference_index(grid, config.run.optim.lr)
+    with cpu_threads(config.stress.threads):
+        case = CaseRun(stress_case, config, "lr_sweep",
+                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session, runner)
+        per_arm, runs = [], []
+        units = [case.unit(arm, seed, with_lr(config.arm_config(arm, seed), lr), Standard())
+                 for seed in config.seeds for arm in config.arm_names for lr in grid]
+        trained = case.train_units(units)
+        for seed in config.seeds:
+            for arm in config.arm_names:
+                records = []
+                for lr in grid:
+                    arm_record = next(trained)
+                    records.append(arm_record)
+                    runs.append(run_summary(arm_record, lr=lr))
+                losses = [r["final"].get("heldout_loss") for r in records]
+                diverged = [r["status"] != Status.COMPLETED for r in records]
+                first = [r["series"]["loss"][0] for r in records if r["series"]["loss"]
+                         and finite(r["series"]["loss"][0])]
+                loss_init = first[0] if first else math.log(config.run.model.vocab_size)
+                figures = sweep_figures(list(grid), losses, diverged, loss_init)
+                per_arm.append({"arm": arm, "seed": seed, "lrs": list(grid), "final_loss": losses,
+                                "status": [r["status"] for r in records], **figures})
+                reference = records[ref]
+                add_figures(reference, {**figures, "peak_lr": grid[ref]})
+                add_arm(case.record, reference)
+        set_case_result(case.record, case.name,
+                        {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs})
+        return case.finish()
+
+
+# ----------------------------------------------------------------------------- what its record must show
+
+def the_grid_is_fully_trained(record, invariant):
+    """Every arm trained every seed at every LR of the grid, each run completed or diverged."""
+    grid, seeds = record["config"]["stress"]["sweep_lrs"], record["config"]["seeds"]
+    runs = case_result(record, CASE.name)["runs"]
+    require(sorted((r["arm"], r["seed"], r["lr"]) for r in runs) == sorted(
+        (arm, seed, lr) for arm in arm_names(record) for seed in seeds for lr in grid), "runs missing from the grid")
+    require(all(r["status"] in (Status.COMPLETED, Status.DIVERGED) for r in runs),
+            f"runs neither completed nor diverged: {[r['stop_reason'] for r in runs]}")
+
+
+def the_reference_lr_is_finite_and_learns(record, invariant):
+    """At the reference LR in fp32 every arm completes with no non-finite event and the loss falls (model
+    invariants)."""
+    for arm in record["arms"]:
+        learns(record, arm, arm["final"]["loss_init"], invariant)
+
+
+def the_sweep_figures_are_consistent(record, invariant):
+    """The LR sensitivity is not negative and the critical LR is the smallest diverged LR of the grid (or
+    censored above it); the reference LR lies below the critical LR (a model invariant)."""
+    result = case_result(record, CASE.name)
+    for entry in result["per_arm"]:
+        where = f"{entry['arm']} seed {entry['seed']}"
+        require(entry["lr_sensitivity"] >= 0.0, f"{where}: lr_sensitivity {entry['lr_sensitivity']} < 0")
+        diverged = [lr for lr, s in zip(entry["lrs"], entry["status"]) if s == Status.DIVERGED]
+        if diverged:
+            require(entry["critical_lr"] == min(diverged) and not entry["critical_lr_censored"],
+                    f"{where}: critical_lr {entry['critical_lr']} against diverged LRs {diverged}")
+        else:
+            require(entry["critical_lr"] > max(entry["lrs"]) and entry["critical_lr_censored"],
+                    f"{where}: critical_lr {entry['critical_lr']} not censored above the grid")
+        invariant(record, "reference_lr_below_critical_lr", entry["arm"], entry["seed"],
+                  entry["critical_lr"] > result["reference_lr"], entry["critical_lr"], result["reference_lr"],
+                  "the smallest LR of the grid that diverged is above the reference LR")
+
+
+CASE = StressCase("lr_sweep", run_sweep, rung=lr_rung, result=LrSweep, title="LR sweep",
+                  reported=lambda record: ["lr_sensitivity", "critical_lr", "m_act_mean", "f_attn_mean",
+                                           "loss_spike_score", "heldout_loss"],
+                  checks=(the_grid_is_fully_trained, the_reference_lr_is_finite_and_learns,
+                          the_sweep_figures_are_consistent))

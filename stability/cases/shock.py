@@ -1,0 +1,113 @@
+"""The LR shock (``shock``): the learning rate jumps by ``stress.shock.factor`` at ``stress.shock.at_step``
+for the rest of training ("jump"), or starts at the peak with no warmup ("no_warmup"); the loss excess it
+causes, the spikes and the steps to get back to the pre-shock loss. The suites train it twice, and require
+the same figures (the determinism the baseline relies on).
+
+* ``shock_peak_excess``: highest loss after the shock minus the pre-shock loss (the mean of the
+  ``recovery_smoothing`` losses up to the shock step; the loss at step 0 for "no_warmup").
+  ``shock_recovery_steps``: steps after the shock until the rolling mean (``recovery_smoothing``
+  post-shock losses) is back at or below the pre-shock loss; censored at the steps left when it
+  never is (``shock_recovered`` False).
+"""
+
+from __future__ import annotations
+
+import math
+
+from stability import config as cfg
+from stability.cases.case import CaseRun, StressCase, cpu_threads, finite
+from stability.cases.checks import close, require
+from stability.config import RunConfig, from_dict
+from stability.config.schedules import Shock as ShockSchedule
+from stability.config.schedules import warmup_cosine
+from stability.record import Status, set_case_result
+from stability.record.schema import Shock
+
+
+def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoothing: int,
+                  status: str) -> dict:
+    """Peak excess, steps to recover and spikes after an LR shock at ``shock_step`` (see module docstring)."""
+    if len(losses) <= shock_step:
+        return {"shock_step": shock_step, "shock_pre_loss": None, "shock_peak_excess": None,
+                "shock_recovery_steps": None, "shock_recovered": False, "shock_spikes": 0}
+    before = [v for v in losses[max(0, shock_step - smoothing + 1):shock_step + 1] if finite(v)]
+    pre = sum(before) / len(before) if before else None
+    after = losses[shock_step + 1:]
+    recovery = None
+    if pre is not None:
+        for i in range(len(after)):
+            window = after[max(0, i - smoothing + 1):i + 1]
+            if len(window) == min(smoothing, len(after)) and all(finite(v) for v in window) \
+                    and sum(window) / len(window) <= pre:
+                recovery = i + 1
+                break
+    horizon = after[:recovery] if recovery else after
+    finite_after = [v for v in horizon if finite(v)]
+    peak = max(finite_after) if finite_after else None
+    if any(not finite(v) for v in horizon):
+        peak = math.inf
+    recovered = recovery is not None and status != Status.DIVERGED
+    return {"shock_step": shock_step, "shock_pre_loss": pre,
+            "shock_peak_excess": (peak - pre) if peak is not None and pre is not None else None,
+            "shock_recovery_steps": recovery if recovered else len(after),
+            "shock_recovered": recovered, "shock_spikes": sum(spikes[shock_step + 1:])}
+
+
+def run_shock(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+    """An LR shock: ``stress.shock.factor`` x the LR from ``stress.shock.at_step`` on ("jump"), or no warmup
+    ("no_warmup")."""
+    stress = config.stress
+    schedule = stress.shock
+    if schedule.shock_step >= config.run.steps:
+        raise cfg.ConfigError(f"stress.shock.at_step={schedule.at_step!r} is invalid: expected a step below "
+                              f"steps={config.run.steps}")
+    with cpu_threads(stress.threads):
+        case = CaseRun(stress_case, config, f"shock-{schedule.kind}", schedule.describe(), session, runner)
+        per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
+            arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
+            stress.recovery_smoothing, arm_record["status"]), {}))
+        set_case_result(case.record, case.name, {"kind": schedule.kind, "step": schedule.shock_step,
+                                               "factor": schedule.factor, "per_arm": per_arm})
+        return case.finish()
+
+
+# ----------------------------------------------------------------------------- what its record must show
+
+def the_shock_is_applied_as_configured(record, invariant):
+    """Every step's LR is the shock schedule's; a jump multiplies the warmup-cosine LR by its factor."""
+    run = from_dict(RunConfig, record["config"]["run"])
+    shock = from_dict(ShockSchedule, record["config"]["stress"]["shock"])
+    for arm in record["arms"]:
+        where = f"{arm['arm']} seed {arm['seed']}"
+        for step, lr in zip(arm["series"]["step"], arm["series"]["lr"]):
+            require(close(lr, shock.lr_at(step, run)), f"{where} step {step}: LR {lr}")
+        if shock.kind == "jump" and len(arm["series"]["lr"]) > shock.at_step:
+            s = shock.at_step
+            require(close(arm["series"]["lr"][s], shock.factor * warmup_cosine(s, run)), f"{where}: no jump at {s}")
+
+
+def the_loss_is_finite_before_the_shock_and_its_figures_defined(record, invariant):
+    """The loss is finite up to the shock (a model invariant); when it is, the shock's figures are defined and
+    consistent (assertions)."""
+    for arm in record["arms"]:
+        final = arm["final"]
+        s = final["shock_step"]
+        before = arm["series"]["loss"][:s + 1]
+        ok = len(before) == s + 1 and all(v is not None and math.isfinite(v) for v in before)
+        if not invariant(record, "finite_before_shock", arm["arm"], arm["seed"], ok, len(before), s + 1,
+                         "steps with a finite loss up to the shock"):
+            continue
+        where = f"{arm['arm']} seed {arm['seed']}"
+        require(final["shock_pre_loss"] is not None and math.isfinite(final["shock_pre_loss"]),
+                f"{where}: shock_pre_loss {final['shock_pre_loss']}")
+        require(final["shock_peak_excess"] is not None, f"{where}: no shock_peak_excess")
+        require(1 <= final["shock_recovery_steps"] <= record["config"]["run"]["steps"] - s,
+                f"{where}: shock_recovery_steps {final['shock_recovery_steps']}")
+        require(not final["shock_recovered"] or arm["status"] != Status.DIVERGED, f"{where}: recovered and diverged")
+
+
+CASE = StressCase("shock", run_shock, result=Shock, title="LR shock", rerun=True,
+                  reported=lambda record: ["shock_peak_excess", "shock_recovery_steps", "shock_spikes",
+                                           "loss_spike_score", "m_act_mean", "f_attn_mean"],
+                  checks=(the_shock_is_applied_as_configured,
+                          the_loss_is_finite_before_the_shock_and_its_figures_defined))
