@@ -130,7 +130,7 @@ def test_the_stress_schedules_older_flat_names_still_work():
     baseline = json.loads((Path(__file__).resolve().parents[1] / "reports/baselines/smoke-cpu.json").read_text())
     from stability.evaluate.quantize import SCHEMES
 
-    quantized = resolve("smoke", {"quant_schemes": ",".join(SCHEMES)})   # the plain pair's (suites/test_standard.py)
+    quantized = resolve("smoke", {"quant_schemes": ",".join(SCHEMES)})   # the plain pair's (stability/cases/standard.py)
     stored = {name: config_fingerprint(case["config"]) for name, case in baseline["cases"].items()}
     assert stored.pop("smoke/standard") == config_fingerprint(to_dict(quantized))
     assert set(stored.values()) == {config_fingerprint(to_dict(resolve("smoke")))}

@@ -51,6 +51,7 @@ GROUPS = (("the code as it is", [UNCHANGED]),
           ("entries held out from the quantization and spike rows", list(HELD_OUT_MISSION)),
           ("failures the verdict must not pass", list(FAILURES)))
 KEPT = ROOT / "reports" / "zoo"
+LABELS = {e.name: (e.harmful, e.what) for _, entries in GROUPS for e in entries}   # a kept job is judged by these
 DROPPED = ("series", "probes", "precision_stats", "events")   # per-step and per-snapshot detail: never judged
 
 
@@ -149,7 +150,8 @@ def judged(document: dict, baseline: dict) -> dict:
             for r in result.regressed]
     strongest = min(result.regressed, key=lambda r: r.p_judged, default=None)
     old = [name.split("/", 1)[1] for name in seed_spread_rule.judge(document["records"], baseline)]
-    return {"entry": document["entry"], "harmful": document["harmful"], "what": document["what"],
+    label = LABELS.get(document["entry"], (document["harmful"], document["what"]))   # the zoo's label, as it is now
+    return {"entry": document["entry"], "harmful": label[0], "what": label[1],
             "stress_failures": document["stress_failures"], "kernel_exit": document["kernel_exit"],
             "check_exit": result.exit_code, "errors": result.errors, "regressed": new,
             "strongest": (f"{'changed' if strongest.verdict == 'changed' else f'z {strongest.z:.3g}'}, "

@@ -201,7 +201,11 @@ HELD_OUT_PRIMARY = (
 """),)),
     Entry("embedding_by_indexing", False, "token embeddings read by indexing the weight instead of nn.Embedding", (
         ("stability/model/lm.py", "        x = self.embed(tokens)\n", "        x = self.embed.weight[tokens]\n"),)),
-    Entry("gate_sigmoid_via_exp", False, "the gate's sigmoid written as 1 / (1 + exp(-x))", (
+    # Written as harmless; relabelled harmful after both presets flagged it (so no evidence of power): autograd's
+    # backward of 1 / (1 + exp(-x)) is inf / inf = NaN once exp(-x) overflows fp32 (x < -88, where
+    # torch.sigmoid gives 0), and at the sweep's top learning rates the gate logits get there (docs/merge-gate.md).
+    Entry("gate_sigmoid_via_exp", True, "the gate's sigmoid written as 1 / (1 + exp(-x)) (its gradient is NaN "
+          "where exp(-x) overflows, x < -88)", (
         ("stability/model/attention.py", "    score = torch.sigmoid(logits)\n",
          "    score = 1.0 / (1.0 + torch.exp(-logits))\n"),)),
 )
