@@ -34,6 +34,7 @@ from xml.etree import ElementTree
 
 from stability.check.baseline import load_baseline
 from stability.check.calibration import margin
+from stability.check.coverage import reported
 from stability.check.regression import check
 from stability.record import figures as fig
 from stability.record.rundir import load_records
@@ -161,6 +162,14 @@ def judged(document: dict, baseline: dict) -> dict:
             "old_regressed": old, "old_failed": other or bool(old), "seconds": document["seconds"]}
 
 
+def predates(document: dict, baseline: dict) -> list[str]:
+    """The figures the baseline covers that the kept job's records do not report (an older job, made before
+    those figures existed: not judged, since the check would count every such figure as lost)."""
+    covered = (baseline.get("covers") or {}).get("figures") or {}
+    found = reported(document["records"])
+    return sorted({name for key, names in found.items() for name in covered.get(key, []) if name not in names})
+
+
 def refused(row: dict) -> bool:
     """A harmless entry the check refused to judge (exit 2: a job of other seeds than the baseline's), with no
     other step failing: not a false alarm, a job that cannot be compared."""
@@ -247,7 +256,9 @@ def main() -> int:
         rows = []
         for entry in (e for e in entries if e.name in wanted):
             document = read_kept(args.scale, entry.name)
-            if document is not None:
+            if document is not None and predates(document, baseline):
+                print(f"{entry.name}: left out, its kept job predates {predates(document, baseline)[:3]} ...")
+            elif document is not None:
                 rows.append(judged(document, baseline))
                 print(f"{entry.name}: {verdict(rows[-1], rows[-1]['failed'])} (earlier rule: "
                       f"{verdict(rows[-1], rows[-1]['old_failed'])}) {rows[-1]['regressed'][:3]}", flush=True)
