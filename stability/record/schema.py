@@ -448,7 +448,7 @@ class RayInfo(TypedDict, total=False):
 
 
 class RunSummary(TypedDict, total=False):
-    """A compact copy of one run of a multi-run case (``stability.cases.stress.run_summary``)."""
+    """A compact copy of one run of a multi-run case (``stability.cases.case.run_summary``)."""
 
     lr: float                         # the sweep's peak LR
     precision: str                    # the ladder's rung

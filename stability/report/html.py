@@ -49,7 +49,7 @@ def _finite(values) -> list:
 
 def lr_sweep(record: dict) -> dict[str, list[dict]] | None:
     """Per arm, the sweep points {lr, loss, diverged, seed, loss_init} when the record holds several peak LRs
-    (``record["results"]["lr_sweep"]["per_arm"]`` from stability.cases.stress.run_sweep), else None."""
+    (``record["results"]["lr_sweep"]["per_arm"]`` from stability.cases.lr_sweep.run_sweep), else None."""
     sweep = case_result(record, "lr_sweep") or {}
     points: dict[str, list[dict]] = {}
     for entry in sweep.get("per_arm") or []:
