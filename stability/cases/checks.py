@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+from stability.cases.case import finite
+from stability.config import GateConfig, from_dict
 from stability.record import Status
 
 LEARNS = 0.9   # the final training loss below this fraction of the first: the run learned
@@ -41,12 +43,8 @@ def arm_names(record: dict) -> list[str]:
 
 def gated(record: dict, arm: str) -> bool:
     """Whether the config gives ``arm`` an attention gate."""
-    return any(a["name"] == arm and (a.get("gate") or {}).get("position", "none") != "none"
+    return any(a["name"] == arm and a.get("gate") is not None and from_dict(GateConfig, a["gate"]).enabled
                for a in record["config"]["arms"])
-
-
-def _finite(value) -> bool:
-    return value is not None and math.isfinite(value)
 
 
 def learns(record: dict, arm: dict, first_loss, invariant) -> None:
@@ -56,7 +54,7 @@ def learns(record: dict, arm: dict, first_loss, invariant) -> None:
     final, name, seed = arm["final"], arm["arm"], arm["seed"]
     invariant(record, "completed", name, seed, arm["status"] == Status.COMPLETED, message=arm["stop_reason"])
     invariant(record, "no_nonfinite_events", name, seed, final["nonfinite_events"] == 0, final["nonfinite_events"], 0)
-    invariant(record, "finite_heldout_loss", name, seed, _finite(final["heldout_loss"]), final["heldout_loss"])
-    ratio = final["final_train_loss"] / first_loss if _finite(final["final_train_loss"]) and first_loss else None
+    invariant(record, "finite_heldout_loss", name, seed, finite(final["heldout_loss"]), final["heldout_loss"])
+    ratio = final["final_train_loss"] / first_loss if finite(final["final_train_loss"]) and first_loss else None
     invariant(record, "loss_falls", name, seed, ratio is not None and ratio < LEARNS, ratio, LEARNS,
               f"final training loss / first loss ({final['final_train_loss']} / {first_loss})")
