@@ -86,7 +86,8 @@ def two_ranks(tmp_path_factory):
     """What each of two processes measured in the runs of tests/_distributed_worker.py."""
     out = tmp_path_factory.mktemp("ranks")
     result = torchrun(str(ROOT / "tests" / "_distributed_worker.py"), str(out))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    written = sorted(p.name for p in out.glob("rank*.json"))
+    assert result.returncode == 0, f"written: {written}\n" + result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
