@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stability.check import regression as reg
-from stability.record.figures import PRIMARY
+from stability.record.figures import primary_rows
 from stability.record.stats import holm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def test_figures_worked_example_is_what_the_check_computes():
 
 def test_quantization_doc_says_whether_quant_rows_are_judged():
     doc = " ".join((ROOT / "docs" / "quantization.md").read_text().split())
-    primary = any(p.figure.startswith("quant") for p in PRIMARY)
+    primary = any(p.figure.startswith("quant") for p in primary_rows())
     assert ("no `quant_*` row is primary" in doc) == (not primary)
     assert "checked for regressions" not in doc or primary
 

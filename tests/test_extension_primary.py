@@ -59,8 +59,9 @@ def row(table):
 def test_a_declared_row_joins_the_primary_family_after_the_built_in_ones(table):
     row = table
     assert reg.in_primary_family("standard", "gated", TOY.name) is None
+    declared = fig.primary_rows()
     fig.register_primary(row)
-    assert fig.primary_rows() == (*fig.PRIMARY, row)
+    assert fig.primary_rows() == (*declared, row)
     assert reg.in_primary_family("standard", "gated", TOY.name) is row
     assert reg.in_primary_family("standard", "gated-baseline", TOY.name) is None   # arms="arms": no paired row
     assert fig.primary_family()[-1] == {"case": "standard", "figure": TOY.name, "arms": "arms", "either_way": False}
@@ -68,6 +69,41 @@ def test_a_declared_row_joins_the_primary_family_after_the_built_in_ones(table):
         fig.register_primary(row)
     with pytest.raises(ValueError, match="expected a judged figure of the table"):
         fig.register_primary(fig.Primary("standard", "no_such_figure"))
+
+
+def test_a_figure_that_declares_its_rows_is_primary_where_it_says_and_nowhere_else(monkeypatch):
+    """One declaration: a figure added with ``primary=`` joins the family in the case and arms it names, its
+    rows after the built-in figures'; a row on an unjudged figure, an outcome or another figure is refused."""
+    monkeypatch.setattr(fig, "FIGURES", dict(fig.FIGURES))
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", [])
+    built_in = fig.primary_rows()
+    declared = fig.add(fig.Figure("toy_max_*", "lower", "logit", "a family of a team's own", primary=(
+        fig.Primary("lr_sweep", arms="paired", why="the spread grew"),
+        fig.Primary("standard", "toy_max_q", presets=("ci",), elsewhere="too noisy at smoke"))))
+    assert fig.primary_rows() == (*built_in, fig.Primary("lr_sweep", "toy_max_*", arms="paired", why="the spread grew"),
+                                  fig.Primary("standard", "toy_max_q", presets=("ci",), elsewhere="too noisy at smoke"))
+    assert declared.rows()[0].figure == "toy_max_*"
+    assert reg.in_primary_family("lr_sweep", "gated-baseline", "toy_max_k") is not None
+    assert reg.in_primary_family("lr_sweep", "gated", "toy_max_k") is None           # paired only
+    assert reg.in_primary_family("standard", "gated", "toy_max_q", "ci") is not None
+    assert reg.in_primary_family("standard", "gated", "toy_max_q", "smoke") is None   # advisory there
+    assert reg.in_primary_family("standard", "gated", "toy_max_k", "ci") is None      # another member
+    for bad, match in (({"better": None}, "a primary row needs a judged figure"),
+                       ({"outcome": True, "kind": "run"}, "a primary row needs a judged figure that is not an outcome"),
+                       ({"primary": (fig.Primary("standard", "heldout_loss"),)}, "names figure 'heldout_loss'")):
+        fields = {"better": "lower", "primary": (fig.Primary("standard"),), **bad}
+        with pytest.raises(ValueError, match=match):
+            fig.Figure("toy_bad", fields.pop("better"), "", "", **fields)
+
+
+def test_a_family_recorded_in_another_order_is_the_same_family():
+    """Holm's procedure orders rows by p, never by declaration: a baseline calibrated when the rows were listed
+    in another order is not stale; one row more or less, or another arm, is another family."""
+    now = fig.primary_family()
+    assert fig.same_family(list(reversed(now)), now)
+    assert not fig.same_family(now[:-1], now)
+    assert not fig.same_family([{**now[0], "arms": "paired"}, *now[1:]], now)
+    assert not fig.same_family(None, now)
 
 
 def test_an_extension_s_primary_figure_fails_a_job_when_it_regresses_and_passes_unchanged(record, row):

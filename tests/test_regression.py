@@ -197,16 +197,16 @@ def test_direction_accuracy_drop_is_worse_and_rise_improves(record, baseline):
 
 
 def test_only_the_primary_family_fails_a_job(record, baseline):
-    """The declared family (stability.record.figures.PRIMARY) is what the verdict rests on: held-out loss
+    """The declared family (the rows the figures of stability.record.figures declare) is what the verdict rests on: held-out loss
     of the plain pair is primary (a move fails the job), F-Attn is advisory (the same size of move is shown
     as worse, exit 0); the method line counts both."""
-    from stability.record.figures import PRIMARY
+    from stability.record.figures import primary_rows
 
     assert reg.in_primary_family("standard", "gated", "heldout_loss")
     assert reg.in_primary_family("standard", "gated-baseline", "m_act_max")
     assert not reg.in_primary_family("standard", "gated", "f_attn_mean", "smoke")
     assert not reg.in_primary_family("lr_sweep", "gated", "heldout_loss")
-    assert any(p.case == "precision_ladder" and p.arms == "arms" for p in PRIMARY)
+    assert any(p.case == "precision_ladder" and p.arms == "arms" for p in primary_rows())
     assert not reg.in_primary_family("precision_ladder", "gated-baseline", "loss_gap_fp16")
     # growth is primary under the ladder and the batch ramp too (a job judging one of them alone sees it),
     # not after the shock (a single step's maximum at the jump: calibration at ci fails with it)
@@ -419,7 +419,7 @@ def test_cli_calibrate_exit_codes(tmp_path, record, baseline, capsys):
 def test_a_calibration_names_its_rule_and_a_check_with_another_rule_says_it_is_stale(tmp_path, baseline, record,
                                                                                       monkeypatch, capsys):
     """``calibrate --write`` stores the curve with the primary family and dof rule it measured, nothing else
-    changed; a check whose family differs (a row added to PRIMARY) warns that the curve is stale, and writing
+    changed; a check whose family differs (a row added to it) warns that the curve is stale, and writing
     it again clears the warning. A failing curve is written only with --accept-calibration."""
     from stability.record import figures as fig
 
@@ -431,7 +431,7 @@ def test_a_calibration_names_its_rule_and_a_check_with_another_rule_says_it_is_s
     assert written["calibration"]["primary_family"] == fig.primary_family() and written["calibration"]["dof_rule"]
     assert {k: v for k, v in written.items() if k != "calibration"} == json.loads(json.dumps(baseline))
     assert reg.check([record], written).warnings == []
-    monkeypatch.setattr(fig, "PRIMARY", (*fig.PRIMARY, fig.Primary("standard", "f_attn_mean")))
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", [fig.Primary("standard", "f_attn_mean")])
     stale = reg.check([record], written)
     assert any("calibration measured another rule" in w for w in stale.warnings) and "warning:" in stale.table()
     assert main(["baseline", "calibrate", "--write", str(path)]) == 0
@@ -836,7 +836,7 @@ def test_another_primary_family_makes_the_baseline_stale_until_it_is_calibrated_
     path = tmp_path / "b.json"
     baselines.write_baseline(baseline, path)
     extra = reg.fig.Primary("standard", "loss_spike_score", "arms")
-    monkeypatch.setattr(reg.fig, "PRIMARY", (*reg.fig.PRIMARY, extra))
+    monkeypatch.setattr(reg.fig, "ADDED_PRIMARY", [extra])
     result = reg.check([record], baseline, baseline_path=str(path))
     assert result.exit_code == 2 and "the primary family changed" in result.errors[0]
     assert "added standard/loss_spike_score[arms]" in result.errors[0]

@@ -134,7 +134,7 @@ def test_both_are_final_figures_of_an_arm_and_peak_figures_of_the_table():
            "events": [], "probes": [], "precision_stats": []}
     final = final_figures(arm, steps_planned=steps)
     assert final["loss_excess_max"] == pytest.approx(0.61) and final["grad_norm_excursion"] == pytest.approx(4.0)
-    primary = {p.figure for p in fig.PRIMARY}
+    primary = {p.figure for p in fig.primary_rows()}
     for name, floor in (("loss_excess_max", 0.05), ("grad_norm_excursion", 0.5)):
         entry = fig.figure(name)
         assert (entry.better, entry.kind, entry.floor, entry.quantum) == ("lower", "peak", floor, None)

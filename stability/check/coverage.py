@@ -119,9 +119,9 @@ def stale(baseline: dict, job_cases: dict, job_figures: dict[str, set[str]], job
         reasons.append(f"the baseline is stale: the code judges what it does not hold ({parts}): remake those cases: "
                        f"{remake_command(baseline, sorted(lacking), path)}")
     now = rules(covered.get("figures") or {})
-    changed = [what for what, field in (("the primary family", "primary_family"), ("the resolution of a figure",
-                                                                                   "resolutions"))
-               if covered.get(field) != now[field]]
+    changed = [what for what, same in (
+        ("the primary family", fig.same_family(covered.get("primary_family"), now["primary_family"])),
+        ("the resolution of a figure", covered.get("resolutions") == now["resolutions"])) if not same]
     if changed:
         detail = family_diff(covered.get("primary_family") or [], now["primary_family"]) \
             if "the primary family" in changed else ""

@@ -849,7 +849,8 @@ def calibration_warnings(baseline: dict) -> list[str]:
     if not calibration:
         return [("the baseline holds no calibration: its false-alarm rate was not measured (stability baseline "
                  "calibrate --write)")]
-    if calibration.get("primary_family") != fig.primary_family() or calibration.get("dof_rule") != DOF_RULE:
+    if not fig.same_family(calibration.get("primary_family"), fig.primary_family()) \
+            or calibration.get("dof_rule") != DOF_RULE:
         return [("the baseline's calibration measured another rule than this check's (its primary family or "
                  "degrees-of-freedom rule differs): its false-alarm curve is stale (stability baseline calibrate "
                  "--write measures it again, without training)")]
