@@ -126,6 +126,8 @@ def server_uri(mlflow_server):
 # ----------------------------------------------------------------------------- what is logged
 
 def test_parent_and_child_runs_with_params_metrics_tags_description_and_artifacts(store, record, tmp_path):
+    (entry,) = [a for a in record["arms"] if (a["arm"], a["seed"]) == ("gated", 1)]
+    entry["run_key"] = "gated-seed1-0123abcd"   # as a session names a run it trained
     result = tracking.log_to_mlflow(record, store, artifacts=report_artifacts(record, tmp_path))
     assert result["status"] == "tracked", result
     client = _client(store)
@@ -144,6 +146,8 @@ def test_parent_and_child_runs_with_params_metrics_tags_description_and_artifact
     child_id = result["child_run_ids"]["gated-seed1"]
     child = client.get_run(child_id)
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert child.data.tags["stability.run_key"] == "gated-seed1-0123abcd"   # one identifier: record, files, MLflow
+    assert child.data.tags["stability.replicate"] == "0"
     history = client.get_metric_history(child_id, "loss")
     assert [m.step for m in history] == list(range(30))
     assert client.get_metric_history(child_id, "probe.f_attn.layer1")

@@ -187,6 +187,9 @@ def child_tags(record: dict, arm: dict, parent_id: str | None) -> dict[str, str]
                                    f"{arm.get('status')}" + (f" - {arm['stop_reason']}" if arm.get("stop_reason")
                                                              else ""),
             **{f"precision.{key}": str(value) for key, value in (arm.get("precision") or {}).items()}}
+    if arm.get("run_key"):   # the run's one identifier: its record entry, per-step file and checkpoint say it too
+        tags["stability.run_key"] = str(arm["run_key"])
+    tags["stability.replicate"] = str(((record.get("config") or {}).get("run") or {}).get("replicate", 0) or 0)
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     return tags
