@@ -45,11 +45,11 @@ def _jittered(record: dict, index: int) -> dict:
     return out
 
 
-def _replicate(record: dict, draw: int) -> dict:
-    """``record`` as rounding replicate ``draw`` (a baseline holds the reference and its replicates)."""
-    out = _jittered(record, draw) if draw else copy.deepcopy(record)
-    out["id"], out["name"] = f"{record['id']}d{draw}", record["name"]
-    out["config"]["run"]["replicate"] = draw
+def _replicate(record: dict, replicate: int) -> dict:
+    """``record`` as rounding replicate ``replicate`` (a baseline holds the reference and its replicates)."""
+    out = _jittered(record, replicate) if replicate else copy.deepcopy(record)
+    out["id"], out["name"] = f"{record['id']}d{replicate}", record["name"]
+    out["config"]["run"]["replicate"] = replicate
     return out
 
 
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
             f"{args.repeats})", statistics.median(times))
 
         records = [_jittered(record, i) for i in range(100)]
-        baseline = baselines.make_baseline([_replicate(r, draw) for r in records for draw in (0, 1, 2)])
+        baseline = baselines.make_baseline([_replicate(r, n) for r in records for n in (0, 1, 2)])
         check_times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()

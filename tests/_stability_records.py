@@ -132,22 +132,22 @@ def edited(record: dict, arm: str, figure: str, factor: float = 1.0, add: float 
     return out
 
 
-def replicate(record: dict, draw: int, spread: float = 1e-3) -> dict:
-    """``record`` as rounding replicate ``draw`` would have it: ``run.replicate = draw`` and every numeric
-    final figure moved by a relative ``spread`` times a deterministic u in [-1, 1] (draw, arm, seed,
-    figure); flags and counts are left alone."""
+def replicate(record: dict, number: int, spread: float = 1e-3) -> dict:
+    """``record`` as rounding replicate ``number`` would have it: ``run.replicate = number`` and every
+    numeric final figure moved by a relative ``spread`` times a deterministic u in [-1, 1] (replicate, arm,
+    seed, figure); flags and counts are left alone."""
     out = copy.deepcopy(record)
-    out["config"]["run"]["replicate"] = draw
-    out["id"] = f"{record.get('id', 'r')}d{draw}"
+    out["config"]["run"]["replicate"] = number
+    out["id"] = f"{record.get('id', 'r')}d{number}"
     for entry in out["arms"]:
         for name, value in entry["final"].items():
             if isinstance(value, float) and math.isfinite(value):
-                u = random.Random(f"{draw}-{entry['arm']}-{entry['seed']}-{name}").uniform(-1, 1)
+                u = random.Random(f"{number}-{entry['arm']}-{entry['seed']}-{name}").uniform(-1, 1)
                 entry["final"][name] = value * (1 + spread * u)
     out["paired"] = paired_summary(out["arms"])
     return out
 
 
-def with_replicates(record: dict, draws=(1, 2, 3, 4), spread: float = 1e-3) -> list[dict]:
+def with_replicates(record: dict, replicates=(1, 2, 3, 4), spread: float = 1e-3) -> list[dict]:
     """The reference record and its replicates: what a replicate baseline is made from."""
-    return [record] + [replicate(record, draw, spread) for draw in draws]
+    return [record] + [replicate(record, number, spread) for number in replicates]

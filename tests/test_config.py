@@ -81,7 +81,8 @@ def test_overrides_apply_in_any_order_and_a_lasting_error_still_names_its_field(
 
 def test_one_table_says_what_may_differ_when_resuming_and_when_comparing():
     """FIELDS_ABOUT names real fields; resuming lets only how a run is kept and what is evaluated after
-    training differ, the check the draw, the device and the names (and how a run is kept)."""
+    training differ, the check the seeds and the rounding replicate, the device and the names (and how a run is
+    kept)."""
     from stability.record import FIELDS_ABOUT, comparable_config, resume_config
 
     config = to_dict(resolve("smoke"))

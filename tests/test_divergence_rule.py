@@ -1,7 +1,7 @@
 """The per-seed outcome rule of the merge check (stability/check/regression.py, ``outcomes_of_arm``): a run of
-the job that is not clean is judged by rank against the baseline draws of its seed, k of n not clean,
+the job that is not clean is judged by rank against the baseline replicates of its seed, k of n not clean,
 p = (k + 1) / (n + 1), failing the job at p <= ``OUTCOME_P``, reported in a note above it; in every seed,
-whatever its baseline draws' status; and the calibration over a baseline's arrangements judges the same."""
+whatever its baseline replicates' status; and the calibration over a baseline's arrangements judges the same."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ def _diverged(record, arm_name, seed, step, **final):
 
 
 def _baseline(record, diverged: int, replicates: int = 4, seed: int = 1):
-    """A baseline of the reference and ``replicates`` rounding replicates whose first ``diverged`` draws of
+    """A baseline of the reference and ``replicates`` rounding replicates whose first ``diverged`` runs of
     the gated arm's ``seed`` diverged at step 12."""
-    runs = with_replicates(record, draws=tuple(range(1, replicates + 1)))
+    runs = with_replicates(record, replicates=tuple(range(1, replicates + 1)))
     runs[:diverged] = [_diverged(r, "gated", seed, 12) for r in runs[:diverged]]
     return baselines.make_baseline(runs)
 
@@ -45,46 +45,46 @@ def _about(result, seed="1", figure="diverged"):
     return [o for o in result.outcomes if who in o.reason], [n for n in result.notes if who in n]
 
 
-def test_the_threshold_keeps_today_s_rule_at_five_draws():
-    """k = 0 of the committed baselines' 5 draws is p = 1/6, which fails; 1 of 5 does not; 1 of 11 does;
-    the calibration's held-out draw is ranked among the baseline's full draws."""
+def test_the_threshold_keeps_today_s_rule_at_five_replicates():
+    """k = 0 of the committed baselines' 5 replicates is p = 1/6, which fails; 1 of 5 does not; 1 of 11 does;
+    the calibration's held-out replicate is ranked among the baseline's full replicates."""
     assert reg.outcome_p(0, 5) == pytest.approx(1 / 6) and reg.outcome_p(0, 5) <= reg.OUTCOME_P
     assert reg.outcome_p(1, 5) == pytest.approx(2 / 6) and reg.outcome_p(1, 5) > reg.OUTCOME_P
     assert reg.outcome_p(1, 11) == pytest.approx(2 / 12) and reg.outcome_p(1, 11) <= reg.OUTCOME_P
     assert reg.outcome_p(0, 4, held_out=1) == reg.outcome_p(0, 5)
 
 
-def test_a_divergence_where_no_baseline_draw_diverged_fails_naming_k_n_and_p(record):
+def test_a_divergence_where_no_baseline_replicate_diverged_fails_naming_k_n_and_p(record):
     """(a) 0 of 5: the job's divergence fails it, and the line states k, n and p."""
     result = reg.check([_diverged(record, "gated", 1, 10)], _baseline(record, 0))
     failed, notes = _about(result)
     assert result.exit_code == 1 and len(failed) == 1 and not notes
     assert failed[0].reason == ("case smoke/standard arm gated seed 1: diverged = true (diverged at step 10); every "
                                 "one of the 5 baseline runs of this seed was clean: 0 of 5 diverged (p 0.167 that "
-                                "one more draw would)")
+                                "one more replicate would)")
 
 
-def test_a_divergence_one_of_five_baseline_draws_showed_is_judged_and_does_not_fail(record):
+def test_a_divergence_one_of_five_baseline_replicates_showed_is_judged_and_does_not_fail(record):
     """(b) 1 of 5: p = 2/6, above the threshold: judged, in a note with k, n and p, not failing the job; the
     explicit rule for the seed's evaluation figures is still stated, once, without the p."""
     result = reg.check([_diverged(record, "gated", 1, 11)], _baseline(record, 1))
     failed, notes = _about(result)
     assert result.exit_code == 0 and not result.outcomes and not failed
     assert notes == [("case smoke/standard arm gated seed 1: diverged = true (diverged at step 11); 1 of the 5 "
-                      "baseline runs of this seed diverged (p 0.333 that one more draw would): judged, not failing "
-                      "the job (it fails at p <= 0.167)")]
+                      "baseline runs of this seed diverged (p 0.333 that one more replicate would): judged, not "
+                      "failing the job (it fails at p <= 0.167)")]
     mixed = [n for n in result.notes if "seed 1: 1 of 5 baseline runs diverged" in n]
     assert len(mixed) == 1 and "this run diverged as they did" in mixed[0] and "p " not in mixed[0]
     assert "note: case smoke/standard arm gated seed 1: diverged = true" in result.table()
 
 
-def test_with_more_draws_a_divergence_one_of_them_showed_fails(record):
-    """(b) 1 of 11 draws (the reference and 10 replicates): p = 2/12 = 1/6 fails; 2 of 11 (p 3/12) does not."""
+def test_with_more_replicates_a_divergence_one_of_them_showed_fails(record):
+    """(b) 1 of 11 runs (the reference and 10 replicates): p = 2/12 = 1/6 fails; 2 of 11 (p 3/12) does not."""
     one = reg.check([_diverged(record, "gated", 1, 11)], _baseline(record, 1, replicates=10))
     failed, notes = _about(one)
     assert one.exit_code == 1 and len(failed) == 1 and not notes
     assert failed[0].reason.endswith("seed 1: diverged = true (diverged at step 11); 1 of the 11 baseline runs of "
-                                     "this seed diverged (p 0.167 that one more draw would)")
+                                     "this seed diverged (p 0.167 that one more replicate would)")
     two = reg.check([_diverged(record, "gated", 1, 11)], _baseline(record, 2, replicates=10))
     failed, notes = _about(two)
     assert two.exit_code == 0 and not failed and "2 of the 11 baseline runs of this seed diverged (p 0.250" in notes[0]
@@ -92,7 +92,7 @@ def test_with_more_draws_a_divergence_one_of_them_showed_fails(record):
 
 @pytest.mark.parametrize("diverged", range(6))
 def test_the_rule_never_switches_off(record, diverged):
-    """(c) Whatever k of the seed's 5 baseline draws diverged, the job's divergence there is judged: a failed
+    """(c) Whatever k of the seed's 5 baseline replicates diverged, the job's divergence there is judged: a failed
     outcome where p = (k + 1) / 6 <= OUTCOME_P, else a note naming k, n and p; never neither, never both. A
     job whose run completes clean there gets neither (nothing to judge)."""
     base = _baseline(record, diverged)
@@ -103,15 +103,15 @@ def test_the_rule_never_switches_off(record, diverged):
     assert bool(failed) == (p <= reg.OUTCOME_P) and result.exit_code == (1 if failed else 0)
     line = (failed[0].reason if failed else notes[0])
     counted = "0 of 5 diverged" if diverged == 0 else f"{diverged} of the 5 baseline runs of this seed diverged"
-    assert f"{counted} (p {p:.3f} that one more draw would)" in line
+    assert f"{counted} (p {p:.3f} that one more replicate would)" in line
     clean = reg.check([record], base)
     assert _about(clean) == ([], []) and clean.exit_code == 0
 
 
 def test_a_nan_on_the_way_to_a_divergence_is_part_of_it(record):
-    """Every baseline draw completed clean: a divergence through a NaN fails on both outcomes (k = 0 each).
-    Every baseline draw diverged (the LR range test), one through a NaN: the job's NaN at its divergence is
-    judged with the diverged draws counted as not clean (5 of 5, p 1), a note, never a failure."""
+    """Every baseline replicate completed clean: a divergence through a NaN fails on both outcomes (k = 0
+    each). Every baseline replicate diverged (the LR range test), one through a NaN: the job's NaN at its
+    divergence is judged with the diverged replicates counted as not clean (5 of 5, p 1), a note, never a failure."""
     nan = {"nonfinite_unhandled": 1}
     runs = [copy.deepcopy(r) for r in with_replicates(record)]
     for r in runs:
@@ -123,7 +123,7 @@ def test_a_nan_on_the_way_to_a_divergence_is_part_of_it(record):
     assert sorted(o.figure for o in result.outcomes) == ["diverged", "nonfinite_unhandled"]
     assert ("nonfinite_unhandled = 1 (diverged at step 10); every one of the 5 baseline runs of this seed was clean: "
             "0 of 5 diverged or had nonfinite_unhandled not clean (p 0.167") in result.outcomes[1].reason
-    ramp = [_diverged(r, "gated", 1, 40, nonfinite_unhandled=int(draw == 1)) for draw, r in enumerate(runs)]
+    ramp = [_diverged(r, "gated", 1, 40, nonfinite_unhandled=int(n == 1)) for n, r in enumerate(runs)]
     result = reg.check([job], baselines.make_baseline(ramp))
     failed, notes = _about(result, figure="nonfinite_unhandled")
     assert result.exit_code == 0 and not result.outcomes and not failed
@@ -131,17 +131,17 @@ def test_a_nan_on_the_way_to_a_divergence_is_part_of_it(record):
 
 
 def test_the_calibration_of_a_baseline_with_a_mixed_seed_measures_the_rule(record):
-    """(d) 1 of 5 draws of seed 1 diverged: all 125 arrangements are judged; the 25 in which the diverged
-    draw plays the change fail (ranked among the 5 draws, as a job's would be: 0 of 4 others, p 1/6), the
-    others pass (their kept draws hold the divergence: a completed run is clean); the curve crosses the
-    diagonal and names the arrangement closest to failing."""
+    """(d) 1 of 5 replicates of seed 1 diverged: all 125 arrangements are judged; the 25 in which the
+    diverged replicate plays the change fail (ranked among the 5 replicates, as a job's would be: 0 of 4
+    others, p 1/6), the others pass (their kept replicates hold the divergence: a completed run is clean); the
+    curve crosses the diagonal and names the arrangement closest to failing."""
     base = _baseline(record, 1)
     curve = cal.calibrate(base)
-    assert curve["arrangements"] == 125 and (curve["seeds"], curve["draws"]) == (3, 5)
+    assert curve["arrangements"] == 125 and (curve["seeds"], curve["replicates"]) == (3, 5)
     assert curve["failed"] == [25, 25, 25, 25] and curve["margin"] == 0.0
     assert curve["closest"]["arrangement"]["1"] == "0"
     assert "seed 1: diverged = true (diverged at step 12); every one of the 4 baseline runs of this seed was " \
-           "clean: 0 of 4 diverged (p 0.167 that one more draw would)" in curve["closest"]["reason"][0]
+           "clean: 0 of 4 diverged (p 0.167 that one more replicate would)" in curve["closest"]["reason"][0]
     assert "25 of 125 arrangements fail at alpha 0.01" in cal.acceptable(curve)
     passing = cal.judge_arrangement(base, {"0": "1", "1": "2", "2": "3"})
     assert passing.exit_code == 0 and not passing.outcomes

@@ -137,7 +137,7 @@ def test_a_downstream_repository_is_gated_by_the_generated_workflow(environment,
     done = repo.shell(make)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     baseline = json.loads((repo.root / "reports" / "baselines" / "smoke-cpu.json").read_text())
-    assert sorted(baseline["cases"]) == ["smoke/batch_ramp-sqrt", "smoke/standard"] and len(baseline["draws"]) == 3
+    assert sorted(baseline["cases"]) == ["smoke/batch_ramp-sqrt", "smoke/standard"] and len(baseline["replicates"]) == 3
     assert "model invariants: all " in done.stdout and " held" in done.stdout
     assert re.search(r"\[standard\] gated-seed2: step 40/40  loss \d+\.\d+ .* steps/s  ETA 0:00", done.stderr)
     run_dir = max((repo.root / "reports" / "runs").iterdir())

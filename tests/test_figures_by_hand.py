@@ -567,9 +567,9 @@ def test_paired_summary_of_arms_without_figures():
 # ----------------------------------------------------------------------------- the merge check
 
 
-def draws(**seeds) -> dict:
-    """seed -> {draw: value}: ``draws(s0=[3.0, 3.1])`` is seed "0" with draws "0" and "1"."""
-    return {name[1:]: {str(d): v for d, v in enumerate(values)} for name, values in seeds.items()}
+def replicates(**seeds) -> dict:
+    """seed -> {replicate: value}: ``replicates(s0=[3.0, 3.1])`` is seed "0" with replicates "0" and "1"."""
+    return {name[1:]: {str(r): v for r, v in enumerate(values)} for name, values in seeds.items()}
 
 
 def test_the_one_sided_t_tail_by_hand():
@@ -609,15 +609,15 @@ def test_one_row_paired_by_hand():
     Now 3.5 and 3.8: delta ((3.5 - 3.1) + (3.8 - 3.4)) / 2 = 0.4; se sqrt(2 * 0.02 * 1.5) / 2 = 0.12247;
     Welch df (0.06)^2 / (2 * 0.03^2) = 2 (the check's own rule takes the fewest of any seed, 1); z (0.4 - 0.02)
     / se = 3.1027; p = P(T_2 > z)."""
-    stats = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 3.5, "1": 3.8}, "heldout_loss", dof_rule="welch")
+    stats = reg.judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 3.5, "1": 3.8}, "heldout_loss", dof_rule="welch")
     se = math.sqrt(2 * 0.02 * 1.5) / 2
     assert stats == {"baseline": pytest.approx(3.25), "current": pytest.approx(3.65), "delta": pytest.approx(0.4),
                      "floor": pytest.approx(0.02), "noise": pytest.approx(math.sqrt(0.02)), "se": pytest.approx(se),
                      "z": pytest.approx(0.38 / se), "p": pytest.approx(t_upper_tail(0.38 / se, 2)),
                      "mode": "n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2))}
-    better = reg.judge(draws(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss", dof_rule="welch")
+    better = reg.judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss", dof_rule="welch")
     assert better["z"] == pytest.approx(-0.62 / se) and better["p_improved"] == pytest.approx(t_upper_tail(0.58 / se, 2))
-    higher = reg.judge(draws(s0=[0.5, 0.5], s1=[0.6, 0.6]), {"0": 0.4, "1": 0.5}, "accuracy", quantum=0.01)
+    higher = reg.judge(replicates(s0=[0.5, 0.5], s1=[0.6, 0.6]), {"0": 0.4, "1": 0.5}, "accuracy", quantum=0.01)
     assert higher["delta"] == pytest.approx(-0.1) and higher["floor"] == pytest.approx(0.005)
     assert higher["se"] == pytest.approx(math.sqrt(2 * 1e-4 * 1.5) / 2) and higher["mode"] == "n=2 df=inf"
     assert higher["z"] == pytest.approx(0.095 / higher["se"])
@@ -628,7 +628,7 @@ def test_one_row_tolerances_and_seeds_left_out_by_hand():
     """A tolerance floor replaces the table's; rel_floor 0.5 of the baseline 3.25 gives 1.625. A current
     seed the baseline lacks is left out of the row (the case notes it); with no seed in common there is
     nothing to judge (the check refuses such a job before any row)."""
-    base = draws(s0=[3.0, 3.2], s1=[3.3, 3.5])
+    base = replicates(s0=[3.0, 3.2], s1=[3.3, 3.5])
     assert reg.judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"floor": 1.0})["floor"] == 1.0
     assert reg.judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"rel_floor": 0.5})["floor"] == \
         pytest.approx(1.625)
@@ -642,27 +642,29 @@ def test_one_row_tolerances_and_seeds_left_out_by_hand():
 def test_a_figure_new_or_gone_by_hand():
     """No finite baseline value: nothing to judge. No current value at any seed: no statistics (the
     outcome rule fails the job for a value gone non-finite). One seed's value only: that seed judged."""
-    assert reg.judge(draws(s0=[None]), {"0": 3.0}, "heldout_loss") == {
+    assert reg.judge(replicates(s0=[None]), {"0": 3.0}, "heldout_loss") == {
         "baseline": None, "current": 3.0, "delta": None, "floor": None, "noise": None, "se": None, "z": None,
         "p": None, "mode": "", "note": "", "p_improved": None}
-    gone = reg.judge(draws(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": None, "1": None}, "heldout_loss")
+    gone = reg.judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": None, "1": None}, "heldout_loss")
     assert (gone["baseline"], gone["current"], gone["p"]) == (3.0, None, None)
-    half = reg.judge(draws(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": 3.0, "1": None}, "heldout_loss")
+    half = reg.judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": 3.0, "1": None}, "heldout_loss")
     assert half["mode"] == "n=1 df=inf" and half["se"] == 0.0
     assert half["z"] == -math.inf and half["p"] == 1.0 and half["p_improved"] == 1.0
-    jump = reg.judge(draws(s0=[3.0, 3.0]), {"0": 3.5}, "heldout_loss")
+    jump = reg.judge(replicates(s0=[3.0, 3.0]), {"0": 3.5}, "heldout_loss")
     assert (jump["z"], jump["p"]) == (math.inf, 0.0)
 
 
 def test_rows_of_one_case_by_hand():
-    """Arms baseline and gated, two seeds of two draws; arm "new" only in the job (a note). baseline:
+    """Arms baseline and gated, two seeds of two replicates; arm "new" only in the job (a note). baseline:
     heldout_loss 3.0 everywhere, unchanged: ok. gated: seed 1's held-out loss went non-finite in a completed
     run: a failed outcome naming case, arm and seed, and its row judges seed 0 alone; accuracy only now:
     new. Paired gated - baseline: heldout_loss from seed 0; accuracy has no baseline arm value: no row."""
     done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
     base = {"config": {}, "steps": 10, "stress": "standard", "arms": {
-        "baseline": {"status": done, "diverged_at_step": {}, "figures": {"heldout_loss": draws(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
-        "gated": {"status": done, "diverged_at_step": {}, "figures": {"heldout_loss": draws(s0=[2.9, 2.9], s1=[2.9, 2.9])}}}}
+        "baseline": {"status": done, "diverged_at_step": {},
+                     "figures": {"heldout_loss": replicates(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
+        "gated": {"status": done, "diverged_at_step": {},
+                  "figures": {"heldout_loss": replicates(s0=[2.9, 2.9], s1=[2.9, 2.9])}}}}
     now = {"0": {"0": "completed"}, "1": {"0": "completed"}}
     case = {"config": {}, "steps": 10, "arms": {
         "baseline": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 3.0}, "1": {"0": 3.0}}}},
@@ -709,24 +711,25 @@ def test_decide_by_hand():
 
 
 def test_split_runs_by_hand():
-    """Draw 1 out of a baseline of draws 0, 1, 2: the kept baseline has 0 and 2, the drawn case only 1."""
+    """Replicate 1 out of a baseline of replicates 0, 1, 2: the kept baseline has 0 and 2, the picked case only
+    1."""
     arm = {"status": {"0": {"0": "completed", "1": "diverged", "2": "completed"}},
            "diverged_at_step": {"0": {"0": None, "1": 5, "2": None}},
            "figures": {"x": {"0": {"0": 1.0, "1": 2.0, "2": 3.0}}, "y": {"0": {"0": 1.0}}}}
-    baseline = {"draws": [0, 1, 2], "cases": {"c": {"fingerprint": "f", "arms": {"gated": arm}}}}
-    kept, drawn = split_runs(baseline["cases"], lambda seed: "1")
+    baseline = {"replicates": [0, 1, 2], "cases": {"c": {"fingerprint": "f", "arms": {"gated": arm}}}}
+    kept, picked = split_runs(baseline["cases"], lambda seed: "1")
     assert kept["c"]["arms"]["gated"] == {
         "status": {"0": {"0": "completed", "2": "completed"}}, "diverged_at_step": {"0": {"0": None, "2": None}},
         "figures": {"x": {"0": {"0": 1.0, "2": 3.0}}, "y": {"0": {"0": 1.0}}}}
-    assert drawn["c"]["arms"]["gated"] == {"status": {"0": {"1": "diverged"}}, "diverged_at_step": {"0": {"1": 5}},
-                                           "figures": {"x": {"0": {"1": 2.0}}}}
-    assert drawn["c"]["fingerprint"] == "f"
-    assert list(arrangements({"draws": [0, 1], "cases": {"c": {"arms": {"g": {"status": {"0": {}, "1": {}}}}}}})) \
+    assert picked["c"]["arms"]["gated"] == {"status": {"0": {"1": "diverged"}}, "diverged_at_step": {"0": {"1": 5}},
+                                            "figures": {"x": {"0": {"1": 2.0}}}}
+    assert picked["c"]["fingerprint"] == "f"
+    assert list(arrangements({"replicates": [0, 1], "cases": {"c": {"arms": {"g": {"status": {"0": {}, "1": {}}}}}}})) \
         == [{"0": "0", "1": "0"}, {"0": "0", "1": "1"}, {"0": "1", "1": "0"}, {"0": "1", "1": "1"}]
 
 
 def test_paired_values_need_both_arms():
-    """gated - baseline per seed (and draw) where both arms hold the figure: seed 0 only (seed 1 has no
+    """gated - baseline per seed (and replicate) where both arms hold the figure: seed 0 only (seed 1 has no
     baseline value). A case without the baseline arm, or an arm without figures, pairs nothing."""
     arms = {"baseline": {"figures": {"x": {"0": 1.0}}}, "gated": {"figures": {"x": {"0": 3.0, "1": 4.0}}}}
     assert reg.paired_values(arms, "gated", "x", nested=False) == {"0": 2.0}
@@ -741,7 +744,7 @@ def test_paired_values_need_both_arms():
 def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case():
     """Two records of case smoke/standard (seeds 0 and 1): both ids kept, in order. A third with 31 steps
     instead of 60 is named as record #3 with the field that differs; seed 1 twice, as record #3 too; a
-    replicate of seed 1 is another draw of it, not a repeat."""
+    replicate of seed 1 is another run of it, not a repeat."""
     first, second = pair_record(seeds=(0,)), pair_record(seeds=(1,))
     first["id"], second["id"] = "first", "second"
     cases = case_values([first, second, replicate(second, 3)])
@@ -757,8 +760,9 @@ def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case(
                                 "configs among the records (run.steps: baseline 60, record 31)")
     with pytest.raises(RecordError) as error:
         case_values([first, second, {**second, "id": "again"}])
-    assert str(error.value) == ("record #3 (smoke/standard, id again): case smoke/standard arm baseline seed 1 draw 0 "
-                                "appears twice among the records (pass one run directory, or records of distinct seeds)")
+    assert str(error.value) == ("record #3 (smoke/standard, id again): case smoke/standard arm baseline seed 1 "
+                                "replicate 0 appears twice among the records (pass one run directory, or records of "
+                                "distinct seeds)")
 
 
 # ----------------------------------------------------------------------------- schedules

@@ -208,7 +208,7 @@ def test_baseline_make_writes_the_baseline_and_lists_the_model_invariants_that_f
         run_dir = Path(env["STABILITY_RUN_DIR"])
         run_dir.mkdir(parents=True)
         (run_dir / "manifest.json").write_text("{}")
-        for index, one in enumerate(with_replicates(record, draws=(1, 2))):
+        for index, one in enumerate(with_replicates(record, replicates=(1, 2))):
             (run_dir / f"r{index}.json").write_text(json.dumps(one, allow_nan=False))
         (run_dir / "invariants-gw0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in invariants))
         return subprocess.CompletedProcess(command, exit_code[0])

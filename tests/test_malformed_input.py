@@ -48,21 +48,22 @@ WRONG = ["3.2", "x", [], [1, 2], {}, {"a": 1}, True, None, -1, 0, 1.5, 10 ** 30,
 @dataclass
 class Real:
     root: Path
-    sessions: list[Path]     # the run directories of draws 0, 1 and 2
+    sessions: list[Path]     # the run directories of replicates 0, 1 and 2
     baseline: Path           # the baseline `baseline update` made of them
 
-    def record(self, draw: int = 0) -> Path:
-        return next(p for p in self.sessions[draw].glob("*.json") if p.name != "manifest.json")
+    def record(self, replicate: int = 0) -> Path:
+        return next(p for p in self.sessions[replicate].glob("*.json") if p.name != "manifest.json")
 
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory) -> Real:
-    """Three rounding draws of a real 8-step run of three seeds, and the baseline made of them."""
+    """Three rounding replicates of a real 8-step run of three seeds, and the baseline made of them."""
     root = tmp_path_factory.mktemp("real")
     sessions = []
-    for draw in range(3):
-        assert main(["run", *TINY, "--set", f"replicate={draw}", "--out", str(root / f"draw{draw}")]) == 0
-        sessions.append(next((root / f"draw{draw}").iterdir()))
+    for replicate in range(3):
+        out = root / f"replicate{replicate}"
+        assert main(["run", *TINY, "--set", f"replicate={replicate}", "--out", str(out)]) == 0
+        sessions.append(next(out.iterdir()))
     baseline = root / "baseline.json"
     assert main(["baseline", "update", *map(str, sessions), "--out", str(baseline), "--allow-dirty",
                  "--accept-calibration"]) == 0
@@ -219,7 +220,7 @@ def invalid_baseline(baseline: dict):
         st.builds(replace, st.just(baseline), st.sampled_from(at["steps"]),
                   st.sampled_from(["sixty", 0, -5, 1.5, True, None, [60]])),
         st.builds(replace, st.just(baseline), st.just(("min_seeds",)), st.sampled_from([0, -1, "3", 1.5, True, None])),
-        st.builds(replace, st.just(baseline), st.just(("draws",)),
+        st.builds(replace, st.just(baseline), st.just(("replicates",)),
                   st.sampled_from([[], [0, 0, 1], [-1, 0], "0,1", [0.5, 1], None, {"0": 0}])),
         st.builds(replace, st.just(baseline), st.just(("cases",)), st.sampled_from([[], {}, "x", None, 3])),
         st.builds(replace, st.just(baseline), st.sampled_from([("preset",), ("device",)]),
@@ -350,10 +351,11 @@ def real_record(real) -> dict:
     return json.loads(real.record().read_text())
 
 
-def _session_with(real: Real, here: Path, record_text: str, draw: int = 0) -> tuple[Path, Path]:
-    """A copy of draw ``draw``'s run directory whose record is ``record_text``: (the directory, the record)."""
-    session = here / f"session{draw}"
-    shutil.copytree(real.sessions[draw], session)
+def _session_with(real: Real, here: Path, record_text: str, replicate: int = 0) -> tuple[Path, Path]:
+    """A copy of replicate ``replicate``'s run directory whose record is ``record_text``: (the directory, the
+    record)."""
+    session = here / f"session{replicate}"
+    shutil.copytree(real.sessions[replicate], session)
     record = next(p for p in session.glob("*.json") if p.name != "manifest.json")
     record.write_text(record_text)
     return session, record
@@ -507,12 +509,12 @@ def _figures(document: dict, arm: str = "gated") -> dict:
     (lambda b: b["cases"]["smoke/standard"]["arms"]["gated"].pop("status"), "arm gated has no 'status' field"),
     (lambda b: b["cases"]["smoke/standard"]["arms"].pop("gated"), "has no arm 'gated'"),
     (lambda b: b["cases"]["smoke/standard"]["arms"]["gated"]["status"].pop("2"), "seeds"),
-    (lambda b: b["cases"]["smoke/standard"]["arms"]["gated"]["status"]["1"].pop("2"), "draws"),
+    (lambda b: b["cases"]["smoke/standard"]["arms"]["gated"]["status"]["1"].pop("2"), "replicates"),
     (lambda b: b.update(cases=[]), "cases = []: expected a non-empty object"),
     (lambda b: b.update(calibration="x"), "calibration = 'x': expected an object"),
     (lambda b: b["cases"]["smoke/standard"].update(steps="sixty"), "steps = 'sixty': expected a whole number"),
     (lambda b: b.update(min_seeds=0), "min_seeds = 0: expected a whole number >= 1"),
-    (lambda b: b.update(draws=[0, 0, 1]), "draws = [0, 0, 1]: expected a non-empty list of distinct"),
+    (lambda b: b.update(replicates=[0, 0, 1]), "replicates = [0, 0, 1]: expected a non-empty list of distinct"),
     (lambda b: _figures(b).update(made_up={"0": {"0": 1.0}}), "figure 'made_up' is not a figure of the table"),
 ])
 def test_each_named_baseline_crash_is_now_exit_2_naming_file_case_arm_and_figure(real, capsys, edit, said):
@@ -687,10 +689,10 @@ def test_a_duplicated_key_counts_as_its_last_value_and_a_bad_last_value_is_refus
     here = fresh(real)
     document = json.loads(real.baseline.read_text())
     text = json.dumps(document)
-    _figures(document)["heldout_loss"]["0"] = "DRAWS"
+    _figures(document)["heldout_loss"]["0"] = "RUNS"
     duplicated = {"top": text[:-1] + ', "min_seeds": 0}',
                   "case": text.replace('"steps": 8,', '"steps": 8, "steps": "eight",', 1),
-                  "figure": json.dumps(document).replace('"DRAWS"', '{"0": 1.0, "1": 1.0, "2": 1.0, "0": "x"}')}[where]
+                  "figure": json.dumps(document).replace('"RUNS"', '{"0": 1.0, "1": 1.0, "2": 1.0, "0": "x"}')}[where]
     bad = here / "baseline.json"
     bad.write_text(duplicated)
     assert duplicated != text

@@ -29,19 +29,19 @@ def test_the_job_playing_the_change_gives_the_checks_own_rows(record, baseline):
     assert ps == [row.p for row in reg.check([job], baseline).rows if row.p is not None]
 
 
-def test_a_baseline_draw_playing_the_change_is_judged_against_the_job_and_the_other_draws(record, baseline):
+def test_a_baseline_replicate_playing_the_change_is_judged_against_the_job_and_the_others(record, baseline):
     job = edited(record, "gated", "heldout_loss", add=0.5)
-    kept, drawn = pooled_rows.arrange(pooled_rows.pooled_cases(baseline, [job]), {"0": "2", "1": "2", "2": "job"})
+    kept, picked = pooled_rows.arrange(pooled_rows.pooled_cases(baseline, [job]), {"0": "2", "1": "2", "2": "job"})
     figures = kept["smoke/standard"]["arms"]["gated"]["figures"]["heldout_loss"]
     assert sorted(figures["0"]) == ["0", "1", "3", "4", "job"] and sorted(figures["2"]) == ["0", "1", "2", "3", "4"]
-    chosen = drawn["smoke/standard"]["arms"]["gated"]["figures"]["heldout_loss"]
+    chosen = picked["smoke/standard"]["arms"]["gated"]["figures"]["heldout_loss"]
     assert chosen == {"0": {"2": figures_of(baseline, "0", "2")}, "1": {"2": figures_of(baseline, "1", "2")},
                       "2": {"job": next(a for a in job["arms"] if a["arm"] == "gated" and a["seed"] == 2)["final"]
                             ["heldout_loss"]}}
 
 
-def figures_of(baseline, seed, draw):
-    return baseline["cases"]["smoke/standard"]["arms"]["gated"]["figures"]["heldout_loss"][seed][draw]
+def figures_of(baseline, seed, replicate):
+    return baseline["cases"]["smoke/standard"]["arms"]["gated"]["figures"]["heldout_loss"][seed][replicate]
 
 
 def test_a_clear_regression_ranks_first_of_all_arrangements(record, baseline):
@@ -50,7 +50,7 @@ def test_a_clear_regression_ranks_first_of_all_arrangements(record, baseline):
     assert out["p"] == {"fisher": 1 / 216, "min p": 1 / 216}
 
 
-def test_a_new_rounding_draw_is_not_singled_out(record, baseline):
+def test_a_new_rounding_replicate_is_not_singled_out(record, baseline):
     out = pooled_rows.permutation_test(baseline, [replicate(record, 9)])
     assert min(out["p"].values()) > 0.05, out
 

@@ -121,9 +121,9 @@ def test_the_eta_of_a_line_comes_from_the_steps_trained_here():
     assert not progress.bars and clock(3725) == "1:02:05" and clock(None) == "?"
 
 
-def test_one_line_per_run_names_its_draw_and_a_run_stopped_early_still_gets_its_line():
+def test_one_line_per_run_names_its_replicate_and_a_run_stopped_early_still_gets_its_line():
     """What the stress suites show in a log (``lines_per_run=1``, no notes): one line when a run ends, prefixed
-    with the rounding draw; a run that diverged before its last step gets its line when it ends."""
+    with the rounding replicate; a run that diverged before its last step gets its line when it ends."""
     log = io.StringIO()
     progress = Progress(log, bars=False, lines_per_run=1, notes=False, prefix="replicate 1/2 ")
     progress.case_started("[precision_ladder]", steps=40)

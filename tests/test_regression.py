@@ -1,7 +1,7 @@
 """Properties of the merge check (stability/check/regression.py, baseline.py, calibration.py; `stability check`,
 `stability baseline ...`): noise from rounding replicates, floors and resolution, the primary family judged at
 the job's rate and advisory rows that never fail it, outcomes seed by seed, inputs that fail closed, the
-calibration over every arrangement of a baseline's draws."""
+calibration over every arrangement of a baseline's replicates."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def _set(record, arm, figure, values):
 
 
 def _base(values: dict[str, list[float]]) -> dict:
-    """seed -> the values of its draws (0 the reference) in the baseline's layout."""
-    return {seed: {str(d): v for d, v in enumerate(draws)} for seed, draws in values.items()}
+    """seed -> the values of its replicates (0 the reference) in the baseline's layout."""
+    return {seed: {str(r): v for r, v in enumerate(runs)} for seed, runs in values.items()}
 
 
 # ----------------------------------------------------------------------------- the baseline
@@ -57,11 +57,11 @@ def _base(values: dict[str, list[float]]) -> dict:
 def test_baseline_holds_every_seeds_reference_and_replicates(record, baseline):
     assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 4
     assert (baseline["preset"], baseline["device"], baseline["commit"]) == ("smoke", "cpu", "abc123")
-    assert baseline["draws"] == [0, 1, 2, 3, 4]
+    assert baseline["replicates"] == [0, 1, 2, 3, 4]
     gated = baseline["cases"]["smoke/standard"]["arms"]["gated"]
     reference = {str(a["seed"]): a["final"]["m_act_mean"] for a in record["arms"] if a["arm"] == "gated"}
-    assert {s: draws["0"] for s, draws in gated["figures"]["m_act_mean"].items()} == reference
-    assert all(len(draws) == 5 for draws in gated["figures"]["m_act_mean"].values())
+    assert {s: runs["0"] for s, runs in gated["figures"]["m_act_mean"].items()} == reference
+    assert all(len(runs) == 5 for runs in gated["figures"]["m_act_mean"].values())
     assert gated["status"]["1"] == {str(d): "completed" for d in range(5)}
 
 
@@ -69,7 +69,7 @@ def test_a_baseline_needs_three_seeds_and_two_replicates_per_seed(record):
     with pytest.raises(RecordError, match="at least 3 seeds"):
         baselines.make_baseline(with_replicates(pair_record(seeds=(0, 1))))
     with pytest.raises(RecordError, match="at least 2 replicates"):
-        baselines.make_baseline(with_replicates(record, draws=(1,)))
+        baselines.make_baseline(with_replicates(record, replicates=(1,)))
 
 
 def test_a_baseline_of_a_tree_with_uncommitted_changes_is_refused_unless_allowed(record):
@@ -83,7 +83,7 @@ def test_a_baseline_of_a_tree_with_uncommitted_changes_is_refused_unless_allowed
 def test_replicates_are_not_taken_for_repeats_of_one_run(record):
     from stability.record.rundir import duplicate_runs
 
-    assert duplicate_runs(with_replicates(record, draws=(1, 2))) == []
+    assert duplicate_runs(with_replicates(record, replicates=(1, 2))) == []
     twice = duplicate_runs([record, copy.deepcopy(record)])
     assert len(twice) == len(record["arms"]) and "is in two records" in twice[0]
 
@@ -175,7 +175,7 @@ def test_a_job_of_other_seeds_is_refused_naming_the_seeds(baseline):
 
 # ----------------------------------------------------------------------------- the job's verdict
 
-def test_unchanged_records_and_a_new_rounding_draw_pass(record, baseline):
+def test_unchanged_records_and_a_new_rounding_replicate_pass(record, baseline):
     assert reg.check([record], baseline).exit_code == 0
     result = reg.check([replicate(record, 7)], baseline)
     assert result.exit_code == 0, result.table()
@@ -375,21 +375,21 @@ def test_a_handled_overflow_is_not_an_unhandled_event():
 # ----------------------------------------------------------------------------- calibration
 
 def test_every_arrangement_of_a_clean_baseline_passes(baseline):
-    """5 draws of 3 seeds: 125 arrangements, each judged by the check's own code against the other draws;
-    none fails, and the margin is large."""
+    """5 replicates of 3 seeds: 125 arrangements, each judged by the check's own code against the other
+    replicates; none fails, and the margin is large."""
     curve = cal.calibrate(baseline)
-    assert curve["arrangements"] == 125 and (curve["seeds"], curve["draws"]) == (3, 5)
+    assert curve["arrangements"] == 125 and (curve["seeds"], curve["replicates"]) == (3, 5)
     assert curve["failed"] == [0, 0, 0, 0] and curve["margin"] >= cal.MIN_MARGIN
     assert cal.acceptable(curve) is None
     chosen = {"0": "2", "1": "0", "2": "4"}
     result = cal.judge_arrangement(baseline, chosen)
-    assert result.draws == [1, 3] and result.exit_code == 0 and result.judged > 0
+    assert result.replicates == [1, 3] and result.exit_code == 0 and result.judged > 0
 
 
-def test_calibration_shows_a_draw_that_is_not_a_rounding_change(record):
+def test_calibration_shows_a_replicate_that_is_not_a_rounding_change(record):
     """A "replicate" of seed 0 whose held-out loss is 10% worse is no rounding change: the 25 arrangements
     where it plays the change fail (20%, above the diagonal at every alpha); the baseline is not
-    acceptable. The same draw 10% worse at every seed fails one arrangement (the one choosing it at every
+    acceptable. The same replicate 10% worse at every seed fails one arrangement (the one choosing it at every
     seed: 0.8%, under the diagonal), and its margin refuses the baseline."""
     records = with_replicates(record)
     one = copy.deepcopy(records[3])
@@ -476,8 +476,8 @@ def test_a_figure_the_table_does_not_know_is_unusable_input(record, baseline):
     assert result.exit_code == 2 and "final.heldout_los is not a figure of the table" in result.errors[0]
 
 
-def test_records_of_several_draws_are_not_one_job(record, baseline):
-    result = reg.check(with_replicates(record, draws=(1,)), baseline)
+def test_records_of_several_replicates_are_not_one_job(record, baseline):
+    result = reg.check(with_replicates(record, replicates=(1,)), baseline)
     assert result.exit_code == 2 and "a check judges one job's records" in result.errors[0]
 
 
@@ -490,7 +490,7 @@ def test_fault_selfcheck_and_claim_records_never_enter_a_check_or_a_baseline(rec
             baselines.make_baseline([other])
 
 
-def test_the_same_case_arm_seed_and_draw_twice_is_unusable(record, baseline):
+def test_the_same_case_arm_seed_and_replicate_twice_is_unusable(record, baseline):
     assert reg.check([record, record], baseline).exit_code == 2
 
 
@@ -563,6 +563,29 @@ def test_load_baseline_rejects_missing_corrupt_and_an_older_schema(tmp_path, bas
     _write(tmp_path / "v3.json", {**baseline, "schema_version": 3})
     with pytest.raises(RecordError, match="rounding replicates"):
         baselines.load_baseline(tmp_path / "v3.json")
+
+
+def test_a_baseline_that_says_draws_reads_as_the_same_baseline(tmp_path, baseline, record):
+    """A baseline written while a rounding replicate was also called a "draw" holds "draws" where one now
+    holds "replicates" (top level and in the calibration): it reads as the same baseline, each key in its
+    place, and judges a job the same. A key a baseline does not have is still refused, and so is a file
+    holding both names of one key."""
+    today = json.loads(json.dumps({**baseline, "calibration": cal.stored(cal.calibrate(baseline), None)}))
+
+    def said_draws(document):
+        return {("draws" if key == "replicates" else key): value for key, value in document.items()}
+    old = {**said_draws(today), "calibration": said_draws(today["calibration"])}
+    assert old["draws"] == [0, 1, 2, 3, 4] and old["calibration"]["draws"] == 5
+    read = baselines.load_baseline(_write(tmp_path / "old.json", old))
+    assert read == today and list(read) == list(today) and list(read["calibration"]) == list(today["calibration"])
+    assert reg.check([record], read).to_dict() == reg.check([record], today).to_dict()
+    refused = [({**old, "rounding": 1}, "the baseline holds 'rounding', which a baseline does not have"),
+               ({**old, "calibration": {**old["calibration"], "rounding": 1}},
+                "calibration holds 'rounding', which a baseline does not have"),
+               ({**old, "replicates": old["draws"]}, "the baseline holds 'draws', which a baseline does not have")]
+    for document, message in refused:
+        with pytest.raises(RecordError, match=message):
+            baselines.load_baseline(_write(tmp_path / "bad.json", document))
 
 
 def test_alpha_must_be_a_rate(record, baseline):
@@ -693,16 +716,16 @@ def test_the_suites_outcome_is_part_of_the_one_verdict(tmp_path, record, baselin
 
 
 def test_a_nan_where_the_baseline_runs_of_the_seed_diverged_too_is_part_of_the_divergence(record):
-    """In a case whose runs diverge (the LR range test) some draws meet a NaN on the way and some stop on an
+    """In a case whose runs diverge (the LR range test) some replicates meet a NaN on the way and some stop on an
     exploding loss first: the non-finite outcome is judged only where every baseline run of the seed
     completed, so a job whose run diverges through a NaN there passes, as the calibration of such a
     baseline requires (measured: 9 of 27 arrangements failed before this rule)."""
     runs = []
-    for draw, r in enumerate(with_replicates(record)):
+    for number, r in enumerate(with_replicates(record)):
         out = copy.deepcopy(r)
         for arm in out["arms"]:
             arm.update(status="diverged", diverged_at_step=40)
-            arm["final"].update(diverged=True, divergence_step=40, nonfinite_unhandled=int(draw == 1),
+            arm["final"].update(diverged=True, divergence_step=40, nonfinite_unhandled=int(number == 1),
                                 heldout_loss=None)
         runs.append(out)
     ramp = baselines.make_baseline(runs)

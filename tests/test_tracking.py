@@ -358,8 +358,8 @@ def test_check_from_mlflow_takes_the_latest_parent_runs_of_a_branch(tmp_path, st
     old = edited(record, "gated", "m_act_mean", factor=10.0)
     assert tracking.log_to_mlflow(old, store)["status"] == "tracked"
     time.sleep(0.01)
-    for draw in with_replicates(record, draws=(1, 2)):    # the latest of each draw wins: the reference and two
-        assert tracking.log_to_mlflow(draw, store)["status"] == "tracked"   # replicates
+    for run in with_replicates(record, replicates=(1, 2)):    # the latest of each replicate wins: the reference
+        assert tracking.log_to_mlflow(run, store)["status"] == "tracked"   # and two replicates
     current = tmp_path / "r.json"
     current.write_text(json.dumps(record, allow_nan=False))
     assert main(["check", "--from-mlflow", "main", "--tracking-uri", store, str(current)]) == 0

@@ -298,8 +298,8 @@ def test_a_baseline_that_is_not_whole_never_passes(jobs, tmp_path, damage):
     judged against the unchanged job's records (which pass the whole one): never exit 0."""
     baseline = json.loads(jobs.baseline.read_text())
     if damage == "nan_figure":
-        draws = baseline["cases"]["smoke/standard"]["arms"]["gated"]["figures"]["heldout_loss"]["0"]
-        draws["0"] = float("nan")
+        runs = baseline["cases"]["smoke/standard"]["arms"]["gated"]["figures"]["heldout_loss"]["0"]
+        runs["0"] = float("nan")
     elif damage == "no_cases":
         baseline["cases"] = {}
     else:

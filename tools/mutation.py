@@ -59,11 +59,11 @@ TARGETS = {
     # the values compared, the noise, the p-values and the verdicts; not the input checks and their messages,
     # the baseline document, the table/Markdown rendering, nor reading and writing files
     "regression": Target("stability/check/regression.py",
-                         ("_mean", "_tail", "seed_noise", "welch_dof", "row_dof", "judge", "single_draw",
+                         ("_mean", "_tail", "seed_noise", "welch_dof", "row_dof", "judge", "single_replicate",
                           "paired_values", "outcomes_of_arm", "rows_of_case", "mark_duplicates", "decide",
                           "judge_invariants"),
                          ("tests/test_regression.py", HAND)),
-    # the values a baseline holds and the calibration of the rule on its draws
+    # the values a baseline holds and the calibration of the rule on its replicates
     "baseline": Target("stability/check/baseline.py", ("regression_records", "figure_value", "case_values"),
                        ("tests/test_regression.py",)),
     "calibration": Target("stability/check/calibration.py", ("split_runs", "arrangements", "margin", "acceptable"),

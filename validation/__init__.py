@@ -5,7 +5,7 @@ Run each script as a module from the repository root (``python -m validation.reg
     zoo.py              the regression zoo: harmful and harmless source patches
     workflow.py         runs a GitHub Actions job's steps here, as the runner would
     regression_zoo.py   the CPU job on every zoo entry: what the gate caught (reports/zoo-*.md)
-    null_jobs.py        the CPU job on unchanged code under fresh rounding draws: false alarms (reports/null-*.md)
+    null_jobs.py        the CPU job on unchanged code under fresh rounding replicates: false alarms (reports/null-*.md)
     power_curve.py      the smallest graded regression the job catches every time (reports/power-*.md)
     replicate_spread.py do rounding replicates move the figures as harmless changes do (reports/replicates-*.md)
     pooled_rows.py      would a test pooling the rows see what Holm misses (a permutation test)

@@ -5,9 +5,9 @@
 The check judges every row on its own and controls the family-wise rate with Holm, which is blind to
 a change that moves many rows a little. A pooled statistic adds the rows' evidence; its null
 distribution is unknown (the rows are strongly dependent) but can be had exactly by permutation. If the
-change is harmless, the job's run of a seed is one more rounding draw of that seed: exchangeable with
-the seed's baseline runs. So for each of the (D + 1)^S arrangements (S seeds, D baseline draws each;
-which run of each seed plays "the change", the others the baseline) the rows are judged as
+change is harmless, the job's run of a seed is one more rounding replicate of that seed: exchangeable
+with the seed's baseline runs. So for each of the (D + 1)^S arrangements (S seeds, D baseline replicates
+each; which run of each seed plays "the change", the others the baseline) the rows are judged as
 ``stability check`` judges them, and pooled:
 
 * ``fisher``: the sum over rows of -log p (Fisher's combination, here calibrated by permutation);
@@ -15,9 +15,9 @@ which run of each seed plays "the change", the others the baseline) the rows are
   single-step test, which uses the rows' dependence instead of Holm's worst case).
 
 The permutation p is the share of arrangements whose statistic is at least the observed one: exact
-under exchangeability, and never below 1 / (D + 1)^S (1/216 at 3 seeds and 5 draws), so 1% is within
-reach. The whole of one arrangement is one job's draw: a seed's run is exchanged in every case and arm
-at once, which keeps the dependence between cases that share a config. Nothing is asserted here;
+under exchangeability, and never below 1 / (D + 1)^S (1/216 at 3 seeds and 5 replicates), so 1% is
+within reach. The whole of one arrangement is one job's replicate: a seed's run is exchanged in every
+case and arm at once, which keeps the dependence between cases that share a config. Nothing is asserted here;
 tests/test_pooled_rows.py checks the arrangement logic on hand-made records.
 """
 
@@ -31,22 +31,22 @@ from pathlib import Path
 
 from stability.check.baseline import case_values, load_baseline, regression_records
 from stability.check.calibration import split_runs
-from stability.check.regression import CheckResult, judge_cases, single_draw
+from stability.check.regression import CheckResult, judge_cases, single_replicate
 
 ROOT = Path(__file__).resolve().parents[1]
 
-JOB = "job"   # the draw label of the judged job's runs among the baseline's
+JOB = "job"   # the replicate label of the judged job's runs among the baseline's
 
 
 def pooled_cases(baseline: dict, records: list[dict]) -> dict:
-    """The baseline's cases with the job's run of each seed added as draw ``JOB`` (cases, arms and seeds
+    """The baseline's cases with the job's run of each seed added as replicate ``JOB`` (cases, arms and seeds
     that both hold)."""
     current = case_values(regression_records(records)[0])
     cases = {}
     for key, base in baseline["cases"].items():
         if key not in current:
             continue
-        job = single_draw(current[key], key)
+        job = single_replicate(current[key], key)
         arms = {}
         for arm, entry in base["arms"].items():
             if arm not in job:
@@ -65,16 +65,17 @@ def pooled_cases(baseline: dict, records: list[dict]) -> dict:
 
 
 def arrange(cases: dict, chosen: dict[str, str]) -> tuple[dict, dict]:
-    """(baseline cases without the chosen runs, the chosen runs as a one-draw job): ``chosen`` maps each
-    seed to the draw that plays the change (the split of ``stability baseline calibrate``, per seed)."""
+    """(baseline cases without the chosen runs, the chosen runs as a job of one replicate per seed):
+    ``chosen`` maps each seed to the replicate that plays the change (the split of ``stability baseline
+    calibrate``, per seed)."""
     return split_runs(cases, chosen.__getitem__)
 
 
 def judged_p(cases: dict, chosen: dict[str, str]) -> list[float]:
     """The p-value of every judged row with ``chosen`` as the change (the check's rows, before Holm)."""
-    kept, drawn = arrange(cases, chosen)
+    kept, picked = arrange(cases, chosen)
     result = CheckResult()
-    judge_cases(result, drawn, kept, {})
+    judge_cases(result, picked, kept, {})
     return [row.p for row in result.rows if row.p is not None]
 
 
@@ -90,7 +91,7 @@ def permutation_test(baseline: dict, records: list[dict]) -> dict:
     seeds = sorted({s for case in cases.values() for arm in case["arms"].values() for s in arm["status"]}, key=int)
     if not seeds:
         return {"arrangements": 0, "observed": None, "p": None}
-    labels = [str(d) for d in baseline["draws"]] + [JOB]
+    labels = [str(r) for r in baseline["replicates"]] + [JOB]
     observed = statistics(judged_p(cases, {s: JOB for s in seeds}))
     null = [statistics(judged_p(cases, dict(zip(seeds, combo))))
             for combo in itertools.product(labels, repeat=len(seeds))]

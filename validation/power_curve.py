@@ -6,13 +6,14 @@
 
 The dial: the initial weights' standard deviation multiplied by ``1 + e`` (a patch of
 ``stability/model/lm.py``, as a pull request would make it). For each ``e`` of ``--dials`` (largest first)
-the CPU job of ``.github/workflows/stability.yml`` runs three times on the dialled code, each draw under
-another rounding perturbation (``--replicate 101``, ``102``, ``103``: the runs' initial parameters moved
-by one rounding step, so the three draws differ as three harmless rewrites of the same change would).
-Records are kept in ``reports/power/<scale>/`` like the zoo's. Both rules judge every draw: the check as
-it is and the earlier seed-spread rule (validation/seed_spread_rule.py). The table
-(``reports/power-<scale>.md``) gives, per e and rule, the draws caught, and the smallest e caught in 3 of 3
-draws. The descent stops below the first e that neither rule catches 3 of 3 times.
+the CPU job of ``.github/workflows/stability.yml`` runs three times on the dialled code, each time as
+another rounding replicate (``--replicate 101``, ``102``, ``103``: the runs' initial parameters moved by
+one rounding step, so the three replicates differ as three harmless rewrites of the same change would).
+Records are kept in ``reports/power/<scale>/`` like the zoo's (``e<e>-draw<N>.json.xz`` for replicate N,
+``name_of``). Both rules judge every replicate: the check as it is and the earlier seed-spread rule
+(validation/seed_spread_rule.py). The table (``reports/power-<scale>.md``) gives, per e and rule, the
+replicates caught, and the smallest e caught in 3 of 3 replicates. The descent stops below the first e that
+neither rule catches 3 of 3 times.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from validation.zoo import Entry
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DRAWS = (101, 102, 103)
+REPLICATES = (101, 102, 103)
 DEFAULT_DIALS = {"smoke": (2.0, 1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01), "ci": (2.0, 1.0, 0.5, 0.2, 0.1, 0.05)}
 INIT_LINE = "std = self.config.init_std"
 
@@ -38,8 +39,10 @@ def dialled(e: float) -> Entry:
                  (("stability/model/lm.py", INIT_LINE, f"{INIT_LINE} * {1 + e!r}"),))
 
 
-def name_of(e: float, draw: int) -> str:
-    return f"e{e:g}-draw{draw}"
+def name_of(e: float, replicate: int) -> str:
+    """The name the job of dial ``e`` and rounding replicate ``replicate`` is kept under: ``e<e>-draw<N>``,
+    as the records kept in reports/power/ are named."""
+    return f"e{e:g}-draw{replicate}"
 
 
 def main() -> int:
@@ -57,13 +60,13 @@ def main() -> int:
     rows = []
     for e in dials:
         caught = {"check": 0, "earlier": 0, "judged": 0}
-        for draw in DRAWS:
-            name = name_of(e, draw)
+        for replicate in REPLICATES:
+            name = name_of(e, replicate)
             document = None if not args.rejudge else zoo.read_kept(args.scale, name)
             if document is None and not args.rejudge:
-                print(f"e={e:g} draw {draw}: running the CPU job at {args.scale} ...", flush=True)
-                document = zoo.run_entry(dialled(e), args.scale, work, env={"PYTEST_ADDOPTS": f"--replicate {draw}"},
-                                         name=name)
+                print(f"e={e:g} replicate {replicate}: running the CPU job at {args.scale} ...", flush=True)
+                document = zoo.run_entry(dialled(e), args.scale, work,
+                                         env={"PYTEST_ADDOPTS": f"--replicate {replicate}"}, name=name)
                 zoo.keep(args.scale, document)
             if document is None:
                 continue
@@ -71,13 +74,13 @@ def main() -> int:
             caught["judged"] += 1
             caught["check"] += row["failed"]
             caught["earlier"] += row["old_failed"]
-            print(f"  e={e:g} draw {draw}: check {'caught' if row['failed'] else 'missed'} "
+            print(f"  e={e:g} replicate {replicate}: check {'caught' if row['failed'] else 'missed'} "
                   f"{row['regressed'][:3]}; earlier rule {'caught' if row['old_failed'] else 'missed'}", flush=True)
         if not caught["judged"]:   # --rejudge: no kept record of this dial (never run), not a dial missed
             print(f"  e={e:g}: no kept records, left out", flush=True)
             continue
         rows.append((e, caught))
-        if not args.rejudge and caught["check"] < len(DRAWS) and caught["earlier"] < len(DRAWS):
+        if not args.rejudge and caught["check"] < len(REPLICATES) and caught["earlier"] < len(REPLICATES):
             break
     text = table(rows, args.scale, baseline)
     (ROOT / "reports" / f"power-{args.scale}.md").write_text(text)
@@ -86,10 +89,10 @@ def main() -> int:
 
 
 def smallest(rows, rule: str) -> str:
-    """The smallest e caught in every draw, with every larger e of the grid caught every time too."""
+    """The smallest e caught in every replicate, with every larger e of the grid caught every time too."""
     best = None
     for e, caught in sorted(rows, reverse=True):
-        if caught[rule] < len(DRAWS):
+        if caught[rule] < len(REPLICATES):
             break
         best = e
     return f"{best:g}" if best is not None else "none of the grid"
@@ -97,11 +100,11 @@ def smallest(rows, rule: str) -> str:
 
 def table(rows, scale: str, baseline: dict) -> str:
     lines = [f"## Power curve at `{scale}`", "",
-             (f"The dial: initial weights' standard deviation x (1 + e); {len(DRAWS)} draws per e, each under "
-              f"another rounding perturbation. Baseline commit `{str(baseline.get('commit'))[:12]}`."), "",
-             (f"Smallest e caught in {len(DRAWS)} of {len(DRAWS)} draws: the check **{smallest(rows, 'check')}**, "
-              f"the earlier seed-spread rule **{smallest(rows, 'earlier')}**."), "",
-             "| e | std factor | check: draws caught | earlier rule: draws caught |", "|---|---|---|---|"]
+             (f"The dial: initial weights' standard deviation x (1 + e); {len(REPLICATES)} replicates per e, each "
+              f"under another rounding perturbation. Baseline commit `{str(baseline.get('commit'))[:12]}`."), "",
+             (f"Smallest e caught in {len(REPLICATES)} of {len(REPLICATES)} replicates: the check "
+              f"**{smallest(rows, 'check')}**, the earlier seed-spread rule **{smallest(rows, 'earlier')}**."), "",
+             "| e | std factor | check: replicates caught | earlier rule: replicates caught |", "|---|---|---|---|"]
     for e, caught in rows:
         lines.append(f"| {e:g} | {1 + e:g} | {caught['check']} of {caught['judged']} | "
                      f"{caught['earlier']} of {caught['judged']} |")

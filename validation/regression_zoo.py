@@ -198,11 +198,11 @@ def _counts(rows: list[dict], key: str) -> str:
 
 def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> str:
     lines = [f"## Regression zoo at `{scale}`", "",
-             (f"Baseline `reports/baselines/{scale}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, draws "
-              f"{baseline.get('draws')}). Check: outcomes seed by seed, the primary family by Holm at alpha = 0.01 "
-              f"(replicate noise), inputs that fail closed. Earlier rule: seed-spread bands, k = 3, every row on its "
-              f"own (validation/seed_spread_rule.py). A job fails on a stress test, the kernel step or the check. "
-              f"Margin: m x the smallest primary p / alpha (under 1: the check failed the job)."), "",
+             (f"Baseline `reports/baselines/{scale}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, "
+              f"replicates {baseline.get('replicates')}). Check: outcomes seed by seed, the primary family by Holm at "
+              f"alpha = 0.01 (replicate noise), inputs that fail closed. Earlier rule: seed-spread bands, k = 3, every "
+              f"row on its own (validation/seed_spread_rule.py). A job fails on a stress test, the kernel step or the "
+              f"check. Margin: m x the smallest primary p / alpha (under 1: the check failed the job)."), "",
              ("Only entries whose kept records hold the figures this check judges are listed (records of an "
               "earlier commit are refused, not guessed; earlier tables are in the history of this file)."), "",
              "| entries | check | check, every floor x0.8 | check, every floor x1.25 | earlier rule |",

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from stability.check.baseline import case_values, load_baseline
-from stability.check.regression import paired_values, single_draw
+from stability.check.regression import paired_values, single_replicate
 from stability.record import REFERENCE_ARM
 from stability.record import figures as fig
 from validation import regression_zoo as zoo
@@ -62,8 +62,8 @@ def replicate_u(baseline: dict) -> list[float | None]:
     out = []
     for case in baseline["cases"].values():
         for per_seed in rows_of(case["arms"], True).values():
-            for draws in per_seed.values():
-                values = [v for v in draws.values() if v is not None]
+            for runs in per_seed.values():
+                values = [v for v in runs.values() if v is not None]
                 if len(values) >= 4:
                     for i, v in enumerate(values):
                         out.append(standardised(v, values[:i] + values[i + 1:]))
@@ -76,10 +76,10 @@ def entry_u(document: dict, baseline: dict) -> list[float | None]:
         base = baseline["cases"].get(key)
         if base is None:
             continue
-        current = rows_of(single_draw(case, key), False)
+        current = rows_of(single_replicate(case, key), False)
         for row, per_seed in rows_of(base["arms"], True).items():
-            for seed, draws in per_seed.items():
-                values = [v for v in draws.values() if v is not None]
+            for seed, runs in per_seed.items():
+                values = [v for v in runs.values() if v is not None]
                 value = current.get(row, {}).get(seed)
                 if len(values) >= 3 and value is not None:
                     out.append(standardised(value, values))

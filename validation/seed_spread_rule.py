@@ -8,7 +8,7 @@ figure regressed when it moved in its worse direction by more than its band, eve
 family-wise control); a seed whose baseline arm completed and whose arm now diverged regressed.
 
 ``judge(records, baseline)`` applies it to a replicate baseline (schema 3) by reading only its
-reference runs (draw 0), as the baselines of that rule held them. Used by validation/regression_zoo.py
+reference runs (replicate 0), as the baselines of that rule held them. Used by validation/regression_zoo.py
 and validation/power_curve.py for their "before" columns.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from stability.check.baseline import case_values, regression_records
-from stability.check.regression import paired_arm, paired_values, single_draw
+from stability.check.regression import paired_arm, paired_values, single_replicate
 from stability.record import REFERENCE_ARM, Status, arm_names
 from stability.record import figures as fig
 from stability.record.stats import sample_std, t_quantile_for_z
@@ -55,9 +55,9 @@ def compare(base: dict, cur: dict, name: str) -> str:
 
 
 def _reference(arm: dict) -> dict:
-    """A baseline arm reduced to its reference runs (draw 0): seed -> value."""
+    """A baseline arm reduced to its reference runs (replicate 0): seed -> value."""
     def first(per_seed):
-        return {s: draws["0"] for s, draws in per_seed.items() if "0" in draws}
+        return {s: runs["0"] for s, runs in per_seed.items() if "0" in runs}
     return {"status": first(arm["status"]), "diverged_at_step": first(arm["diverged_at_step"]),
             "figures": {name: first(values) for name, values in arm["figures"].items()}}
 
@@ -70,7 +70,7 @@ def judge(records: list[dict], baseline: dict) -> list[str]:
         base = baseline["cases"].get(key)
         if base is None:
             continue
-        current = single_draw(case, key)
+        current = single_replicate(case, key)
         reference = {arm: _reference(entry) for arm, entry in base["arms"].items()}
         for arm in arm_names([{"arm": a} for a in {**reference, **current}]):
             b, c = reference.get(arm), current.get(arm)

@@ -5,7 +5,7 @@
 
 A baseline (``reports/baselines/<preset>-<device>.json``) holds, per stress case (its key
 ``<preset>/<name>[-<schedule>]``), arm, seed and judged figure, the value of the seed's reference run
-(draw 0) and of its *replicates*: runs of the same code, config and seed whose initial parameters differ
+(replicate 0) and of its *replicates*: runs of the same code, config and seed whose initial parameters differ
 by one rounding step (``run.replicate``; ``stability.model.rounding``). Training is chaotic, so a
 harmless change of rounding moves a figure about as much as the replicates differ: their spread is the
 noise of the check (``stability.check.regression``). Besides the values it records the commit it was
@@ -34,7 +34,7 @@ from stability.record import (
     config_fingerprint,
     device_kind,
     record_device,
-    record_draw,
+    record_replicate,
     validate_record,
     where,
     write_json,
@@ -44,7 +44,7 @@ from stability.record.io import read_json
 
 BASELINE_SCHEMA_VERSION = 4
 MIN_SEEDS = 3
-MIN_DRAWS = 3          # per arm and seed: the reference and at least two replicates
+MIN_REPLICATES = 3     # per arm and seed: the reference and at least two replicates
 
 
 def default_baseline_path(preset: str, device: str, directory: str | Path = "reports/baselines") -> Path:
@@ -104,10 +104,10 @@ def figure_value(record: dict, index: int, arm: dict, name: str) -> float | None
 
 def case_values(records: list[dict]) -> dict[str, dict]:
     """{case key: {"name", "schedule", "stress", "steps", "fingerprint", "config", "records",
-                   "arms": {arm: {"status": {seed: {draw: status}}, "diverged_at_step": {seed: {draw: step}},
-                                  "figures": {figure: {seed: {draw: value or None}}}}}}}.
+                   "arms": {arm: {"status": {seed: {replicate: status}}, "diverged_at_step": {seed: {replicate: step}},
+                                  "figures": {figure: {seed: {replicate: value or None}}}}}}}.
 
-    Seeds and draws are strings (JSON keys). A judged figure is held for every run that reports it; an
+    Seeds and replicates are strings (JSON keys). A judged figure is held for every run that reports it; an
     evaluation or peak figure (``Figure.needs_completed_arm``) of a run that did not complete is not (it
     describes a broken model or the size of its explosion). None is a figure that is non-finite."""
     cases: dict[str, dict] = {}
@@ -123,16 +123,16 @@ def case_values(records: list[dict]) -> dict[str, dict]:
             raise RecordError(f"{where(record, index)}: case {key} appears with two different configs among the "
                               f"records ({config_diff(case['config'], comparable_config(record['config']))})")
         case["records"].append(record.get("id"))
-        draw = str(record_draw(record))
+        replicate = str(record_replicate(record))
         for arm in record["arms"]:
             entry = case["arms"].setdefault(arm["arm"], {"status": {}, "diverged_at_step": {}, "figures": {}})
             seed = str(arm["seed"])
-            if draw in entry["status"].setdefault(seed, {}):
-                raise RecordError(f"{where(record, index)}: case {key} arm {arm['arm']} seed {seed} draw {draw} "
-                                  f"appears twice among the records (pass one run directory, or records of "
-                                  f"distinct seeds)")
-            entry["status"][seed][draw] = arm["status"]
-            entry["diverged_at_step"].setdefault(seed, {})[draw] = arm.get("diverged_at_step")
+            if replicate in entry["status"].setdefault(seed, {}):
+                raise RecordError(f"{where(record, index)}: case {key} arm {arm['arm']} seed {seed} replicate "
+                                  f"{replicate} appears twice among the records (pass one run directory, or records "
+                                  f"of distinct seeds)")
+            entry["status"][seed][replicate] = arm["status"]
+            entry["diverged_at_step"].setdefault(seed, {})[replicate] = arm.get("diverged_at_step")
             for name in arm.get("final") or {}:
                 if fig.figure(name) is None:
                     continue   # a figure of an extension this process has not loaded (validate_record kept it)
@@ -142,14 +142,15 @@ def case_values(records: list[dict]) -> dict[str, dict]:
                     continue
                 if table_entry.needs_completed_arm and arm["status"] != Status.COMPLETED:
                     continue
-                entry["figures"].setdefault(name, {}).setdefault(seed, {})[draw] = value
+                entry["figures"].setdefault(name, {}).setdefault(seed, {})[replicate] = value
     return cases
 
 
 # ----------------------------------------------------------------------------- the document
 
 def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int = MIN_SEEDS,
-                  min_draws: int = MIN_DRAWS, allow_dirty: bool = False, invariants: list[dict] | None = None) -> dict:
+                  min_replicates: int = MIN_REPLICATES, allow_dirty: bool = False,
+                  invariants: list[dict] | None = None) -> dict:
     """A baseline document from the regression records of one preset and device, holding every seed's
     reference run and replicates, and the commit that trained them (``commit`` overrides it); RecordError
     otherwise (too few seeds or replicates, records of several commits, of a tree with uncommitted changes
@@ -186,19 +187,19 @@ def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int
                 raise RecordError(f"case {key} arm {arm} has {len(entry['status'])} seed(s) "
                                   f"({sorted(entry['status'])}): a baseline needs at least {min_seeds} seeds per "
                                   f"case; run with --set seeds=0,1,2")
-            for seed, draws in entry["status"].items():
-                if len(draws) < min_draws:
-                    raise RecordError(f"case {key} arm {arm} seed {seed} has {len(draws)} run(s) (draws "
-                                      f"{sorted(draws, key=int)}): a baseline needs the reference and at least "
-                                      f"{min_draws - 1} replicates to know its noise; make it with `stability "
+            for seed, runs in entry["status"].items():
+                if len(runs) < min_replicates:
+                    raise RecordError(f"case {key} arm {arm} seed {seed} has {len(runs)} run(s) (replicates "
+                                      f"{sorted(runs, key=int)}): a baseline needs the reference and at least "
+                                      f"{min_replicates - 1} replicates to know its noise; make it with `stability "
                                       f"baseline make` or run the suites with --replicates N")
-    draws = sorted({int(d) for case in cases.values() for arm in case["arms"].values()
-                    for per_seed in arm["status"].values() for d in per_seed})
+    replicates = sorted({int(r) for case in cases.values() for arm in case["arms"].values()
+                         for per_seed in arm["status"].values() for r in per_seed})
     git = records[-1].get("git") or {}
     return {
         "schema_version": BASELINE_SCHEMA_VERSION, "kind": "stability-baseline",
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "preset": presets.pop(), "device": devices.pop(), "min_seeds": min_seeds, "draws": draws,
+        "preset": presets.pop(), "device": devices.pop(), "min_seeds": min_seeds, "replicates": replicates,
         "commit": commit if commit is not None else git.get("commit"), "branch": git.get("branch"),
         "dirty": bool(dirty), "cases": dict(sorted(cases.items())), "invariants": None if invariants is None else list(invariants),
         "covers": covers(records, invariants),
@@ -207,11 +208,11 @@ def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int
 
 def merge_cases(old: dict, new: dict, stress: list[str]) -> dict:
     """``old`` with the cases of the stress cases ``stress`` taken from ``new`` (a baseline made of those cases'
-    runs only: a baseline remade case by case). The two must be of one preset, device and set of draws; each
+    runs only: a baseline remade case by case). The two must be of one preset, device and set of replicates; each
     case keeps the commit that trained it (``case["commit"]``), the document's ``commit`` becomes ``new``'s and
     ``cases_remade`` names what was remade. The invariants of the remade cases are ``new``'s. RecordError when
     ``new`` lacks one of the cases or holds another."""
-    for key in ("preset", "device", "draws"):
+    for key in ("preset", "device", "replicates"):
         if old.get(key) != new.get(key):
             raise RecordError(f"the cases remade differ from the baseline's in {key}: {new.get(key)!r} against "
                               f"{old.get(key)!r}: expected the baseline's (remake it whole)")
@@ -245,12 +246,12 @@ def run_invariants(records: list[dict]) -> list[dict] | None:
 
 # ----------------------------------------------------------------------------- reading one back
 
-TOP_KEYS = ("schema_version", "kind", "created_at", "preset", "device", "min_seeds", "draws", "commit", "branch",
+TOP_KEYS = ("schema_version", "kind", "created_at", "preset", "device", "min_seeds", "replicates", "commit", "branch",
             "dirty", "cases", "invariants", "calibration", "cases_remade", "covers")
-REQUIRED_TOP_KEYS = ("preset", "device", "min_seeds", "draws", "cases")
+REQUIRED_TOP_KEYS = ("preset", "device", "min_seeds", "replicates", "cases")
 CASE_KEYS = ("name", "schedule", "stress", "steps", "fingerprint", "config", "records", "arms", "commit")
 ARM_KEYS = ("status", "diverged_at_step", "figures")
-CALIBRATION_KEYS = ("arrangements", "seeds", "draws", "dof_rule", "alphas", "failed", "rate", "margin", "closest",
+CALIBRATION_KEYS = ("arrangements", "seeds", "replicates", "dof_rule", "alphas", "failed", "rate", "margin", "closest",
                     "primary_family", "accepted_anyway", "reason")
 # the config fields the check computes a figure's resolution from (stability.record.figures.quantum)
 RESOLUTION_FIELDS = ("run.data.batch_size", "run.model.context", "run.probes.eval_batches", "run.model.n_heads",
@@ -346,7 +347,7 @@ def _check_figure_value(name: str, value, status: str, where_: str) -> None:
         raise RecordError(f"{where_}: figure {name} = {_short(value)}: expected a number, got {_type_name(value)}")
 
 
-def _check_arm(case_key_: str, arm: str, entry, seeds: list[str], draws: list[str], config: dict,
+def _check_arm(case_key_: str, arm: str, entry, seeds: list[str], replicates: list[str], config: dict,
                where_: str) -> None:
     here = f"{where_}: case {case_key_} arm {arm}"
     entry = _object(entry, "arms." + arm, f"{where_}: case {case_key_}")
@@ -360,26 +361,26 @@ def _check_arm(case_key_: str, arm: str, entry, seeds: list[str], draws: list[st
         raise RecordError(f"{here}: status holds seeds {sorted(status)}, the case's other arms {sorted(seeds)}: "
                           f"expected the same seeds in every arm")
     for seed in seeds:
-        per_draw = _object(status[seed], f"status.{seed}", here)
-        if sorted(per_draw) != sorted(draws):
-            raise RecordError(f"{here} seed {seed}: status holds draws {sorted(per_draw)}: expected the baseline's "
-                              f"draws {sorted(draws)}")
-        for draw, value in per_draw.items():
+        per_replicate = _object(status[seed], f"status.{seed}", here)
+        if sorted(per_replicate) != sorted(replicates):
+            raise RecordError(f"{here} seed {seed}: status holds replicates {sorted(per_replicate)}: expected the "
+                              f"baseline's replicates {sorted(replicates)}")
+        for replicate, value in per_replicate.items():
             if value not in tuple(USABLE):
-                raise RecordError(f"{here} seed {seed} draw {draw}: status = {_short(value)}: expected one of "
-                                  f"{sorted(USABLE)}")
+                raise RecordError(f"{here} seed {seed} replicate {replicate}: status = {_short(value)}: expected "
+                                  f"one of {sorted(USABLE)}")
     steps = entry["diverged_at_step"]
-    for seed, per_draw in steps.items():
+    for seed, per_replicate in steps.items():
         if seed not in status:
             raise RecordError(f"{here}: diverged_at_step holds seed {seed!r}, which status does not: expected the "
                               f"arm's seeds {sorted(seeds)}")
-        for draw, value in _object(per_draw, f"diverged_at_step.{seed}", here).items():
-            if draw not in status[seed]:
-                raise RecordError(f"{here} seed {seed}: diverged_at_step holds draw {draw!r}: expected the "
-                                  f"baseline's draws {sorted(draws)}")
+        for replicate, value in _object(per_replicate, f"diverged_at_step.{seed}", here).items():
+            if replicate not in status[seed]:
+                raise RecordError(f"{here} seed {seed}: diverged_at_step holds replicate {replicate!r}: expected "
+                                  f"the baseline's replicates {sorted(replicates)}")
             if value is not None and not (_is_whole(value) and value >= 0):
-                raise RecordError(f"{here} seed {seed} draw {draw}: diverged_at_step = {_short(value)}: expected "
-                                  f"a step (a whole number >= 0) or null")
+                raise RecordError(f"{here} seed {seed} replicate {replicate}: diverged_at_step = {_short(value)}: "
+                                  f"expected a step (a whole number >= 0) or null")
     for name, per_seed in entry["figures"].items():
         table_entry = fig.figure(name)
         if table_entry is None:
@@ -387,22 +388,22 @@ def _check_arm(case_key_: str, arm: str, entry, seeds: list[str], draws: list[st
         if table_entry.better is None:
             raise RecordError(f"{here}: figure {name!r} is never judged (the figure table gives it no "
                               f"direction): expected only judged figures")
-        for seed, per_draw in _object(per_seed, f"figures.{name}", here).items():
+        for seed, per_replicate in _object(per_seed, f"figures.{name}", here).items():
             if seed not in status:
                 raise RecordError(f"{here} figure {name}: seed {seed!r} is not one of the arm's seeds "
                                   f"{sorted(seeds)}")
-            for draw, value in _object(per_draw, f"figures.{name}.{seed}", here).items():
-                if draw not in status[seed]:
-                    raise RecordError(f"{here} seed {seed} figure {name}: draw {draw!r} is not one of the "
-                                      f"baseline's draws {sorted(draws)}")
-                run_status = status[seed][draw]
+            for replicate, value in _object(per_replicate, f"figures.{name}.{seed}", here).items():
+                if replicate not in status[seed]:
+                    raise RecordError(f"{here} seed {seed} figure {name}: replicate {replicate!r} is not one of "
+                                      f"the baseline's replicates {sorted(replicates)}")
+                run_status = status[seed][replicate]
                 if table_entry.needs_completed_arm and run_status != Status.COMPLETED:
-                    raise RecordError(f"{here} seed {seed} draw {draw}: figure {name} is held for a run that "
+                    raise RecordError(f"{here} seed {seed} replicate {replicate}: figure {name} is held for a run that "
                                       f"{run_status}: an evaluation or peak figure is kept for completed runs only")
-                _check_figure_value(name, value, run_status, f"{here} seed {seed} draw {draw}")
+                _check_figure_value(name, value, run_status, f"{here} seed {seed} replicate {replicate}")
 
 
-def _check_case(key: str, case, draws: list[str], min_seeds: int, where_: str) -> None:
+def _check_case(key: str, case, replicates: list[str], min_seeds: int, where_: str) -> None:
     here = f"{where_}: case {key}"
     case = _object(case, f"cases.{key}", where_)
     _known_keys(case, CASE_KEYS, f"case {key}", where_)
@@ -439,7 +440,7 @@ def _check_case(key: str, case, draws: list[str], min_seeds: int, where_: str) -
         raise RecordError(f"{here} arm {wanted[0]}: {len(seeds)} seed(s) {sorted(seeds)}: expected at least "
                           f"min_seeds={min_seeds}")
     for arm, entry in arms.items():
-        _check_arm(key, arm, entry, seeds, draws, config, where_)
+        _check_arm(key, arm, entry, seeds, replicates, config, where_)
 
 
 def _check_calibration(calibration, where_: str) -> None:
@@ -453,7 +454,7 @@ def _check_calibration(calibration, where_: str) -> None:
         if key not in calibration:
             raise RecordError(f"{here} has no {key!r} field: expected what `stability baseline calibrate --write` "
                               f"stores")
-    for key in ("arrangements", "seeds", "draws"):
+    for key in ("arrangements", "seeds", "replicates"):
         if not (_is_whole(calibration[key]) and calibration[key] >= 0):
             raise RecordError(f"{here}.{key} = {_short(calibration[key])}: expected a whole number >= 0")
     alphas, failed, rate = calibration["alphas"], calibration["failed"], calibration["rate"]
@@ -483,7 +484,7 @@ def _check_calibration(calibration, where_: str) -> None:
 
 def validate_baseline(baseline, where_: str) -> dict:
     """``baseline`` itself when the whole document can be judged against: every field of its type and
-    domain, every case holding every arm its config trains, every arm every seed and draw, every figure
+    domain, every case holding every arm its config trains, every arm every seed and replicate, every figure
     one of the table and its values numbers where the run completed (``null_allowed``); RecordError,
     one line naming ``where_``, the case, arm, seed and figure, otherwise. Nothing is judged before it."""
     if not isinstance(baseline, dict) or baseline.get("kind") != "stability-baseline":
@@ -509,10 +510,10 @@ def validate_baseline(baseline, where_: str) -> dict:
     min_seeds = baseline["min_seeds"]
     if not (_is_whole(min_seeds) and min_seeds >= 1):
         raise RecordError(f"{where_}: min_seeds = {_short(min_seeds)}: expected a whole number >= 1")
-    draws = baseline["draws"]
-    if not isinstance(draws, list) or not draws or not all(_is_whole(d) and d >= 0 for d in draws) \
-            or len(set(draws)) != len(draws):
-        raise RecordError(f"{where_}: draws = {_short(draws)}: expected a non-empty list of distinct whole "
+    replicates = baseline["replicates"]
+    if not isinstance(replicates, list) or not replicates or not all(_is_whole(r) and r >= 0 for r in replicates) \
+            or len(set(replicates)) != len(replicates):
+        raise RecordError(f"{where_}: replicates = {_short(replicates)}: expected a non-empty list of distinct whole "
                           f"numbers >= 0 (0 the reference runs)")
     remade = baseline.get("cases_remade", [])
     if not isinstance(remade, list) or not all(isinstance(name, str) for name in remade):
@@ -521,7 +522,7 @@ def validate_baseline(baseline, where_: str) -> dict:
     if not isinstance(cases, dict) or not cases:
         raise RecordError(f"{where_}: cases = {_short(cases)}: expected a non-empty object (case key -> its runs)")
     for key, case in cases.items():
-        _check_case(key, case, [str(d) for d in draws], min_seeds, where_)
+        _check_case(key, case, [str(r) for r in replicates], min_seeds, where_)
     invariants = baseline.get("invariants")
     if invariants is not None:
         from stability.record.invariants import check_line
@@ -569,13 +570,35 @@ def _check_covers(covered, where_: str) -> None:
                           f"kind of its resolution, or null)")
 
 
+# Keys that baselines written before a rename hold, and their names today. A rounding replicate was once
+# called a "draw": such a baseline says "draws" (top level and in its calibration) where one now says
+# "replicates", and reads as the same baseline.
+OLD_KEYS = {"draws": "replicates"}
+
+
+def _current_keys(document):
+    """``document`` (an object read from a baseline file) with every key of ``OLD_KEYS`` under its name of
+    today, in the same place, at the top level and in the calibration. A document that holds both names of
+    one key keeps the old one, which ``validate_baseline`` then refuses as a key a baseline does not have."""
+    def renamed(value):
+        if not isinstance(value, dict):
+            return value
+        return {OLD_KEYS[k] if k in OLD_KEYS and OLD_KEYS[k] not in value else k: v for k, v in value.items()}
+
+    document = renamed(document)
+    if isinstance(document, dict) and "calibration" in document:
+        document["calibration"] = renamed(document["calibration"])
+    return document
+
+
 def load_baseline(path) -> dict:
-    """Read and validate a baseline file; RecordError (exit 2) with a clear message otherwise."""
+    """Read and validate a baseline file (one written before a key's rename reads under the key's name of
+    today: ``OLD_KEYS``); RecordError (exit 2) with a clear message otherwise."""
     path = Path(path)
     if not path.is_file():
         raise RecordError(f"baseline {str(path)!r} does not exist; create it with `stability baseline make "
                           f"--out {path}`")
-    return validate_baseline(read_json(path, "baseline"), f"baseline {str(path)!r}")
+    return validate_baseline(_current_keys(read_json(path, "baseline")), f"baseline {str(path)!r}")
 
 
 def write_baseline(baseline: dict, path: str | Path) -> Path:

@@ -1,20 +1,20 @@
-"""The false-alarm rate of the merge check, measured on a baseline's own draws.
+"""The false-alarm rate of the merge check, measured on a baseline's own replicates.
 
     curve = calibrate(baseline)        # every arrangement judged; the curve and the margin
     baseline["calibration"] = curve    # with the rule it measured (the primary family, the dof rule)
 
-Under a harmless change the job's run of seed s is one more rounding draw of that seed, exchangeable with
-the baseline's draws of s. So every way of choosing one draw per seed to play "the change", judged by the
-check's own code against the remaining draws, is a harmless job: with D draws and S seeds there are D^S
-such arrangements (5^3 = 125 for the committed baselines), and the fraction of them that fail is the
-check's false-alarm rate on this baseline, measured (each one judged against one draw fewer than a real
-job has, so slightly pessimistic). A per-seed outcome of the chosen draw is ranked among all the seed's
-draws, the chosen one counted as held out (``regression.outcome_p``), so that the check's rule, p = (k + 1)
-/ (n + 1) <= ``OUTCOME_P``, fails an arrangement where it would fail a real job with the same k: against 4
-draws of 5, p = 1 / (4 + 1) could never reach 1/6. ``calibrate`` gives the fraction that fails at each alpha
-of ``ALPHAS``, the *margin* of the closest arrangement (m x its smallest primary p / alpha, with m its
-primary rows: how far below the Holm threshold it stayed; 0 when a per-seed outcome failed it), and which
-row came closest.
+Under a harmless change the job's run of seed s is one more rounding replicate of that seed, exchangeable
+with the baseline's replicates of s. So every way of choosing one replicate per seed to play "the change",
+judged by the check's own code against the remaining replicates, is a harmless job: with D replicates and S
+seeds there are D^S such arrangements (5^3 = 125 for the committed baselines), and the fraction of them
+that fail is the check's false-alarm rate on this baseline, measured (each one judged against one
+replicate fewer than a real job has, so slightly pessimistic). A per-seed outcome of the chosen replicate
+is ranked among all the seed's replicates, the chosen one counted as held out (``regression.outcome_p``),
+so that the check's rule, p = (k + 1) / (n + 1) <= ``OUTCOME_P``, fails an arrangement where it would fail
+a real job with the same k: against 4 replicates of 5, p = 1 / (4 + 1) could never reach 1/6.
+``calibrate`` gives the fraction that fails at each alpha of ``ALPHAS``, the *margin* of the closest
+arrangement (m x its smallest primary p / alpha, with m its primary rows: how far below the Holm threshold
+it stayed; 0 when a per-seed outcome failed it), and which row came closest.
 
 ``acceptable(curve)`` is the rule a new baseline must pass (``stability baseline make``): the curve at or
 under the diagonal (at most alpha of the arrangements fail at each alpha) and a margin of at least
@@ -46,51 +46,51 @@ MIN_MARGIN = 5.0
 
 
 def split_runs(cases: dict, chosen) -> tuple[dict, dict]:
-    """(the cases without the chosen runs, the chosen runs as a one-draw case set): ``chosen(seed)`` is the
-    draw (a string key) that plays the change at that seed."""
-    kept_cases, drawn_cases = {}, {}
+    """(the cases without the chosen runs, the chosen runs as a case set of one replicate per seed):
+    ``chosen(seed)`` is the replicate (a string key) that plays the change at that seed."""
+    kept_cases, picked_cases = {}, {}
     for key, case in cases.items():
-        kept_arms, drawn_arms = {}, {}
+        kept_arms, picked_arms = {}, {}
         for arm, entry in case["arms"].items():
             def split(per_seed):
-                kept = {s: {d: v for d, v in draws.items() if d != chosen(s)} for s, draws in per_seed.items()}
-                drawn = {s: {chosen(s): draws[chosen(s)]} for s, draws in per_seed.items() if chosen(s) in draws}
-                return kept, drawn
-            status_kept, status_drawn = split(entry["status"])
-            step_kept, step_drawn = split(entry["diverged_at_step"])
+                kept = {s: {r: v for r, v in runs.items() if r != chosen(s)} for s, runs in per_seed.items()}
+                picked = {s: {chosen(s): runs[chosen(s)]} for s, runs in per_seed.items() if chosen(s) in runs}
+                return kept, picked
+            status_kept, status_picked = split(entry["status"])
+            step_kept, step_picked = split(entry["diverged_at_step"])
             figures = {name: split(values) for name, values in entry["figures"].items()}
             kept_arms[arm] = {"status": status_kept, "diverged_at_step": step_kept,
                               "figures": {n: k for n, (k, _) in figures.items()}}
-            drawn_arms[arm] = {"status": status_drawn, "diverged_at_step": step_drawn,
-                               "figures": {n: d for n, (_, d) in figures.items() if d}}
+            picked_arms[arm] = {"status": status_picked, "diverged_at_step": step_picked,
+                                "figures": {n: p for n, (_, p) in figures.items() if p}}
         kept_cases[key] = {**case, "arms": kept_arms}
-        drawn_cases[key] = {**case, "arms": drawn_arms}
-    return kept_cases, drawn_cases
+        picked_cases[key] = {**case, "arms": picked_arms}
+    return kept_cases, picked_cases
 
 
-def seeds_and_draws(baseline: dict) -> tuple[list[str], list[str]]:
-    """The seeds (every case's) and the draws of a baseline, as the JSON keys."""
+def seeds_and_replicates(baseline: dict) -> tuple[list[str], list[str]]:
+    """The seeds (every case's) and the replicates of a baseline, as the JSON keys."""
     seeds = sorted({s for case in baseline["cases"].values() for arm in case["arms"].values()
                     for s in arm["status"]}, key=int)
-    return seeds, [str(d) for d in baseline.get("draws") or []]
+    return seeds, [str(r) for r in baseline.get("replicates") or []]
 
 
 def arrangements(baseline: dict):
-    """Every choice {seed: draw} of one draw per seed (draws ** seeds of them)."""
-    seeds, draws = seeds_and_draws(baseline)
-    for combo in itertools.product(draws, repeat=len(seeds)):
+    """Every choice {seed: replicate} of one replicate per seed (replicates ** seeds of them)."""
+    seeds, replicates = seeds_and_replicates(baseline)
+    for combo in itertools.product(replicates, repeat=len(seeds)):
         yield dict(zip(seeds, combo))
 
 
 def judge_arrangement(baseline: dict, chosen: dict, alpha: float = DEFAULT_ALPHA, tolerances: dict | None = None,
                       dof_rule: str = DOF_RULE, advisory: bool = False) -> CheckResult:
-    """The check of the arrangement ``chosen`` ({seed: draw}): the chosen draws judged as a job against the
-    other draws. ``advisory``: also the advisory rows (the verdict never needs them)."""
-    kept, drawn = split_runs(baseline["cases"], lambda seed: chosen.get(seed))
-    draws = [d for d in baseline.get("draws") or [] if str(d) not in set(chosen.values())]
+    """The check of the arrangement ``chosen`` ({seed: replicate}): the chosen replicates judged as a job
+    against the other replicates. ``advisory``: also the advisory rows (the verdict never needs them)."""
+    kept, picked = split_runs(baseline["cases"], lambda seed: chosen.get(seed))
+    replicates = [r for r in baseline.get("replicates") or [] if str(r) not in set(chosen.values())]
     result = CheckResult(alpha=alpha, baseline_commit=baseline.get("commit"), preset=baseline["preset"],
-                         device=baseline["device"], draws=draws)
-    judge_cases(result, drawn, kept, resolve_tolerances(tolerances), dof_rule, advisory=advisory, held_out=1)
+                         device=baseline["device"], replicates=replicates)
+    judge_cases(result, picked, kept, resolve_tolerances(tolerances), dof_rule, advisory=advisory, held_out=1)
     decide(result)
     return result
 
@@ -110,7 +110,7 @@ def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof
     """Judge every arrangement of ``baseline`` (see the module docstring): per alpha the count and the
     fraction that fail, the margin at ``alphas[0]`` and the arrangement and row closest to failing."""
     validate_baseline(baseline, "baseline")
-    seeds, draws = seeds_and_draws(baseline)
+    seeds, replicates = seeds_and_replicates(baseline)
     failed = {a: 0 for a in alphas}
     count, closest = 0, None
     for chosen in arrangements(baseline):
@@ -126,7 +126,7 @@ def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof
                        "reason": (result.errors + [o.reason for o in result.outcomes])[:1] or
                        ([(f"{smallest.case} {smallest.arm} {smallest.figure}: p {smallest.p_judged:.3g} of "
                           f"{len(result.primary)} primary rows")] if smallest else [])}
-    return {"arrangements": count, "seeds": len(seeds), "draws": len(draws), "dof_rule": dof_rule,
+    return {"arrangements": count, "seeds": len(seeds), "replicates": len(replicates), "dof_rule": dof_rule,
             "alphas": list(alphas), "failed": [failed[a] for a in alphas],
             "rate": [failed[a] / count if count else None for a in alphas],
             "margin": closest["margin"] if closest else None,
@@ -154,8 +154,8 @@ def stored(curve: dict, reason: str | None) -> dict:
 
 def curve_lines(curve: dict) -> list[str]:
     """The calibration as text: one line per alpha, then the margin."""
-    lines = [(f"calibration: {curve['arrangements']} arrangements ({curve['draws']} draws ^ {curve['seeds']} "
-              f"seeds), each judged as a harmless job against the other draws")]
+    lines = [(f"calibration: {curve['arrangements']} arrangements ({curve['replicates']} replicates ^ "
+              f"{curve['seeds']} seeds), each judged as a harmless job against the other replicates")]
     for alpha, failed, rate in zip(curve["alphas"], curve["failed"], curve["rate"]):
         mark = "at or under the diagonal" if rate is not None and rate <= alpha else "ABOVE the diagonal"
         lines.append(f"  alpha {alpha:<5g} {failed:4d} fail ({rate:.1%}; {mark})")

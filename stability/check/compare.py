@@ -3,7 +3,7 @@
     moves = compare(old["cases"], new["cases"])     # a baseline's cases, or case_values(records) of a job
     print(moves_table(moves))
 
-Both sides hold, per case key, arm and judged figure, every seed's runs (``{seed: {draw: value}}``: a
+Both sides hold, per case key, arm and judged figure, every seed's runs (``{seed: {replicate: value}}``: a
 baseline's ``cases``, or ``stability.check.baseline.case_values`` of a job's records). For each figure both
 sides hold: the mean over the seeds both hold of (the new side's mean of the seed's runs - the old side's),
 and that move in units of the old side's replicate noise (the root mean variance of a seed's runs, as the
@@ -36,9 +36,9 @@ class Move:
     note: str = ""
 
 
-def _seed_stats(draws: dict) -> tuple[float, float, int] | None:
+def _seed_stats(runs: dict) -> tuple[float, float, int] | None:
     """(mean, variance, number) of one seed's finite runs; None when it has none."""
-    values = [v for v in draws.values() if isinstance(v, (int, float)) and math.isfinite(v)]
+    values = [v for v in runs.values() if isinstance(v, (int, float)) and math.isfinite(v)]
     if not values:
         return None
     mean = sum(values) / len(values)
@@ -47,7 +47,7 @@ def _seed_stats(draws: dict) -> tuple[float, float, int] | None:
 
 
 def move(old: dict, new: dict) -> tuple[float | None, float | None, float | None, float | None, float | None]:
-    """(old mean, new mean, delta, noise, sigmas) of one figure, each side ``{seed: {draw: value}}``."""
+    """(old mean, new mean, delta, noise, sigmas) of one figure, each side ``{seed: {replicate: value}}``."""
     before = {s: st for s, d in old.items() if (st := _seed_stats(d)) is not None}
     after = {s: st for s, d in new.items() if (st := _seed_stats(d)) is not None}
     common = sorted(set(before) & set(after))

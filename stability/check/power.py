@@ -83,12 +83,12 @@ def critical_t(tail: float, dof: float) -> float:
 def smallest_failing_moves(baseline: dict, alpha: float = DEFAULT_ALPHA, tolerances: dict | None = None,
                            dof_rule: str = DOF_RULE) -> list[Move]:
     """Per primary row of ``baseline`` (validated by the caller), the smallest move that fails a job alone."""
-    first = str((baseline.get("draws") or [0])[0])
-    _, drawn = split_runs(baseline["cases"], lambda seed: first)
+    first = str((baseline.get("replicates") or [0])[0])
+    _, picked = split_runs(baseline["cases"], lambda seed: first)
     result = CheckResult(alpha=alpha, preset=baseline["preset"])
     tolerances = resolve_tolerances(tolerances)
     for key, base in sorted(baseline["cases"].items()):
-        rows_of_case(result, key, base, drawn[key], tolerances, dof_rule, advisory=False)
+        rows_of_case(result, key, base, picked[key], tolerances, dof_rule, advisory=False)
     mark_duplicates(result.rows, result.signatures)
     rows = [row for row in result.primary if row.se is not None and row.floor is not None]
     moves = []

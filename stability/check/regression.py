@@ -13,10 +13,10 @@ has to be told from. ``check(records, baseline)`` judges the job in three parts:
    non-finite value its precision recipe did not handle: ``Figure.outcome``) not clean in a run of the
    job is judged by rank against the n baseline runs of that seed that report it: k of them not clean
    (a run that diverged counts as not clean for every outcome: a non-finite value on the way to a
-   divergence is part of it), p = (k + 1) / (n + 1) that one more draw would be, and the run fails the
-   job when p <= ``OUTCOME_P`` (1/6: with the committed 5 draws, where every baseline run of the seed
-   was clean), with one line naming case, arm, seed, what happened (the divergence step), k, n and p;
-   above it, a note says the same and that it does not fail the job. A figure finite in every baseline
+   divergence is part of it), p = (k + 1) / (n + 1) that one more replicate would be, and the run
+   fails the job when p <= ``OUTCOME_P`` (1/6: with the committed 5 replicates, where every baseline run
+   of the seed was clean), with one line naming case, arm, seed, what happened (the divergence step), k,
+   n and p; above it, a note says the same and that it does not fail the job. A figure finite in every baseline
    run of a seed that is non-finite or absent in the job's run of that seed (when that run should report
    it) fails the same way: a NaN is a result, and the result is a regression.
 3. **Rows.** Every other judged figure of every case and arm, and the paired difference ``<arm> -
@@ -85,19 +85,20 @@ Welch the closest of 125 arrangements came within 6.5x of failing (one chaotic s
 with "min" within 15x; the power of the early-horizon rows (z in the thousands) does not depend on it."""
 OUTCOME_P = 1 / 6
 """The threshold of the per-seed outcome rule. Under a harmless change the job's run of a seed is one more
-draw of that seed, exchangeable with its n baseline draws; if k of them are not clean for an outcome figure,
-the chance that one more draw is not clean by rank is p = (k + 1) / (n + 1), exactly (a permutation p-value,
-``outcome_p``). The job's run, not clean, fails the job when p <= OUTCOME_P. 1/6 is the p of k = 0 among the
-committed baselines' n = 5 draws (reference + 4 replicates): the rule fails a new divergence where every
-baseline draw of the seed was clean, as it always did, and fails none that a draw of the seed already showed
-(1 of 5: p 1/3, a note); a baseline of more draws fails a divergence some of them showed, when they are rare
-enough (1 of 11: p 1/6). So high a threshold per seed and figure is sound because rounding draws rarely flip
-an outcome: a seed's outcome is clean in every draw, or not clean in every draw (a case that expects
-divergence); a flip is a change, not rounding noise. That premise is measured, not assumed: the calibration
-(``stability.check.calibration``) judges every arrangement of the baseline's draws with this rule, ranking the
-draw that plays the change among the baseline's full n draws (``held_out``), so an arrangement in which a
-draw that flipped an outcome plays the change fails; the curve is the false-alarm rate of the whole job,
-outcomes included, and a baseline whose draws flip an outcome is refused (its curve crosses the diagonal)."""
+replicate of that seed, exchangeable with its n baseline replicates; if k of them are not clean for an outcome
+figure, the chance that one more replicate is not clean by rank is p = (k + 1) / (n + 1), exactly (a
+permutation p-value, ``outcome_p``). The job's run, not clean, fails the job when p <= OUTCOME_P. 1/6 is the p
+of k = 0 among the committed baselines' n = 5 replicates (the reference + 4 more): the rule fails a new
+divergence where every baseline replicate of the seed was clean, as it always did, and fails none that a
+replicate of the seed already showed (1 of 5: p 1/3, a note); a baseline of more replicates fails a divergence
+some of them showed, when they are rare enough (1 of 11: p 1/6). So high a threshold per seed and figure is
+sound because rounding replicates rarely flip an outcome: a seed's outcome is clean in every replicate, or not
+clean in every replicate (a case that expects divergence); a flip is a change, not rounding noise. That
+premise is measured, not assumed: the calibration (``stability.check.calibration``) judges every arrangement
+of the baseline's replicates with this rule, ranking the replicate that plays the change among the baseline's
+full n replicates (``held_out``), so an arrangement in which a replicate that flipped an outcome plays the
+change fails; the curve is the false-alarm rate of the whole job, outcomes included, and a baseline whose
+replicates flip an outcome is refused (its curve crosses the diagonal)."""
 METHOD = "Holm over the primary family; outcomes per seed; noise from rounding replicates"
 
 
@@ -258,12 +259,12 @@ def row_dof(terms: list[tuple[float, float]], rule: str = DOF_RULE) -> float:
 
 def judge(baseline: dict, current: dict, name: str, quantum: float = 0.0, tolerance: dict | None = None,
           dof_rule: str = DOF_RULE) -> dict:
-    """The statistics of one row: ``baseline`` maps seed -> {draw: value or None}, ``current`` maps
+    """The statistics of one row: ``baseline`` maps seed -> {replicate: value or None}, ``current`` maps
     seed -> value (seeds of the job that have no finite value are left out of ``current``). Returns the
     fields of ``Row`` from ``baseline`` to ``p_improved`` (see the module docstring for the rule)."""
     entry = fig.figure(name)
     tolerance = tolerance or {}
-    groups = {s: [v for v in draws.values() if v is not None] for s, draws in baseline.items()}
+    groups = {s: [v for v in runs.values() if v is not None] for s, runs in baseline.items()}
     groups = {s: g for s, g in groups.items() if g}
     cur = {s: v for s, v in current.items() if v is not None}
     out = {"baseline": None, "current": _mean(cur.values()), "delta": None, "floor": None, "noise": None,
@@ -303,7 +304,7 @@ class CheckResult:
     preset: str | None = None
     device: str | None = None
     alpha: float = DEFAULT_ALPHA
-    draws: list[int] = field(default_factory=list)
+    replicates: list[int] = field(default_factory=list)   # the baseline's: 0 the reference runs
     calibration: dict | None = None
     suite_failures: list[str] = field(default_factory=list)   # tests of the job's suites that failed
     signatures: dict[int, str] = field(default_factory=dict, repr=False)   # id(row) -> its values as text
@@ -346,9 +347,9 @@ class CheckResult:
         return VERDICT_OF_EXIT[self.exit_code]
 
     def method(self) -> str:
-        replicates = max(0, len(self.draws) - 1)
+        count = max(0, len(self.replicates) - 1)
         return (f"false-alarm rate alpha = {self.alpha:g} for the whole job ({METHOD}: {self.judged} primary "
-                f"rows, {self.advisory} advisory rows never fail the job; reference + {replicates} replicates "
+                f"rows, {self.advisory} advisory rows never fail the job; reference + {count} replicates "
                 f"per seed)")
 
     def failure_lines(self) -> list[str]:
@@ -399,7 +400,7 @@ class CheckResult:
                 f"primary family got worse by more than its floor (an early-horizon row: moved past it either "
                 f"way) with Holm-adjusted evidence at alpha = {self.alpha:g} over its {self.judged} rows: the chance that a harmless change fails this job "
                 f"through them is at most {self.alpha:g}. {self.advisory} advisory rows are shown, never "
-                f"failing the job. Noise: the spread of {max(0, len(self.draws) - 1)} rounding replicates per "
+                f"failing the job. Noise: the spread of {max(0, len(self.replicates) - 1)} rounding replicates per "
                 f"seed (z: standard errors beyond the floor)."), ""]
         out += [f"- **{markdown_text(line.partition(': ')[0])}:** {markdown_text(line.partition(': ')[2])}"
                 for line in self.failure_lines()]
@@ -420,7 +421,7 @@ class CheckResult:
                 "outcomes": [o.as_dict() for o in self.outcomes], "notes": self.notes, "warnings": self.warnings,
                 "baseline_commit": self.baseline_commit, "alpha": self.alpha, "method": METHOD,
                 "dof_rule": DOF_RULE, "primary_family": [p.as_dict() for p in fig.primary_rows()],
-                "rows_judged": self.judged, "rows_advisory": self.advisory, "draws": self.draws,
+                "rows_judged": self.judged, "rows_advisory": self.advisory, "replicates": self.replicates,
                 "calibration": self.calibration, "suite_failures": self.suite_failures,
                 "rows": [r.as_dict() for r in self.rows]}
 
@@ -449,15 +450,15 @@ def advisory_here(preset: str, stresses: set[str]) -> list[str]:
 
 # ----------------------------------------------------------------------------- one case
 
-def single_draw(case: dict, key: str) -> dict:
-    """The job's values, seed -> value: one draw per arm and seed (a check judges one job)."""
+def single_replicate(case: dict, key: str) -> dict:
+    """The job's values, seed -> value: one replicate per arm and seed (a check judges one job)."""
     arms = {}
     for arm, entry in case["arms"].items():
-        for seed, draws in entry["status"].items():
-            if len(draws) > 1:
-                raise RecordError(f"case {key} arm {arm} seed {seed}: the records hold {len(draws)} runs (draws "
-                                  f"{sorted(draws, key=int)}): a check judges one job's records; pass the run "
-                                  f"directory of one job")
+        for seed, runs in entry["status"].items():
+            if len(runs) > 1:
+                raise RecordError(f"case {key} arm {arm} seed {seed}: the records hold {len(runs)} runs "
+                                  f"(replicates {sorted(runs, key=int)}): a check judges one job's records; pass "
+                                  f"the run directory of one job")
         arms[arm] = {"status": {s: next(iter(d.values())) for s, d in entry["status"].items()},
                      "diverged_at_step": {s: next(iter(d.values())) for s, d in entry["diverged_at_step"].items()},
                      "figures": {name: {s: next(iter(d.values())) for s, d in values.items()}
@@ -466,7 +467,7 @@ def single_draw(case: dict, key: str) -> dict:
 
 
 def paired_values(arms: dict, arm: str, name: str, nested: bool) -> dict:
-    """seed (-> draw) -> (arm - baseline) of one figure, where both arms report it (None when either is
+    """seed (-> replicate) -> (arm - baseline) of one figure, where both arms report it (None when either is
     None)."""
     ref = arms.get(REFERENCE_ARM, {}).get("figures", {}).get(name, {})
     own = arms.get(arm, {}).get("figures", {}).get(name, {})
@@ -485,11 +486,12 @@ def reports(name: str, status: str) -> bool:
 
 
 def outcome_p(k: int, n: int, held_out: int = 0) -> float:
-    """The chance that one more draw exchangeable with a seed's n baseline draws, k of them not clean, is not
-    clean by rank: (k + 1) / (n + 1) (a permutation p-value). ``held_out``: draws of the baseline left out
-    of the n to play the job (the calibration: 1); the rank is then taken among all the baseline's draws,
-    (k + 1) / (n + held_out + 1), so that an arrangement fails where a job against the whole baseline with
-    the same k would (one draw fewer to count k over: slightly pessimistic, as the rows are)."""
+    """The chance that one more replicate exchangeable with a seed's n baseline replicates, k of them not
+    clean, is not clean by rank: (k + 1) / (n + 1) (a permutation p-value). ``held_out``: replicates of the
+    baseline left out of the n to play the job (the calibration: 1); the rank is then taken among all the
+    baseline's replicates, (k + 1) / (n + held_out + 1), so that an arrangement fails where a job against the
+    whole baseline with the same k would (one replicate fewer to count k over: slightly pessimistic, as the
+    rows are)."""
     return (k + 1) / (n + held_out + 1)
 
 
@@ -503,31 +505,31 @@ def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict, notes: list[str] 
     against the seed's baseline runs that report the figure, n of them: k are not clean, a run that diverged
     counting as not clean for every outcome (a NaN on the way to a divergence, in the LR range test, is part
     of the divergence, judged by ``diverged``); p = ``outcome_p(k, n, held_out)`` is the exact chance that
-    one more exchangeable draw would be not clean. p <= ``OUTCOME_P`` fails the job with a line naming case,
+    one more exchangeable replicate would be not clean. p <= ``OUTCOME_P`` fails the job with a line naming case,
     arm, seed, what happened, k, n and p; above it a line saying the same goes to ``notes``, judged and not
     failing. The rule holds in every seed, whatever its baseline runs' status: where k of them diverged, a
     divergence now is judged with that k. A figure finite in every baseline run of the seed that is
     non-finite or absent now fails the job too."""
     found = []
     for seed, status in sorted(cur["status"].items()):
-        draws = base["status"].get(seed, {})
+        base_status = base["status"].get(seed, {})
         for name, values in base["figures"].items():
             entry = fig.figure(name)
-            baseline_draws = values.get(seed, {})
-            if not baseline_draws or not reports(name, status):
+            baseline_runs = values.get(seed, {})
+            if not baseline_runs or not reports(name, status):
                 continue   # no baseline run of the seed reports the figure, or this run cannot report it
             value = cur["figures"].get(name, {}).get(seed, "absent")
             if entry.outcome:
                 if value == "absent" or value is None or entry.clean(value):
                     continue
-                k = sum(v is None or not entry.clean(v) or draws.get(d) != Status.COMPLETED
-                        for d, v in baseline_draws.items())
-                n = len(baseline_draws)
+                k = sum(v is None or not entry.clean(v) or base_status.get(r) != Status.COMPLETED
+                        for r, v in baseline_runs.items())
+                n = len(baseline_runs)
                 p = outcome_p(k, n, held_out)
                 step = cur["diverged_at_step"].get(seed)
                 shown = ("true" if value else "false") if entry.quantum == "seed" else fmt(value)
                 what = f"{name} = {shown}" + (f" (diverged at step {step})" if step is not None else "")
-                odds = f"{_not_clean(name)} (p {p:.3f} that one more draw would)"
+                odds = f"{_not_clean(name)} (p {p:.3f} that one more replicate would)"
                 rank = (f"every one of the {n} baseline runs of this seed was clean: 0 of {n} {odds}" if k == 0
                         else f"{k} of the {n} baseline runs of this seed {odds}")
                 line = f"case {key} arm {arm} seed {seed}: {what}; {rank}"
@@ -535,12 +537,12 @@ def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict, notes: list[str] 
                     found.append(Outcome(key, arm, seed, name, line))
                 elif notes is not None:
                     notes.append(f"{line}: judged, not failing the job (it fails at p <= {OUTCOME_P:.3f})")
-            elif len(baseline_draws) >= len(draws) and all(v is not None for v in baseline_draws.values()) \
+            elif len(baseline_runs) >= len(base_status) and all(v is not None for v in baseline_runs.values()) \
                     and (value == "absent" or value is None):
                 found.append(Outcome(key, arm, seed, name, f"case {key} arm {arm} seed {seed}: {name} is "
                                                            f"{'absent' if value == 'absent' else 'non-finite'} "
                                                            f"now; finite in every one of the "
-                                                           f"{len(baseline_draws)} baseline runs of this seed"))
+                                                           f"{len(baseline_runs)} baseline runs of this seed"))
     return found
 
 
@@ -564,7 +566,7 @@ def rows_of_case(result: CheckResult, key: str, base: dict, case: dict, toleranc
                  dof_rule: str = DOF_RULE, advisory: bool = True, held_out: int = 0) -> None:
     """The outcomes, notes and rows of one case (its arms and seeds must match the baseline's); without
     ``advisory``, the primary rows only; ``held_out``: see ``outcome_p``."""
-    current = single_draw(case, key)
+    current = single_replicate(case, key)
     config, steps = base.get("config") or case["config"], base.get("steps") or case["steps"]
     stress = base.get("stress") or case.get("stress") or ""
     missing_arms = sorted(set(base["arms"]) - set(current))
@@ -608,7 +610,7 @@ def rows_of_case(result: CheckResult, key: str, base: dict, case: dict, toleranc
             if not advisory and not in_primary_family(stress, paired_arm(arm), name, result.preset):
                 continue
             values = (paired_values(base["arms"], arm, name, True), paired_values(current, arm, name, False))
-            if any(v is not None for draws in values[0].values() for v in draws.values()) \
+            if any(v is not None for runs in values[0].values() for v in runs.values()) \
                     or any(v is not None for v in values[1].values()):
                 _add_row(result, key, stress, paired_arm(arm), name, *values, fig.quantum(name, config, steps),
                          tolerances, dof_rule)
@@ -633,7 +635,7 @@ def _add_row(result: CheckResult, key: str, stress: str, arm: str, name: str, ba
     row = Row(key, arm, name, fig.better(name), verdict=verdict, tier="primary" if entry else "advisory",
               either_way=bool(entry and entry.either_way), **stats)
     result.rows.append(row)
-    spread = {v for draws in baseline.values() for v in draws.values()}
+    spread = {v for runs in baseline.values() for v in runs.values()}
     result.signatures[id(row)] = json.dumps([baseline, current], sort_keys=True) if len(spread) > 1 else ""
 
 
@@ -672,7 +674,7 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
         return result
     result.baseline_commit, result.preset, result.device = baseline.get("commit"), baseline["preset"], \
         baseline["device"]
-    result.draws = list(baseline.get("draws") or [])
+    result.replicates = list(baseline.get("replicates") or [])
     result.calibration = baseline.get("calibration")
     result.warnings += calibration_warnings(baseline)
     records, notes, errors = regression_records(records)
@@ -771,7 +773,7 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
                 dof_rule: str = DOF_RULE, advisory: bool = True, held_out: int = 0,
                 named: dict[str, list[str]] | None = None) -> None:
     """The outcomes and rows of every case of ``base_cases``; errors for a case the job lacks or whose config
-    differs (naming the records of ``named[case key]``). ``held_out``: draws of the baseline taken out of
+    differs (naming the records of ``named[case key]``). ``held_out``: replicates of the baseline taken out of
     ``base_cases`` to play the job (the calibration: 1), counted in the rank of an outcome (``outcome_p``)."""
     for key, case in sorted(cases.items()):
         base = base_cases.get(key)

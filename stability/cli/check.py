@@ -23,7 +23,7 @@ DEFAULT_REPLICATES = 4
 
 def read_inputs(args) -> tuple[list[dict], list[str]]:
     """The records named on the command line (default: the newest run directory) and notes on what was read.
-    RecordError when two records hold one run (case, arm, seed, draw), and, for a command that takes
+    RecordError when two records hold one run (case, arm, seed, replicate), and, for a command that takes
     ``--expect-commit``, when the records come from several commits or from another commit than the one
     expected (``expected_commit``)."""
     paths = args.records or [DEFAULT_ROOT]
@@ -162,15 +162,15 @@ def cmd_baseline_update(args) -> int:
                       for key, case in baseline["cases"].items())
     print(f"baseline of preset {baseline['preset']}, device {baseline['device']}, commit "
           f"{str(baseline['commit'])[:12]}{' (uncommitted changes: --allow-dirty)' if baseline['dirty'] else ''}, "
-          f"draws {baseline['draws']}: the reference and {len(baseline['draws']) - 1} rounding replicates per seed; "
-          f"cases: {cases}")
+          f"replicates {baseline['replicates']}: the reference and {len(baseline['replicates']) - 1} rounding "
+          f"replicates per seed; cases: {cases}")
     curve = calibrate(baseline, alphas=calibration_alphas(args.alpha))
     print("\n".join(curve_lines(curve)))
     reason = acceptable(curve)
     baseline["calibration"] = stored(curve, reason)
     if reason and not args.accept_calibration:
         raise RecordError(f"baseline not written: its calibration fails: {reason}; the rule's false-alarm rate "
-                          f"on these draws is not what it states (write it anyway with --accept-calibration)")
+                          f"on these replicates is not what it states (write it anyway with --accept-calibration)")
     if reason:
         print(f"warning: calibration fails ({reason}); written anyway (--accept-calibration): every check that "
               f"uses this baseline says so", file=sys.stderr)
@@ -194,7 +194,7 @@ def calibration_alphas(alpha: float) -> tuple[float, ...]:
 
 
 def cmd_baseline_calibrate(args) -> int:
-    """Judge every arrangement of a baseline's draws: the false-alarm curve and the margin; exit 1 when
+    """Judge every arrangement of a baseline's replicates: the false-alarm curve and the margin; exit 1 when
     the curve crosses the diagonal or the margin is under the minimum. ``--write`` stores the curve in the
     baseline (a failing one only with --accept-calibration, as ``baseline update``), nothing else changed."""
     from stability.check.baseline import load_baseline, write_baseline
@@ -404,8 +404,8 @@ def add_parsers(sub) -> None:
     add_alpha(upd, DEFAULT_ALPHA)
     add_baseline_flags(upd)
     upd.set_defaults(func=cmd_baseline_update)
-    cal = base_sub.add_parser("calibrate", help="judge every arrangement of a baseline's draws as a harmless job (its "
-                                                "false-alarm curve and margin)")
+    cal = base_sub.add_parser("calibrate", help="judge every arrangement of a baseline's replicates as a harmless job "
+                                                "(its false-alarm curve and margin)")
     cal.add_argument("baseline", help="baseline JSON")
     add_alpha(cal, DEFAULT_ALPHA)
     cal.add_argument("--write", action="store_true", help="store the curve (and the rule it measured) in the "

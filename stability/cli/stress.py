@@ -70,9 +70,9 @@ def stress_cases(args, cases, config, run_dir, resume=None, checkpoint_dir=None,
                 record = run_recorded(case, config, run_dir, args.tracking_uri, args.experiment,
                                       track=not args.no_track, plots=not args.no_plots, session=session,
                                       runner=runner)
-                for draw in range(1, args.replicates + 1):   # rounding replicates, for a regression baseline
-                    print(f"stability stress {case}: rounding replicate {draw} of {args.replicates}", flush=True)
-                    run_recorded(case, cfg.override(config, "run.replicate", draw), run_dir, args.tracking_uri,
+                for replicate in range(1, args.replicates + 1):   # rounding replicates, for a regression baseline
+                    print(f"stability stress {case}: rounding replicate {replicate} of {args.replicates}", flush=True)
+                    run_recorded(case, cfg.override(config, "run.replicate", replicate), run_dir, args.tracking_uri,
                                  args.experiment, track=not args.no_track, plots=False, session=session, runner=runner)
             except Interrupted as stop:
                 print(f"interrupted in {case}: the record so far is {stop.record.get('record_path')}; continue "

@@ -435,9 +435,9 @@ def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig
     plots = os.environ.get("STABILITY_PLOTS", "1") != "0"
     replicates = option(pytestconfig, "replicates")
 
-    def run(case: str, config, draw: int, **keep) -> dict:
-        session = Session(run_dir, label="cases", display=progress_display(pytestconfig, draw, replicates),
-                          finished_steps="gzip" if draw == 0 else "drop")
+    def run(case: str, config, replicate: int, **keep) -> dict:
+        session = Session(run_dir, label="cases", display=progress_display(pytestconfig, replicate, replicates),
+                          finished_steps="gzip" if replicate == 0 else "drop")
         try:
             return run_recorded(case, config, run_dir, runner=ray_runner, session=session, **keep)
         finally:
@@ -447,9 +447,9 @@ def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig
         config = stress_config(overrides)
         if (case, config) not in cache:
             cache[(case, config)] = run(case, config, 0, tracking_uri=tracking_uri, plots=plots)
-            for draw in range(1, replicates + 1):
-                run(case, stress_config({**(overrides or {}), "run.replicate": draw, **NO_BUNDLES}), draw, track=False,
-                    plots=False)
+            for replicate in range(1, replicates + 1):
+                run(case, stress_config({**(overrides or {}), "run.replicate": replicate, **NO_BUNDLES}), replicate,
+                    track=False, plots=False)
         return cache[(case, config)]
 
     get.records = cache
@@ -484,16 +484,16 @@ class _Uncaptured:
         return sys.__stderr__.fileno()
 
 
-def progress_display(config: pytest.Config, draw: int, replicates: int):
+def progress_display(config: pytest.Config, replicate: int, replicates: int):
     """What the stress runs of a test show (``stability.session.progress``): on a terminal, without
     pytest-xdist, the case's and the run's bars; elsewhere (a CI log, xdist workers) one line per run when it
     ends (and one every half minute of a long run) with its step, loss, rate and the ETA of the case.
-    ``draw``: the rounding replicate (0: the reference runs), named in each line when there are replicates."""
+    ``replicate``: the rounding replicate (0: the reference runs), named in each line when there are replicates."""
     from stability.session.progress import Progress
 
     stream = _Uncaptured(config)
     bars = stream.isatty() and not os.environ.get("PYTEST_XDIST_WORKER")
-    prefix = "" if not replicates else ("reference " if draw == 0 else f"replicate {draw}/{replicates} ")
+    prefix = "" if not replicates else ("reference " if replicate == 0 else f"replicate {replicate}/{replicates} ")
     return Progress(stream, bars=bars, lines_per_run=1, notes=False, prefix=prefix)
 
 

@@ -12,7 +12,7 @@ without them). One idea per module:
     summary.py    the figures of a record: an arm's trajectory figures, usable values, the paired summary
     io.py         reading and writing records (strict JSON, atomic, validated both ways)
     cases.py      the stress cases as records know them: each one's result type and run length (``RECORDED_CASES``)
-    identity.py   what makes records comparable: case key, comparable config, fingerprints, device, draw
+    identity.py   what makes records comparable: case key, comparable config, fingerprints, device, replicate
     figures.py    the one table of figures; stats.py: paired statistics; rundir.py: run directories
 
 A case record (``CaseRecord``) holds ``schema_version``, ``id``, ``created_at``, ``name``, ``preset``,
@@ -83,7 +83,7 @@ from stability.record.identity import (
     config_fingerprint,
     device_kind,
     record_device,
-    record_draw,
+    record_replicate,
     resume_config,
 )
 from stability.record.io import clean, read_record, record_filename, where, write_json, write_record
@@ -168,8 +168,8 @@ __all__ = [
     "paired_summary",
     "read_record",
     "record_device",
-    "record_draw",
     "record_filename",
+    "record_replicate",
     "resume_config",
     "set_arm_timing",
     "set_case_result",

@@ -1,9 +1,9 @@
 """What makes two records comparable: the case key, the config fields allowed to differ, fingerprints,
-the device kind and the rounding draw.
+the device kind and the rounding replicate.
 
     case_key(record)                 "smoke/standard": what the merge check compares record to baseline by
     case_name(record)                the stress case a record measured ("standard", "lr_sweep" ...)
-    FIELDS_ABOUT                     what the config fields that may differ are about (keeping, draw, ...)
+    FIELDS_ABOUT                     what the config fields that may differ are about (keeping, seeding, ...)
     comparable_config(config)        the flattened config without what may differ between compared records
     resume_config(config)            ... between an interrupted run and the command continuing it
     config_fingerprint(config)       16 hex digits of the comparable config: the one "fingerprint" of the
@@ -37,15 +37,16 @@ def case_name(record: CaseRecord) -> str:
     return OLD_CASE_NAMES.get(stress, stress)
 
 
-# What the config fields that may differ between two records are about: how a run is kept, which draw it
-# is, where it runs, what it is called. A key ending in "." stands for every field under it. Every other
-# field is about what is measured: two records that differ in one measured different things.
+# What the config fields that may differ between two records are about: how a run is kept, which seeds and
+# rounding replicate it was trained under, where it runs, what it is called. A key ending in "." stands for
+# every field under it. Every other field is about what is measured: two records that differ in one measured
+# different things.
 FIELDS_ABOUT = {
     "run.checkpoint.": "keeping",      # checkpoints and replay bundles: never change a figure
-    "seeds": "draw",                   # the seeds of the initialisation and data order
-    "run.seed": "draw",
-    "run.replicate": "draw",           # the rounding draw (0: the reference runs)
-    "replicates": "draw",              # how many rounding draws a baseline takes
+    "seeds": "seeding",                # the seeds of the initialisation and data order
+    "run.seed": "seeding",
+    "run.replicate": "seeding",        # the rounding replicate (0: the reference runs)
+    "replicates": "seeding",           # how many rounding replicates a baseline takes
     "run.device": "place",             # where the run trains ("cuda:1": its kind is compared by the check)
     "quant_schemes": "evaluation",     # what is measured after training (the plain pair's default: every scheme)
     "name": "naming",
@@ -53,12 +54,12 @@ FIELDS_ABOUT = {
 }
 # the views: which of these may differ ...
 RESUMING = ("keeping", "evaluation")               # between an interrupted run and the command continuing it
-COMPARING = ("keeping", "draw", "place", "naming")  # between records the merge check compares
+COMPARING = ("keeping", "seeding", "place", "naming")  # between records the merge check compares
 
 
 def about(key: str) -> str:
-    """What the flattened config field ``key`` is about ("keeping", "draw", "place", "naming", "evaluation"; "measure" for
-    every field ``FIELDS_ABOUT`` does not name)."""
+    """What the flattened config field ``key`` is about ("keeping", "seeding", "place", "naming", "evaluation";
+    "measure" for every field ``FIELDS_ABOUT`` does not name)."""
     for field, what in FIELDS_ABOUT.items():
         if key == field or (field.endswith(".") and key.startswith(field)):
             return what
@@ -108,8 +109,8 @@ def config_diff(expected: dict, actual: dict, limit: int = 4, names: tuple[str, 
     return "; ".join(diffs[:limit]) + more if diffs else "no field differs"
 
 
-def record_draw(record: CaseRecord) -> int:
-    """The rounding draw a record's runs were trained under: ``run.replicate`` (0: the reference runs)."""
+def record_replicate(record: CaseRecord) -> int:
+    """The rounding replicate a record's runs were trained under: ``run.replicate`` (0: the reference runs)."""
     return int(((record.get("config") or {}).get("run") or {}).get("replicate", 0) or 0)
 
 

@@ -13,7 +13,7 @@ controller picks its path and hands it to the workers in ``$STABILITY_RUN_DIR``.
 directory gives its records; a directory of sessions gives its newest session's records (or every
 session's with ``all_sessions``). A job names its own session (``$STABILITY_RUN_DIR``, set by the
 workflow) and passes it to the check; the newest session is a convenience for a person at a terminal,
-and ``chosen_sessions`` says which one was taken. Two records of one (case, arm, seed, draw, config)
+and ``chosen_sessions`` says which one was taken. Two records of one (case, arm, seed, replicate, config)
 are never settled by a date inside them: ``duplicate_runs`` names them and the reader refuses them.
 
 A manifest is written whole or not at all (a temporary file linked into place). One that cannot be read
@@ -37,7 +37,7 @@ from stability.record import (
     config_fingerprint,
     git_info,
     read_record,
-    record_draw,
+    record_replicate,
 )
 from stability.record.io import read_json
 
@@ -187,7 +187,7 @@ def chosen_sessions(paths, all_sessions: bool = False) -> list[str]:
 
 
 def duplicate_runs(records: list[dict]) -> list[str]:
-    """One line per run that two records hold: the same (case, arm, seed, rounding draw, config), naming both
+    """One line per run that two records hold: the same (case, arm, seed, rounding replicate, config), naming both
     files. Which of them is the job's cannot be told (a date inside a file says nothing), so a reader refuses
     them."""
     first: dict[tuple, dict] = {}
@@ -195,10 +195,10 @@ def duplicate_runs(records: list[dict]) -> list[str]:
     for index, record in enumerate(records):
         fingerprint = config_fingerprint(record["config"])
         for arm in record["arms"]:
-            key = (case_key(record), arm["arm"], arm["seed"], record_draw(record), fingerprint)
+            key = (case_key(record), arm["arm"], arm["seed"], record_replicate(record), fingerprint)
             earlier = first.setdefault(key, record)
             if earlier is not record:
-                lines.append(f"case {key[0]} arm {arm['arm']} seed {arm['seed']} draw {key[3]} is in two records, "
+                lines.append(f"case {key[0]} arm {arm['arm']} seed {arm['seed']} replicate {key[3]} is in two records, "
                              f"{earlier.get('_path') or earlier.get('id')!s} and {record.get('_path') or record.get('id')!s}: "
                              f"expected one run each (pass the run directory of one job)")
     return lines

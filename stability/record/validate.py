@@ -99,7 +99,7 @@ def _whole(low: int):
     return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-# The config fields that the readers of a record use (its device, rounding draw and run length, and the
+# The config fields that the readers of a record use (its device, rounding replicate and run length, and the
 # figures' resolution: stability.record.identity, .cases, .figures.quantum), with what each must hold. The
 # rest of the config is the config's own business (stability.config): readers only fingerprint it.
 CONFIG_FIELDS = {
@@ -109,7 +109,7 @@ CONFIG_FIELDS = {
     "run.model": (lambda v: isinstance(v, dict), "an object"),
     "run.probes": (lambda v: isinstance(v, dict), "an object"),
     "run.device": (lambda v: v is None or isinstance(v, str), "a device name (\"cpu\", \"cuda:0\") or null"),
-    "run.replicate": (lambda v: v is None or _whole(0)(v), "a rounding draw: a whole number >= 0"),
+    "run.replicate": (lambda v: v is None or _whole(0)(v), "a rounding replicate: a whole number >= 0"),
     "run.seed": (_whole(0), "a whole number >= 0"),
     "run.steps": (_whole(1), "a whole number of steps >= 1"),
     "stress.ladder_steps": (lambda v: v is None or _whole(0)(v), "a whole number of steps >= 0"),
