@@ -133,11 +133,11 @@ KINDS = ("eval", "peak", "run", "detail")
 QUANTA = (None, "token", "count", "step", "step_pct", "seed", "head", "batch")
 
 
-HEAVY_TAILED = ("heavy-tailed over rounding draws at this preset (one draw in five far out): its t statistic is not "
-                "valid in the tail, and as a primary row it failed harmless calibration arrangements")
+HEAVY_TAILED = ("heavy-tailed over rounding replicates at this preset (one replicate in five far out): its t "
+                "statistic is not valid in the tail, and as a primary row it failed harmless calibration arrangements")
 
-SINGLE_STEP = ("a single-step maximum, heavy-tailed over rounding draws at this preset: the family judges windows "
-               "of the trajectory instead")
+SINGLE_STEP = ("a single-step maximum, heavy-tailed over rounding replicates at this preset: the family judges "
+               "windows of the trajectory instead")
 
 GREW = "activations or attention logits grew under this stress"
 
@@ -177,7 +177,7 @@ FIGURES: dict[str, Figure] = _table(
     Figure("steps_completed", None, "steps", "steps trained before the arm stopped", kind="run", quantum="step"),
     # primary at smoke only, chosen on smoke's own evidence (its calibration stays clean, margin above 2000) to
     # restore the power the family lost there against the all-rows rule: at ci a single-step maximum is
-    # heavy-tailed over rounding draws; at smoke's 60 clipped steps it is not. Chosen after a held-out zoo entry
+    # heavy-tailed over rounding replicates; at smoke's 60 clipped steps it is not. Chosen after a held-out zoo entry
     # was missed through exactly this row (RoPE's sine sign flipped, z 2e4): its catch is in-sample
     Figure("max_grad_norm", "lower", "L2 norm", "largest global gradient norm before clipping", kind="peak",
            floor=0.5, rel_floor=0.5,
@@ -191,7 +191,7 @@ FIGURES: dict[str, Figure] = _table(
     Figure("max_update_norm", "lower", "L2 norm", "largest global optimiser update norm ||W_after - W_before||",
            kind="peak", floor=0.05, rel_floor=0.5),
     # a loss or gradient spike the model recovers from. At ci the gradient excursion is heavy-tailed over rounding
-    # draws: one draw of five of the gated arm's seed 0 had an excursion of 29 (against 1.5-5.9), so a t
+    # replicates: one replicate of five of the gated arm's seed 0 had an excursion of 29 (against 1.5-5.9), so a t
     # statistic with 4 degrees of freedom is not valid in its tail there (13 of the ci baseline's 125 harmless
     # arrangements failed at alpha 0.1 with it primary; docs/figures.md); primary at smoke (125 of 125 pass)
     # and at full until its own baseline's calibration says otherwise
@@ -215,7 +215,7 @@ FIGURES: dict[str, Figure] = _table(
                             why="the model computes something else: the loss over the range test's early horizon "
                                 "moved"))),
     # the plain pair's baseline arm only: at ci the gated arm's early gradient norm has a second mode in seed 0
-    # (3 of 12 fresh rounding draws ~1% above the 5 a baseline holds), so that row's p is not valid in the tail;
+    # (3 of 12 fresh rounding replicates ~1% above the 5 a baseline holds), so that row's p is not valid in the tail;
     # the gated arm's early horizon stays watched by its early loss and the range test's rows
     Figure("early_grad_norm", "lower", "L2 norm", "mean global gradient norm (before clipping) over the early "
            "horizon", kind="run", rel_floor=5e-4,
@@ -335,7 +335,7 @@ FIGURES: dict[str, Figure] = _table(
            floor=0.01, rel_floor=0.25, quantum="token"),
     # the damage of post-training quantization (KL of the next-token distributions, never negative) under
     # per-tensor W8A8, which an outlier feature breaks (Bondarenko et al. 2023), and under 4-bit weights. At ci
-    # W8A8 is heavy-tailed over rounding draws: one draw of five of the gated arm's seed 0 lost 30x more (KL
+    # W8A8 is heavy-tailed over rounding replicates: one replicate of five of the gated arm's seed 0 lost 30x more (KL
     # 0.032 against 0.0005-0.003), and 9 of the ci baseline's 125 harmless arrangements failed at alpha 0.01
     # with it primary (docs/figures.md); primary at smoke (clean there) and at full until its own baseline's
     # calibration says otherwise
