@@ -132,6 +132,17 @@ def edited(record: dict, arm: str, figure: str, factor: float = 1.0, add: float 
     return out
 
 
+def diverged_run(record: dict, arm: str, seed: int, step: int, **final) -> dict:
+    """A copy of ``record`` whose run of ``arm`` and ``seed`` diverged at ``step`` (``final``: figures it reports
+    beside the divergence)."""
+    out = copy.deepcopy(record)
+    run = next(a for a in out["arms"] if a["arm"] == arm and a["seed"] == seed)
+    run.update(status="diverged", diverged_at_step=step)
+    run["final"].update(diverged=True, divergence_step=step, **final)
+    out["paired"] = paired_summary(out["arms"])
+    return out
+
+
 def replicate(record: dict, number: int, spread: float = 1e-3) -> dict:
     """``record`` as rounding replicate ``number`` would have it: ``run.replicate = number`` and every
     numeric final figure moved by a relative ``spread`` times a deterministic u in [-1, 1] (replicate, arm,

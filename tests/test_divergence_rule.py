@@ -8,12 +8,11 @@ from __future__ import annotations
 import copy
 
 import pytest
-from _stability_records import pair_record, with_replicates
+from _stability_records import diverged_run, pair_record, with_replicates
 
 from stability.check import baseline as baselines
 from stability.check import calibration as cal
 from stability.check import regression as reg
-from stability.record import paired_summary
 
 
 @pytest.fixture(scope="module")
@@ -21,21 +20,12 @@ def record():
     return pair_record(seeds=(0, 1, 2))
 
 
-def _diverged(record, arm_name, seed, step, **final):
-    """A copy of ``record`` whose ``arm_name`` run of ``seed`` diverged at ``step``."""
-    out = copy.deepcopy(record)
-    arm = next(a for a in out["arms"] if a["arm"] == arm_name and a["seed"] == seed)
-    arm.update(status="diverged", diverged_at_step=step)
-    arm["final"].update(diverged=True, divergence_step=step, **final)
-    out["paired"] = paired_summary(out["arms"])
-    return out
-
 
 def _baseline(record, diverged: int, replicates: int = 4, seed: int = 1):
     """A baseline of the reference and ``replicates`` rounding replicates whose first ``diverged`` runs of
     the gated arm's ``seed`` diverged at step 12."""
     runs = with_replicates(record, replicates=tuple(range(1, replicates + 1)))
-    runs[:diverged] = [_diverged(r, "gated", seed, 12) for r in runs[:diverged]]
+    runs[:diverged] = [diverged_run(r, "gated", seed, 12) for r in runs[:diverged]]
     return baselines.make_baseline(runs)
 
 
@@ -56,7 +46,7 @@ def test_the_threshold_keeps_today_s_rule_at_five_replicates():
 
 def test_a_divergence_where_no_baseline_replicate_diverged_fails_naming_k_n_and_p(record):
     """(a) 0 of 5: the job's divergence fails it, and the line states k, n and p."""
-    result = reg.check([_diverged(record, "gated", 1, 10)], _baseline(record, 0))
+    result = reg.check([diverged_run(record, "gated", 1, 10)], _baseline(record, 0))
     failed, notes = _about(result)
     assert result.exit_code == 1 and len(failed) == 1 and not notes
     assert failed[0].reason == ("case smoke/standard arm gated seed 1: diverged = true (diverged at step 10); every "
@@ -67,7 +57,7 @@ def test_a_divergence_where_no_baseline_replicate_diverged_fails_naming_k_n_and_
 def test_a_divergence_one_of_five_baseline_replicates_showed_is_judged_and_does_not_fail(record):
     """(b) 1 of 5: p = 2/6, above the threshold: judged, in a note with k, n and p, not failing the job; the
     explicit rule for the seed's evaluation figures is still stated, once, without the p."""
-    result = reg.check([_diverged(record, "gated", 1, 11)], _baseline(record, 1))
+    result = reg.check([diverged_run(record, "gated", 1, 11)], _baseline(record, 1))
     failed, notes = _about(result)
     assert result.exit_code == 0 and not result.outcomes and not failed
     assert notes == [("case smoke/standard arm gated seed 1: diverged = true (diverged at step 11); 1 of the 5 "
@@ -80,12 +70,12 @@ def test_a_divergence_one_of_five_baseline_replicates_showed_is_judged_and_does_
 
 def test_with_more_replicates_a_divergence_one_of_them_showed_fails(record):
     """(b) 1 of 11 runs (the reference and 10 replicates): p = 2/12 = 1/6 fails; 2 of 11 (p 3/12) does not."""
-    one = reg.check([_diverged(record, "gated", 1, 11)], _baseline(record, 1, replicates=10))
+    one = reg.check([diverged_run(record, "gated", 1, 11)], _baseline(record, 1, replicates=10))
     failed, notes = _about(one)
     assert one.exit_code == 1 and len(failed) == 1 and not notes
     assert failed[0].reason.endswith("seed 1: diverged = true (diverged at step 11); 1 of the 11 baseline runs of "
                                      "this seed diverged (p 0.167 that one more replicate would)")
-    two = reg.check([_diverged(record, "gated", 1, 11)], _baseline(record, 2, replicates=10))
+    two = reg.check([diverged_run(record, "gated", 1, 11)], _baseline(record, 2, replicates=10))
     failed, notes = _about(two)
     assert two.exit_code == 0 and not failed and "2 of the 11 baseline runs of this seed diverged (p 0.250" in notes[0]
 
@@ -96,7 +86,7 @@ def test_the_rule_never_switches_off(record, diverged):
     outcome where p = (k + 1) / 6 <= OUTCOME_P, else a note naming k, n and p; never neither, never both. A
     job whose run completes clean there gets neither (nothing to judge)."""
     base = _baseline(record, diverged)
-    result = reg.check([_diverged(record, "gated", 1, 11)], base)
+    result = reg.check([diverged_run(record, "gated", 1, 11)], base)
     failed, notes = _about(result)
     p = (diverged + 1) / 6
     assert len(failed) + len(notes) == 1
@@ -118,12 +108,12 @@ def test_a_nan_on_the_way_to_a_divergence_is_part_of_it(record):
         for arm in r["arms"]:
             arm["final"]["nonfinite_unhandled"] = 0
     clean = baselines.make_baseline(runs)
-    job = _diverged(runs[0], "gated", 1, 10, **nan)
+    job = diverged_run(runs[0], "gated", 1, 10, **nan)
     result = reg.check([job], clean)
     assert sorted(o.figure for o in result.outcomes) == ["diverged", "nonfinite_unhandled"]
     assert ("nonfinite_unhandled = 1 (diverged at step 10); every one of the 5 baseline runs of this seed was clean: "
             "0 of 5 diverged or had nonfinite_unhandled not clean (p 0.167") in result.outcomes[1].reason
-    ramp = [_diverged(r, "gated", 1, 40, nonfinite_unhandled=int(n == 1)) for n, r in enumerate(runs)]
+    ramp = [diverged_run(r, "gated", 1, 40, nonfinite_unhandled=int(n == 1)) for n, r in enumerate(runs)]
     result = reg.check([job], baselines.make_baseline(ramp))
     failed, notes = _about(result, figure="nonfinite_unhandled")
     assert result.exit_code == 0 and not result.outcomes and not failed

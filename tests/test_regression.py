@@ -9,7 +9,7 @@ import copy
 import json
 
 import pytest
-from _stability_records import edited, pair_record, replicate, with_replicates
+from _stability_records import diverged_run, edited, pair_record, replicate, with_replicates
 
 from stability.check import baseline as baselines
 from stability.check import calibration as cal
@@ -303,19 +303,11 @@ def test_a_row_below_alpha_alone_is_not_a_regression_of_the_job(record, baseline
     assert result.exit_code == 0 and 0.004 > 0.01 / result.judged
 
 
-def _diverged(record, arm_name, seed, step, **final):
-    out = copy.deepcopy(record)
-    arm = next(a for a in out["arms"] if a["arm"] == arm_name and a["seed"] == seed)
-    arm.update(status="diverged", diverged_at_step=step)
-    arm["final"].update(diverged=True, divergence_step=step, **final)
-    out["paired"] = paired_summary(out["arms"])
-    return out
-
 
 def test_a_new_divergence_fails_the_job_naming_case_arm_seed_and_step(record, baseline):
     """Seed 1 of the gated arm diverges at step 10 where every baseline run of that seed completed: one
     failed outcome naming all of it; its evaluation figures are left out of the rows, not averaged."""
-    result = reg.check([_diverged(record, "gated", 1, 10, heldout_loss=9.0)], baseline)
+    result = reg.check([diverged_run(record, "gated", 1, 10, heldout_loss=9.0)], baseline)
     assert result.exit_code == 1 and [o.figure for o in result.outcomes] == ["diverged"]
     reason = result.outcomes[0].reason
     assert reason.startswith("case smoke/standard arm gated seed 1: diverged = ") and "step 10" in reason
@@ -330,9 +322,9 @@ def test_a_divergence_the_baseline_seed_also_showed_is_judged_by_the_explicit_ru
     verdict says how that seed's evaluation figures are judged (left out when its run diverged too,
     against the three completed runs when it completed)."""
     runs = with_replicates(record)
-    runs[1], runs[2] = (_diverged(r, "gated", 1, 12) for r in runs[1:3])
+    runs[1], runs[2] = (diverged_run(r, "gated", 1, 12) for r in runs[1:3])
     mixed = baselines.make_baseline(runs)
-    diverged = reg.check([_diverged(record, "gated", 1, 11)], mixed)
+    diverged = reg.check([diverged_run(record, "gated", 1, 11)], mixed)
     assert diverged.exit_code == 0 and not diverged.outcomes
     assert any("seed 1: 2 of 5 baseline runs diverged; this run diverged as they did" in n for n in diverged.notes)
     completed = reg.check([record], mixed)
@@ -827,7 +819,7 @@ def test_a_baseline_states_what_it_covers(record, baseline):
     assert covered["figures"]["smoke/standard"] == sorted(set(reg.fig.judged(record["arms"][0]["final"])))
     assert covered["primary_family"] == reg.fig.primary_family() and covered["invariants"] is None
     assert covered["resolutions"]["accuracy"] == "token" and covered["resolutions"]["heldout_loss"] is None
-    diverged = _diverged(record, "gated", 0, 30)
+    diverged = diverged_run(record, "gated", 0, 30)
     assert "heldout_loss" in baselines.make_baseline(with_replicates(diverged))["covers"]["figures"]["smoke/standard"]
 
 
