@@ -36,7 +36,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from stability.config import flatten
-from stability.record import Status, case_key, case_name, write_json
+from stability.record import Status, case_key, case_name, record_replicate, write_json
 from stability.track.store import open_client, sqlite_path, store_lock
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -189,7 +189,7 @@ def child_tags(record: dict, arm: dict, parent_id: str | None) -> dict[str, str]
             **{f"precision.{key}": str(value) for key, value in (arm.get("precision") or {}).items()}}
     if arm.get("run_key"):   # the run's one identifier: its record entry, per-step file and checkpoint say it too
         tags["stability.run_key"] = str(arm["run_key"])
-    tags["stability.replicate"] = str(((record.get("config") or {}).get("run") or {}).get("replicate", 0) or 0)
+    tags["stability.replicate"] = str(record_replicate(record))
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     return tags
