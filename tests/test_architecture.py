@@ -197,10 +197,12 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_check_baseline_and_report_run_without_torch(tmp_path):
-    """In a process where importing torch (or MLflow) fails, the JSON commands still work."""
+    """In a process where importing torch (or MLflow) fails, the JSON commands still work: on a plain pair and
+    on a case with results of its own, whose declaration such a process never imports."""
     record = pair_record()
-    for name, records in (("20260101T000000-run-abc123", with_replicates(record)),
-                          ("20260102T000000-run-def456", [record])):
+    sweep = {**pair_record(schedule="sweep", lrs=(1e-3, 3e-3, 1e-2)), "stress": "lr_sweep", "run_steps": 30}
+    for name, records in (("20260101T000000-run-abc123", with_replicates(record) + with_replicates(sweep)),
+                          ("20260102T000000-run-def456", [record, sweep])):
         session = tmp_path / "runs" / name
         session.mkdir(parents=True)
         (session / "manifest.json").write_text("{}")
@@ -220,6 +222,16 @@ def test_check_baseline_and_report_run_without_torch(tmp_path):
     assert report.returncode == 0 and (tmp_path / "r.html").is_file(), report.stderr
     blocked = stability("run", "--preset", "smoke", "--no-track")
     assert blocked.returncode != 0 and "blocked in this test" in blocked.stderr   # the block is real
+
+
+def test_the_case_registry_imports_without_torch():
+    """The pytest plugin names the cases while it collects, before any test imports torch: the registry and
+    every case's declaration import no torch (a case's training imports it when the case runs)."""
+    block = BLOCK_TORCH.replace("from stability.cli import main\nsys.exit(main(sys.argv[1:]))\n",
+                                "from stability.cases.stress import CASES\nprint(','.join(CASES))\n")
+    done = subprocess.run([sys.executable, "-c", block], check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["standard,lr_sweep,lr_ramp,batch_ramp,precision_ladder,shock"]
 
 
 # The registries' own packages, where a built-in name may be branched on: the config (it declares the

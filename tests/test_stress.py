@@ -174,6 +174,61 @@ def test_a_registered_case_keeps_results_of_its_own_checked_against_its_declared
         record_cases.declare(record_cases.RecordedCase("doubled", None))
 
 
+def test_each_case_declares_the_type_of_its_results_in_its_own_module():
+    """One declaration per case: its results' type sits in the module that trains it, not in the record's
+    schema, and registering the case declared it to the record."""
+    from stability.cases import stress
+    from stability.record import cases as record_cases
+    from stability.record import schema
+
+    with_results = [case for case in stress.CASES.values() if case.result is not None]
+    assert {case.name for case in with_results} >= {"lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock"}
+    for case in with_results:
+        assert case.result.__module__ == case.train.__module__, case.name
+        assert not hasattr(schema, case.result.__name__), case.name
+        assert record_cases.result_type(case.name) is case.result
+
+
+def test_a_record_says_how_long_one_run_of_its_case_trains(monkeypatch):
+    """The run length a case declares is written into its records ("run_steps"), which the check reads; a
+    record written before the field is read through the setting that held it."""
+    from stability.cases.stress import CASES
+    from stability.record import case_steps, new_case_record
+
+    config = resolve("smoke", {"steps": 50, "stress.ladder_steps": 12})
+    assert CASES["precision_ladder"].run_steps(config) == 12 and CASES["shock"].run_steps(config) == 50
+    record = new_case_record(config, "standard", stress="precision_ladder", run_steps=12)
+    assert record["run_steps"] == 12 and case_steps(record) == 12
+    assert case_steps({**record, "run_steps": 7}) == 7
+    old = {k: v for k, v in record.items() if k != "run_steps"}
+    assert case_steps(old) == 12 and case_steps({**old, "stress": "shock"}) == 50
+    unset = {**old, "config": {**old["config"], "stress": {**old["config"]["stress"], "ladder_steps": 0}}}
+    assert case_steps(unset) == 50
+
+
+def test_a_reader_that_never_registered_the_case_keeps_its_results_unread(monkeypatch):
+    """A process that does not import the cases (the check and the report run without torch) validates a
+    record from what it says: its own case's results must be an object and are kept unread; results of any
+    other case are an error, as before."""
+    from _stability_records import pair_record
+
+    from stability.record import RecordError, validate_record
+    from stability.record import cases as record_cases
+
+    sweep = {**pair_record(schedule="sweep", lrs=(1e-3, 3e-3)), "stress": "lr_sweep", "run_steps": 30}
+    sweep["results"]["lr_sweep"]["per_arm"][0]["bogus"] = 1.0
+    with pytest.raises(RecordError, match="results.lr_sweep.per_arm.0..bogus is not a key of SweepArm"):
+        validate_record(sweep, "the sweep")                     # registered here: checked against its type
+    monkeypatch.setattr(record_cases, "RECORDED_CASES", {})
+    assert validate_record(sweep, "the sweep") is sweep        # never registered: kept unread
+    with pytest.raises(RecordError, match=r"the sweep: results.lr_sweep = \[1\]: expected an object"):
+        validate_record({**sweep, "results": {"lr_sweep": [1]}}, "the sweep")
+    with pytest.raises(RecordError, match="results.shock: case result 'shock' is unknown"):
+        validate_record({**sweep, "results": {**sweep["results"], "shock": {}}}, "the sweep")
+    old = {k: v for k, v in sweep.items() if k != "results"} | {"lr_sweep": sweep["results"]["lr_sweep"]}
+    assert validate_record(old, "the sweep written before the results slot") is old
+
+
 def test_unknown_case_is_a_config_error():
     with pytest.raises(ConfigError, match="'nope'"):
         run_case("nope", resolve("smoke"))

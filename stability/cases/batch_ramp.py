@@ -7,14 +7,33 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import TypedDict
 
 from stability import config as cfg
 from stability.cases.case import CaseRun, StressCase, cpu_threads, finite
 from stability.cases.checks import close, learns, require
 from stability.config import RunConfig, from_dict
 from stability.config.schedules import lr_scale, warmup_cosine
-from stability.record import case_result, set_case_result
-from stability.record.schema import BatchRamp
+from stability.record import Status, case_result, set_case_result
+
+# ----------------------------------------------------------------------------- its results
+# record["results"]["batch_ramp"]: checked against these types where the case is registered
+
+class BatchRampArm(TypedDict, total=False):
+    arm: str
+    seed: int
+    status: Status
+    diverged_at_step: int | None
+    tokens_seen: int
+    final_batch_size: int | None
+    loss_vs_tokens: list[list[float | None]]   # [tokens seen, mean loss since the previous point]
+
+
+class BatchRamp(TypedDict, total=False):
+    lr_rule: str
+    double_every: int
+    max_batch_size: int
+    per_arm: list[BatchRampArm]
 
 
 def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:

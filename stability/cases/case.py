@@ -3,8 +3,8 @@ trains (``CaseRun``).
 
 Each built-in case is one module of this package that declares everything about it in one ``StressCase``
 (``standard.py``, ``lr_sweep.py``, ``lr_ramp.py``, ``batch_ramp.py``, ``precision_ladder.py``,
-``shock.py``): its name, its training function, its rung, its result type and run length, the figures its
-suite reports and the checks its record must pass. ``stability.cases.stress`` gathers them into the
+``shock.py``): its name, its training function, its rung, the type of its results (declared in the module)
+and its run length, the figures its suite reports and the checks its record must pass. ``stability.cases.stress`` gathers them into the
 registry ``CASES``; an extension declares its own the same way and registers it there.
 """
 
@@ -16,10 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from stability import config as cfg
-from stability.cases.experiment import load_inputs, train_units
 from stability.cases.runs import Rung, Unit
 from stability.record import (
     RecordedCase,
@@ -38,6 +35,8 @@ def cpu_threads(threads: int):
     if threads <= 0:
         yield
         return
+    import torch  # here, not at the top: the registry of cases imports without torch (the plugin reads it)
+
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -76,7 +75,10 @@ class CaseRun:
         self.config = config
         self.session = session
         self.runner = runner
-        self.record = new_case_record(config, schedule_name, description, stress=case.name)
+        from stability.cases.experiment import load_inputs  # training imports torch when a case runs
+
+        self.record = new_case_record(config, schedule_name, description, stress=case.name,
+                                      run_steps=case.run_steps(config))
         self.corpus = load_inputs(config)
         set_corpus(self.record, self.corpus.info)
         self.runs: list[dict] = []  # timing dicts of every run trained
@@ -92,6 +94,8 @@ class CaseRun:
 
     def train_units(self, units: list[Unit]):
         """Yield the arm record of each unit, in order (trained here or by the runner)."""
+        from stability.cases.experiment import train_units  # training imports torch when a case runs
+
         for arm_record in train_units(self.record, self.config, units, self.corpus, self.session, self.runner):
             self.runs.append(arm_record["timing"])
             yield arm_record
@@ -127,10 +131,11 @@ class StressCase:
     this entry (``CaseRun(case, ...)`` takes its name and rung from it: the name is never written twice).
     rung: for a case of several runs per arm and seed, what tells them apart (``rung(run) ->
     stability.cases.runs.Rung``: it names the runs and keys their files); None for one run per arm and seed.
-    result: the type (a TypedDict) of its own results, ``record["results"][name]``; None for none. steps:
-    the run length of one of its runs, from a record's config dict (None: ``run.steps``), what the merge
-    check reads. ``result`` and ``steps`` go into the record's table of cases (``stability.record.cases``),
-    which the check and the report read without torch.
+    result: the type (a TypedDict, declared in its module) of its own results, ``record["results"][name]``;
+    None for none; registering the case declares it to the record (``stability.record.cases``), so the
+    results are checked wherever the case is registered. steps: the run length of one of its runs
+    (``steps(config) -> int``; None: ``run.steps``), which its records say ("run_steps") for the merge
+    check, which reads records without torch and never imports a case.
 
     What the suites do with it (``suites/test_stress_cases.py``, one test per check and case): title and
     reported: the heading and the figures of its paired table (``reported(record)`` -> figure names; the
@@ -144,7 +149,7 @@ class StressCase:
     train: Callable[..., dict]
     rung: Callable[[cfg.RunConfig], Rung] | None = None
     result: type | None = None
-    steps: Callable[[dict], int] | None = None
+    steps: Callable[[cfg.ExperimentConfig], int] | None = None
     title: str = ""
     reported: Callable[[dict], list[str]] | None = None
     checks: tuple[Callable[..., None], ...] = ()
@@ -153,7 +158,11 @@ class StressCase:
     @property
     def recorded(self) -> RecordedCase:
         """What records know of the case (``stability.record.cases.RecordedCase``)."""
-        return RecordedCase(self.name, self.result, self.steps)
+        return RecordedCase(self.name, self.result)
+
+    def run_steps(self, config: cfg.ExperimentConfig) -> int:
+        """The steps one of its runs trains on ``config``."""
+        return self.steps(config) if self.steps is not None else config.run.steps
 
     def run(self, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
         """Train the case on ``config``; its case record."""

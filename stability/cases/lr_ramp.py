@@ -13,12 +13,34 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import TypedDict
 
 from stability import config as cfg
 from stability.cases.case import CaseRun, StressCase, cpu_threads, finite
 from stability.cases.checks import close, require
 from stability.record import Status, set_case_result
-from stability.record.schema import LrRamp
+
+# ----------------------------------------------------------------------------- its results
+# record["results"]["lr_ramp"]: checked against these types where the case is registered
+
+class RampArm(TypedDict, total=False):
+    arm: str
+    seed: int
+    status: Status
+    diverged_at_step: int | None
+    ramp_divergence_lr: float | None
+    ramp_divergence_step: int | None
+    ramp_censored: bool
+    ramp_spikes: int
+    ramp_grad_spikes: int
+    ramp_best_lr: float | None
+    ramp_best_loss: float | None
+
+
+class LrRamp(TypedDict, total=False):
+    start_lr: float
+    end_lr: float
+    per_arm: list[RampArm]
 
 
 def rolling_min_index(values: list[float], width: int) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TypedDict
 
 from stability import config as cfg
 from stability.cases.case import CaseRun, StressCase, cpu_threads, finite, run_summary
@@ -25,7 +26,30 @@ from stability.cases.checks import arm_names, learns, require
 from stability.cases.runs import lr_rung
 from stability.config.schedules import Standard
 from stability.record import Status, add_arm, add_figures, case_result, set_case_result
-from stability.record.schema import LrSweep
+from stability.record.schema import RunSummary
+
+# ----------------------------------------------------------------------------- its results
+# record["results"]["lr_sweep"]: checked against these types where the case is registered
+
+class SweepArm(TypedDict, total=False):
+    arm: str
+    seed: int
+    lrs: list[float]
+    final_loss: list[float | None]
+    status: list[Status]
+    lr_sensitivity: float | None
+    critical_lr: float | None
+    critical_lr_censored: bool
+    best_lr: float | None
+    best_lr_loss: float | None
+    loss_init: float | None
+
+
+class LrSweep(TypedDict, total=False):
+    lrs: list[float]
+    reference_lr: float
+    per_arm: list[SweepArm]
+    runs: list[RunSummary]
 
 
 def sweep_figures(lrs: list[float], losses: list[float | None], diverged: list[bool], loss_init: float) -> dict:

@@ -10,17 +10,25 @@ underflow fractions per rung, and the library, version and recipe that trained e
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypedDict
 
 from stability import config as cfg
-from stability import precision
 from stability.cases.case import CaseRun, StressCase, cpu_threads, finite, run_summary
 from stability.cases.checks import arm_names, learns, require
 from stability.cases.runs import precision_rung
 from stability.config.schedules import Standard
-from stability.precision import ao
 from stability.record import Status, add_arm, add_figures, case_result, set_case_result
-from stability.record.cases import ladder_steps
-from stability.record.schema import PrecisionLadder
+from stability.record.schema import PrecisionInfo, RunSummary
+
+# ----------------------------------------------------------------------------- its results
+# record["results"]["precision_ladder"]: checked against these types where the case is registered
+
+class PrecisionLadder(TypedDict, total=False):
+    precisions: list[str]
+    sources: dict[str, PrecisionInfo | None]  # per rung: who trained it
+    skipped: dict[str, str]                   # per rung left out: why
+    runs: list[RunSummary]
+
 
 # Stated tolerance, nats per token, on the held-out loss at the reference LR: the systematic gap of a
 # rung, |mean over seeds of (loss(p) - loss(fp32))|, must stay within MAX_MEAN_LOSS_GAP, and no
@@ -39,6 +47,9 @@ def ladder_skips(config: cfg.ExperimentConfig) -> dict[str, str]:
     """{rung: reason} for the rungs of ``stress.precisions`` that cannot train here because torchao
     cannot be imported. Any other reason a rung cannot train (an fp8 recipe the installed torchao
     does not know, MX on a torch / torchao without it) is a ConfigError, raised before any training."""
+    from stability import precision  # the formats import torch: read when the ladder runs
+    from stability.precision import ao
+
     skipped = {}
     tokens = config.run.data.batch_size * config.run.model.context
     for p in config.stress.precisions:
@@ -52,6 +63,11 @@ def ladder_skips(config: cfg.ExperimentConfig) -> dict[str, str]:
 def at_precision(run: cfg.RunConfig, dtype: str, ladder_steps: int) -> cfg.RunConfig:
     """``run`` in ``dtype`` for ``ladder_steps`` steps (0: the run's own)."""
     return replace(run, precision=replace(run.precision, dtype=dtype), steps=ladder_steps or run.steps)
+
+
+def rung_steps(config: cfg.ExperimentConfig) -> int:
+    """The steps one rung trains: ``stress.ladder_steps`` (0: the run's own)."""
+    return config.stress.ladder_steps or config.run.steps
 
 
 def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
@@ -200,7 +216,7 @@ def the_precision_statistics_are_recorded(record, invariant):
 
 
 CASE = StressCase("precision_ladder", run_precision_ladder, rung=precision_rung, result=PrecisionLadder,
-                  steps=ladder_steps, title="precision ladder",
+                  steps=rung_steps, title="precision ladder",
                   reported=lambda record: [f"loss_gap_{p}" for p in rungs_of(record)]
                   + ["m_act_mean", "f_attn_mean", "max_attn_logit"],
                   checks=(every_rung_trained, each_rung_names_its_library_and_recipe, fp32_is_finite_and_learns,

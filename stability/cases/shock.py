@@ -13,6 +13,7 @@ the same figures (the determinism the baseline relies on).
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 from stability import config as cfg
 from stability.cases.case import CaseRun, StressCase, cpu_threads, finite
@@ -21,7 +22,28 @@ from stability.config import RunConfig, from_dict
 from stability.config.schedules import Shock as ShockSchedule
 from stability.config.schedules import warmup_cosine
 from stability.record import Status, set_case_result
-from stability.record.schema import Shock
+
+# ----------------------------------------------------------------------------- its results
+# record["results"]["shock"]: checked against these types where the case is registered
+
+class ShockArm(TypedDict, total=False):
+    arm: str
+    seed: int
+    status: Status
+    diverged_at_step: int | None
+    shock_step: int
+    shock_pre_loss: float | None
+    shock_peak_excess: float | None
+    shock_recovery_steps: int | None
+    shock_recovered: bool
+    shock_spikes: int
+
+
+class Shock(TypedDict, total=False):
+    kind: str                         # "jump" or "no_warmup"
+    step: int
+    factor: float
+    per_arm: list[ShockArm]
 
 
 def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoothing: int,

@@ -12,12 +12,13 @@ from dataclasses import replace
 from stability import config as cfg
 from stability.cases.case import StressCase, cpu_threads
 from stability.cases.checks import arm_names, gated, learns, require
-from stability.cases.experiment import run_pair
 
 
 def run_standard(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """The plain pair (every arm of the config) at the preset's settings: what ``stability run`` and
     ``stability stress standard`` run."""
+    from stability.cases.experiment import run_pair  # training imports torch when the case runs
+
     with cpu_threads(config.stress.threads):
         return run_pair(quantized_by_default(config), session=session, runner=runner)
 

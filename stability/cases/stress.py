@@ -9,7 +9,9 @@
     precision_ladder    the same run in fp32, bf16, fp16 (+GradScaler), fp8, mxfp8, mxfp4
     shock               LR jump by a factor mid-run (or no warmup)
 
-What a case is and declares: ``stability.cases.case.StressCase``; each module above holds one case's
+Importing the registry imports no torch (the pytest plugin names the cases while it collects, before any
+test imports torch): a case's training imports it when the case runs. What a case is and declares:
+``stability.cases.case.StressCase``; each module above holds one case's
 training, its figures (their definitions in its docstring; the others in docs/figures.md) and the checks
 its record must pass. Nothing keeps state between calls: the config (including its ``stress`` settings) is
 the whole input, so a case runs the same in-process, in a pytest-xdist worker or as a cluster task. Each
@@ -37,9 +39,8 @@ from stability.record import declare
 
 __all__ = ["CASES", "CaseRun", "StressCase", "check_cases", "cpu_threads", "register", "run_case"]
 
-# every stress case, in the order `stability stress` runs them; ``register`` adds one. The record's table of
-# cases declares the same result types and run lengths for the readers without torch; ``declare`` refuses
-# an entry that disagrees with it.
+# every stress case, in the order `stability stress` runs them; ``register`` adds one. Each declares the type
+# of its results to the record (``declare``), so this process checks them.
 CASES: dict[str, StressCase] = {module.CASE.name: module.CASE for module in (
     standard, lr_sweep, lr_ramp, batch_ramp, precision_ladder, shock)}
 for _case in CASES.values():
@@ -47,8 +48,8 @@ for _case in CASES.values():
 
 
 def register(case: StressCase) -> StressCase:
-    """Add ``case`` to ``CASES`` (a name not taken) and its result type and run length to the record's table
-    of cases: ``stability stress`` runs it after the others."""
+    """Add ``case`` to ``CASES`` (a name not taken) and declare its result type to the record: ``stability
+    stress`` runs it after the others."""
     if case.name in CASES:
         raise ValueError(f"stress case {case.name!r} is registered already")
     declare(case.recorded)

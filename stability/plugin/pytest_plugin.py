@@ -284,11 +284,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def known_cases(where: Path) -> tuple[str, ...]:
     """The stress cases the settings and ``--stability-cases`` may name: the built-in cases and those the loaded
-    extensions registered, in the record's table of cases (``stability.record.cases``, filled by
-    ``stability.cases.stress.register``); the suite ``test_stress_cases.py`` trains each. No torch."""
-    from stability.record.cases import RECORDED_CASES
+    extensions registered (``stability.cases.stress.CASES``, which imports no torch: a case's training
+    imports it when the case runs); the suite ``test_stress_cases.py`` trains each."""
+    from stability.cases.stress import CASES
 
-    return tuple(RECORDED_CASES)
+    return tuple(CASES)
 
 
 def case_of(item: pytest.Item) -> str | None:

@@ -11,7 +11,7 @@ without them). One idea per module:
                   statuses, figures, a case's results, a session's notes, tracking, Ray)
     summary.py    the figures of a record: an arm's trajectory figures, usable values, the paired summary
     io.py         reading and writing records (strict JSON, atomic, validated both ways)
-    cases.py      the stress cases as records know them: each one's result type and run length (``RECORDED_CASES``)
+    cases.py      where a case keeps its results, the result types of the cases registered here, its run length
     identity.py   what makes records comparable: case key, comparable config, fingerprints, device, replicate
     figures.py    the one table of figures; stats.py: paired statistics; rundir.py: run directories
 

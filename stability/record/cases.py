@@ -1,64 +1,43 @@
-"""The stress cases as records know them: each case's name, the type of its own results and the run length
-the merge check uses, declared once (``RECORDED_CASES``).
+"""The stress cases as records know them: where a case keeps its own results and how long its runs were.
 
-    declare(RecordedCase("high_lr", result=HighLr))     # stability.cases.stress.register does it for a case
-    set_case_result(record, "lr_sweep", {...})      # stability.record.build: into record["results"]["lr_sweep"]
-    case_result(record, "lr_sweep")                 # read it back (a record written before the slot: its key)
-    case_steps(record)                              # the steps one run of the case trained
+    declare(RecordedCase("high_lr", result=HighLr))    # stability.cases.stress.register does it for every case
+    set_case_result(record, "lr_sweep", {...})         # stability.record.build: into record["results"]["lr_sweep"]
+    case_result(record, "lr_sweep")                    # read it back (a record written before the slot: its key)
+    case_steps(record)                                 # the steps one run of the case trained
 
-A case's own results live in one open slot of the record, ``results[<case>]``, checked against the type its
-case declared (a ``TypedDict`` of ``stability.record.schema``, or your own). Records written before the slot
-hold them under a top-level key named after the case; ``case_result`` reads both. Imports no torch: the
-check and the report read this table, and the stress case registry (``stability.cases.stress``) fills it.
+A case declares everything about itself in its own module (``stability.cases.lr_sweep`` ...), the type of its
+results included. Registering it (``stability.cases.stress``) declares that type here, so a process that
+trains cases checks their results against it. The record says the rest itself: its case under "stress"
+and the steps one run of it trains under "run_steps". A reader without torch (the check, the report), which
+never imports the cases, judges every record from what the record says and keeps its case's results
+unread (``stability.record.validate``). Imports no torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from stability.record.identity import case_name
-from stability.record.schema import (
-    BatchRamp,
-    CaseRecord,
-    LrRamp,
-    LrSweep,
-    PrecisionLadder,
-    RecordError,
-    Shock,
-)
+from stability.record.schema import CaseRecord, RecordError
 
 
 @dataclass(frozen=True)
 class RecordedCase:
     """name: the case's name (``stability stress NAME``; its records say it under "stress"). result: the type
-    of ``results[name]`` (a TypedDict), None for a case with no results of its own. steps: the run length
-    of one of its runs, from the record's config (a dict), None for ``run.steps``."""
+    of ``results[name]`` (a TypedDict), None for a case with no results of its own."""
 
     name: str
     result: type | None = None
-    steps: Callable[[dict], int] | None = None
-
-    def run_steps(self, config: dict) -> int:
-        if self.steps is not None:
-            return self.steps(config)
-        return (config.get("run") or {}).get("steps", 1)
 
 
-def ladder_steps(config: dict) -> int:
-    """The precision ladder trains ``stress.ladder_steps`` steps per rung (0: the run's own)."""
-    return (config.get("stress") or {}).get("ladder_steps") or (config.get("run") or {}).get("steps", 1)
+# the cases this process registered (stability.cases.stress fills it), by name
+RECORDED_CASES: dict[str, RecordedCase] = {}
 
-
-RECORDED_CASES: dict[str, RecordedCase] = {case.name: case for case in (
-    RecordedCase("standard"),
-    RecordedCase("lr_sweep", LrSweep),
-    RecordedCase("lr_ramp", LrRamp),
-    RecordedCase("batch_ramp", BatchRamp),
-    RecordedCase("precision_ladder", PrecisionLadder, ladder_steps),
-    RecordedCase("shock", Shock),
-)}
+# Records written before "run_steps" (schema 2, until it was added) said a case's run length through its
+# settings: the precision ladder trained stress.ladder_steps steps per rung (0: the run's), every other case
+# run.steps. Read for those records only; a record of today says "run_steps" itself.
+RUN_LENGTH_SETTINGS_OF_OLD_RECORDS = {"precision_ladder": "ladder_steps"}
 
 
 def declare(case: RecordedCase) -> RecordedCase:
@@ -66,18 +45,23 @@ def declare(case: RecordedCase) -> RecordedCase:
     declaration)."""
     known = RECORDED_CASES.get(case.name)
     if known is not None and known != case:
-        raise ValueError(f"stress case {case.name!r} is declared already, with another result type or run length")
+        raise ValueError(f"stress case {case.name!r} is declared already, with another result type")
     RECORDED_CASES[case.name] = case
     return case
 
 
+def is_declared(name: str) -> bool:
+    """Whether this process registered a case called ``name``."""
+    return name in RECORDED_CASES
+
+
 def result_type(name: str) -> type:
-    """The type of ``results[name]``; RecordError when no case of that name declared results."""
+    """The type of ``results[name]``; RecordError when no case of that name declared results here."""
     case = RECORDED_CASES.get(name)
     if case is None or case.result is None:
         declared = tuple(k.name for k in RECORDED_CASES.values() if k.result is not None)
-        raise RecordError(f"case result {name!r} is unknown: expected a case that declared results {declared} "
-                          f"(stability.record.cases)")
+        raise RecordError(f"case result {name!r} is unknown: expected a case this process registered with "
+                          f"results {declared} (stability.cases.stress.register)")
     return case.result
 
 
@@ -88,7 +72,11 @@ def case_result(record: CaseRecord, name: str) -> Any:
 
 
 def case_steps(record: CaseRecord) -> int:
-    """The steps one run of ``record``'s case trained (its declared run length; ``run.steps`` otherwise)."""
+    """The steps one run of ``record``'s case trained: its "run_steps" (of an older record, the setting that
+    held it, ``run.steps`` otherwise)."""
+    if "run_steps" in record:
+        return record["run_steps"]
     config = record.get("config") or {}
-    case = RECORDED_CASES.get(case_name(record))
-    return (case or RecordedCase("")).run_steps(config)
+    run_steps = (config.get("run") or {}).get("steps", 1)
+    setting = RUN_LENGTH_SETTINGS_OF_OLD_RECORDS.get(case_name(record))
+    return ((config.get("stress") or {}).get(setting) or run_steps) if setting else run_steps

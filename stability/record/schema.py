@@ -8,6 +8,9 @@ record against these types (an unknown key at any level, a value of another type
 that writes them. Keys starting with "_" (``_path``: the file a record was read from) live in memory
 only and are never written.
 
+A case's own results (``results[<case>]``) are typed in the case's own module (``stability.cases.lr_sweep``
+...), beside everything else it declares; ``stability.record.cases`` says how they are checked.
+
 ``Required`` keys are in every record a reader may be given (the other keys appear when what they
 describe happened: a session, a quantization, torchrun, Ray ...). The JSON holds plain values: a status
 is its string, NaN and Inf are null.
@@ -464,89 +467,9 @@ class RunSummary(TypedDict, total=False):
     loss: list[float | None]
 
 
-class SweepArm(TypedDict, total=False):
-    arm: str
-    seed: int
-    lrs: list[float]
-    final_loss: list[float | None]
-    status: list[Status]
-    lr_sensitivity: float | None
-    critical_lr: float | None
-    critical_lr_censored: bool
-    best_lr: float | None
-    best_lr_loss: float | None
-    loss_init: float | None
-
-
-class LrSweep(TypedDict, total=False):
-    lrs: list[float]
-    reference_lr: float
-    per_arm: list[SweepArm]
-    runs: list[RunSummary]
-
-
-class RampArm(TypedDict, total=False):
-    arm: str
-    seed: int
-    status: Status
-    diverged_at_step: int | None
-    ramp_divergence_lr: float | None
-    ramp_divergence_step: int | None
-    ramp_censored: bool
-    ramp_spikes: int
-    ramp_grad_spikes: int
-    ramp_best_lr: float | None
-    ramp_best_loss: float | None
-
-
-class LrRamp(TypedDict, total=False):
-    start_lr: float
-    end_lr: float
-    per_arm: list[RampArm]
-
-
-class BatchRampArm(TypedDict, total=False):
-    arm: str
-    seed: int
-    status: Status
-    diverged_at_step: int | None
-    tokens_seen: int
-    final_batch_size: int | None
-    loss_vs_tokens: list[list[float | None]]   # [tokens seen, mean loss since the previous point]
-
-
-class BatchRamp(TypedDict, total=False):
-    lr_rule: str
-    double_every: int
-    max_batch_size: int
-    per_arm: list[BatchRampArm]
-
-
-class PrecisionLadder(TypedDict, total=False):
-    precisions: list[str]
-    sources: dict[str, PrecisionInfo | None]  # per rung: who trained it
-    skipped: dict[str, str]                   # per rung left out: why
-    runs: list[RunSummary]
-
-
-class ShockArm(TypedDict, total=False):
-    arm: str
-    seed: int
-    status: Status
-    diverged_at_step: int | None
-    shock_step: int
-    shock_pre_loss: float | None
-    shock_peak_excess: float | None
-    shock_recovery_steps: int | None
-    shock_recovered: bool
-    shock_spikes: int
-
-
-class Shock(TypedDict, total=False):
-    kind: str                         # "jump" or "no_warmup"
-    step: int
-    factor: float
-    per_arm: list[ShockArm]
+# the keys under which records written before the results slot kept their case's results (checked as
+# results.<case> is)
+RESULTS_BEFORE_THE_SLOT = ("lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock")
 
 
 class CaseRecord(TypedDict, total=False):
@@ -559,6 +482,7 @@ class CaseRecord(TypedDict, total=False):
     preset: Required[str]
     schedule: Required[str]
     stress: str                       # the stress case ("standard": the plain pair; "pair" in older records)
+    run_steps: int                    # the steps one run of the case trains (its case declares it)
     purpose: Purpose
     description: str
     status: Status
@@ -569,14 +493,14 @@ class CaseRecord(TypedDict, total=False):
     arms: Required[list[ArmRecord]]   # one per arm and seed; of a multi-run case, the reference runs
     paired: dict[str, dict[FigureName, PairedFigure]]   # per treatment arm, per figure
     timing: CaseTiming
-    # the case's own results, under its name, of the type its case declared (stability.record.cases)
+    # the case's own results, under its name, of the type its case declares in its module (stability.cases)
     results: dict[str, Any]
-    # where records written before the results slot kept them
-    lr_sweep: LrSweep
-    lr_ramp: LrRamp
-    batch_ramp: BatchRamp
-    precision_ladder: PrecisionLadder
-    shock: Shock
+    # where records written before the results slot kept them (RESULTS_BEFORE_THE_SLOT)
+    lr_sweep: dict[str, Any]
+    lr_ramp: dict[str, Any]
+    batch_ramp: dict[str, Any]
+    precision_ladder: dict[str, Any]
+    shock: dict[str, Any]
     # written by a training command (stability.session.session, pipeline, ray_runner)
     runs: list[RunEntry]
     replay_bundles: list[ReplayBundle]

@@ -16,6 +16,11 @@ own, from the installed entry points and its own configuration: ``stability.conf
 or a case result the table does not know is taken to be theirs and kept unread (``foreign_extensions``
 names them); readers judge the figures they know, and a check whose baseline judges a figure this
 process does not know fails closed, naming the extension to load.
+
+A case's own results (``results[<case>]``) are checked against the type its case declares in its module
+when this process registered the case (a process that trains: ``stability.cases.stress``). A reader that
+never imports the cases (the check and the report run without torch) checks that they are an object and
+keeps them unread; the results of any other case are an error.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from enum import Enum
 from typing import Any, Literal, Union
 
 from stability.config import extensions
-from stability.record.cases import result_type
+from stability.record.cases import is_declared, result_type
 from stability.record.figures import figure
+from stability.record.identity import case_name
 from stability.record.schema import (
     FIGURES_BESIDE,
     PURPOSES,
+    RESULTS_BEFORE_THE_SLOT,
     SCHEMA_VERSION,
     CaseRecord,
     FigureName,
@@ -66,14 +73,21 @@ def validate_record(record, where: str) -> CaseRecord:
     results = record.get("results") or {}
     if not isinstance(results, dict):
         raise RecordError(f"{where}: results = {_show(results)}: expected an object (case name -> its results)")
-    for case, result in results.items():
+    own = case_name(record)
+    slots = [(f"results.{case}", case, result) for case, result in results.items()]
+    slots += [(case, case, record[case]) for case in RESULTS_BEFORE_THE_SLOT if case in record]
+    for path, case, result in slots:
+        if case == own and not is_declared(case):
+            if not isinstance(result, dict):
+                raise RecordError(f"{where}: {path} = {_show(result)}: expected an object (the case's results)")
+            continue          # the results of its own case, which this process did not register: kept, unread
         try:
             kind = result_type(case)
         except RecordError as error:
             if foreign:
                 continue      # the results of a case an extension this process lacks registered: kept, unread
-            raise RecordError(f"{where}: results.{case}: {error}") from None
-        _check(result, kind, f"results.{case}", where, foreign)
+            raise RecordError(f"{where}: {path}: {error}") from None
+        _check(result, kind, path, where, foreign)
     _check_config(record["config"], where)
     for index, arm in enumerate(arms):
         _check_series(arm.get("series") or {}, _item("arms", index, arm), where)
