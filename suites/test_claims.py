@@ -57,7 +57,7 @@ def test_claim_gate_lowers_massive_activations_on_held_out_seeds(device, trackin
     by_seed = {}
     for arm in record["arms"]:
         by_seed.setdefault(arm["seed"], {})[arm["arm"]] = arm["final"]["m_act_mean"]
-    assert all(v["gated"] < v["baseline"] for v in by_seed.values()), by_seed
+    assert all(v["gated"] < v["reference"] for v in by_seed.values()), by_seed
 
 
 # reports/controls.md, regime "controls_ci_150": the ci_150 regime above with the five arms of arms=controls
@@ -71,11 +71,11 @@ CONTROLS_HELD_OUT_SEEDS = (200, 201, 202, 203, 204, 205)
 CONTROLS_HYPOTHESES = (
     ("H1", "gated_floored", "gated", "m_act_mean", "worse"),            # the floor takes M-Act back
     ("H2", "gated_floored", "gated", "extrap_gap_plain_x4", "worse"),   # ... and extrapolates worse
-    ("H3", "gated_headwise", "baseline", "m_act_mean", "better"),
-    ("H4", "gated_value", "baseline", "m_act_mean", "better"),
-    ("H5", "gated", "baseline", "m_act_mean", "better"),
+    ("H3", "gated_headwise", "reference", "m_act_mean", "better"),
+    ("H4", "gated_value", "reference", "m_act_mean", "better"),
+    ("H5", "gated", "reference", "m_act_mean", "better"),
     ("H6", "gated_value", "gated", "heldout_loss", "better"),
-    ("H7", "gated_value", "baseline", "extrap_gap_plain_x4", "better"),
+    ("H7", "gated_value", "reference", "extrap_gap_plain_x4", "better"),
 )
 # The hypotheses the held-out seeds confirmed (reports/controls.md): asserted. The others are reported.
 CONTROLS_CONFIRMED = ("H1", "H3", "H4", "H5", "H6")
@@ -98,8 +98,8 @@ def test_claims_of_the_controls_on_held_out_seeds(device, tracking_uri, run_dir,
         rows = claim_rows(record, [figure], arm=arm, reference=reference, expect=expect)
         results[name] = rows[0]
         tables.append(claims_table(rows, f"{name}: {arm} {expect} than {reference}", arm=arm, reference=reference))
-    for arm, reference, figure in (("gated", "baseline", "extrap_gap_plain_x4"),    # the gate extrapolates better
-                                   ("gated_floored", "baseline", "f_attn_mean")):   # the floor brings the sink back
+    for arm, reference, figure in (("gated", "reference", "extrap_gap_plain_x4"),    # the gate extrapolates better
+                                   ("gated_floored", "reference", "f_attn_mean")):   # the floor brings the sink back
         expect = "better" if arm == "gated" else "worse"
         tables.append(claims_table(claim_rows(record, [figure], arm=arm, reference=reference, expect=expect),
                                    f"reported: {arm} {expect} than {reference}", arm=arm, reference=reference))
@@ -143,7 +143,7 @@ def test_claim_gate_removes_the_first_token_sink_on_held_out_seeds(device, track
         claims_table(rows, f"sink claim, preset sink, held-out seeds {list(SINK_HELD_OUT_SEEDS)}"),
         claims_table(floored, "reported: gated_floored worse than gated", arm="gated_floored", reference="gated")])
     print(table)
-    record_property("claim.sink.f_attn_mean", str({k: rows[0].get(k) for k in ("baseline", "treatment",
+    record_property("claim.sink.f_attn_mean", str({k: rows[0].get(k) for k in ("reference", "treatment",
                                                                                 "difference", "ci_low", "ci_high",
                                                                                 "p_value", "n")}))
     f_attn = rows[0]

@@ -86,7 +86,7 @@ def pair(stress_config):
         result = real(model, corpus, run, schemes, **kwargs)
         unchanged = types == [type(m) for m in model.modules()] and all(
             torch.equal(v, before[k]) for k, v in model.state_dict().items())
-        arm = "gated" if run.model.gate.enabled else "baseline"
+        arm = "gated" if run.model.gate.enabled else "reference"
         captured[arm] = {"model": copy.deepcopy(model), "corpus": corpus, "run": run, "unchanged": unchanged}
         return result
 
@@ -130,7 +130,7 @@ def test_every_scheme_runs_on_both_arms(pair):
 
 def test_full_precision_figures_reproduce(pair):
     record, captured = pair
-    for name in ("baseline", "gated"):
+    for name in ("reference", "gated"):
         arm, seen = _arm(record, name), captured[name]
         full = arm["quant"]["full_precision"]
         if seen["run"].precision.dtype == "fp32":  # the trainer evaluated in the same format
@@ -144,7 +144,7 @@ def test_full_precision_figures_reproduce(pair):
 
 def test_llm_int8_beats_plain_int8_on_planted_outliers(pair):
     _, captured = pair
-    seen = captured["baseline"]
+    seen = captured["reference"]
     planted = quantize.plant_outliers(copy.deepcopy(seen["model"]), **PLANT)
     result = quantize.evaluate_schemes(planted, seen["corpus"], seen["run"], ("int8", "int8-nooutlier"))
     plain = quantize.evaluate_schemes(seen["model"], seen["corpus"], seen["run"], ())
@@ -161,11 +161,11 @@ def test_llm_int8_beats_plain_int8_on_planted_outliers(pair):
 
 def test_planted_massive_activation_hurts_per_tensor_w8a8(pair):
     record, captured = pair
-    seen = captured["baseline"]
+    seen = captured["reference"]
     planted = quantize.plant_outliers(copy.deepcopy(seen["model"]), **PLANT)
     hit = quantize.evaluate_schemes(planted, seen["corpus"], seen["run"], ("w8a8-tensor",))
     hit = hit["schemes"]["w8a8-tensor"]
-    clean = _arm(record, "baseline")["quant"]["schemes"]["w8a8-tensor"]
+    clean = _arm(record, "reference")["quant"]["schemes"]["w8a8-tensor"]
     print(f"\nw8a8-tensor: KL clean {clean['kl']:.2e} -> planted {hit['kl']:.2e}; loss damage "
           f"{clean['damage_loss']:+.5f} -> {hit['damage_loss']:+.5f}; zeroed activations "
           f"{clean['activation_zeroed_fraction']:.3f} -> {hit['activation_zeroed_fraction']:.3f}")
@@ -182,7 +182,7 @@ def test_paired_comparison_is_reported(pair, tracking_uri):
     record, _ = pair
     for scheme in runs_here(record):
         paired = record["paired"]["gated"][f"quant_{scheme}_damage_loss"]
-        assert paired["better"] == "lower" and paired["baseline"] is not None and paired["treatment"] is not None
+        assert paired["better"] == "lower" and paired["reference"] is not None and paired["treatment"] is not None
     table = quant_table(record)
     print("\n" + table)
     assert all(scheme in table for scheme in QUANT_SCHEMES)
@@ -270,7 +270,7 @@ def test_fp16_without_loss_scaling_records_where_it_overflows(stress_config):
     whole run."""
     config = stress_config({**SHORT, "steps": 5, "precision.dtype": "fp16", "precision.loss_scaling": False,
                             "optim.lr": 3.0, "optim.warmup_steps": 0})
-    record = train(config.arm_config("baseline", 0), arm="baseline")
+    record = train(config.arm_config("reference", 0), arm="reference")
     print("\nfp16 (no loss scaling):", record["stop_reason"], record["events"][:1], record["precision_stats"])
     assert record["status"] == Status.DIVERGED, record.get("traceback")
     event = record["events"][0]

@@ -24,7 +24,7 @@ the commit it checks)."""
 def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: str = Status.COMPLETED,
                diverge_at: int | None = None, quant: bool = False) -> dict:
     rng = random.Random(f"{arm}-{seed}-{lr}")
-    gated = arm != "baseline"  # every treatment arm gets the gated arm's figures
+    gated = arm != "reference"  # every treatment arm gets the gated arm's figures
     n = steps if diverge_at is None else diverge_at + 1
     loss = [5.5 * math.exp(-step / 12) + 3.0 + rng.uniform(-0.05, 0.05) for step in range(n)]
     if diverge_at is not None:
@@ -54,7 +54,7 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
                                                          "log_z_mean")},
              "overflow_fraction": 0.0, "underflow_fraction": 0.0, "loss_scale_drops": 0.0}
     record = {
-        "arm": arm, "variant": "G1-elementwise" if gated else "baseline", "seed": seed, "schedule": "standard",
+        "arm": arm, "variant": "G1-elementwise" if gated else "ungated", "seed": seed, "schedule": "standard",
         "status": Status(status).value, "diverged_at_step": diverge_at, "stop_reason": None, "num_parameters": 1000,
         "gate_parameters": 100 if gated else 0, "layer_names": [f"blocks.{i}" for i in range(LAYERS)],
         "series": {"step": list(range(n)), "lr": lrs, "batch_size": [8] * n, "tokens": [512 * (s + 1) for s in range(n)],
@@ -95,11 +95,11 @@ def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2)
         for arm in config.arm_names:
             arms.append(arm_record(arm, seed, lr=config.run.optim.lr, quant=quant))
             if lrs:   # stability.cases.lr_sweep.run_sweep layout: reference runs in arms, the grid under "lr_sweep"
-                critical = 0.1 if arm == "baseline" else 0.3
+                critical = 0.1 if arm == "reference" else 0.3
                 losses = [None if lr >= critical else 3.2 + abs(math.log10(lr / 3e-3)) / 5 for lr in lrs]
                 per_arm.append({"arm": arm, "seed": seed, "lrs": list(lrs), "final_loss": losses,
                                 "status": [(Status.DIVERGED if v is None else Status.COMPLETED).value for v in losses],
-                                "lr_sensitivity": 0.5 if arm == "baseline" else 0.3, "critical_lr": critical,
+                                "lr_sensitivity": 0.5 if arm == "reference" else 0.3, "critical_lr": critical,
                                 "critical_lr_censored": False, "loss_init": 5.6})
                 arms[-1]["final"].update(lr_sensitivity=per_arm[-1]["lr_sensitivity"], critical_lr=critical,
                                          peak_lr=config.run.optim.lr)

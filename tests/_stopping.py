@@ -1,7 +1,7 @@
 """The real command in a subprocess, stopped as a user stops it, and what the MLflow store holds after.
 
     process = start(["run", ...], cwd)        # in its own process group, as a terminal's foreground job
-    wait_for(process, "baseline-seed0: step 97/160")
+    wait_for(process, "reference-seed0: step 97/160")
     ctrl_c(process)                           # SIGINT to the group: what Ctrl-C in a terminal sends
     process.kill()                            # kill -9 of the command: its children get no signal
     wait_gone(pids)                           # until none of them is alive (a generous outer limit)
@@ -131,7 +131,7 @@ def wait_gone(pids: list[int], limit: float = 120.0) -> float:
 
 # ----------------------------------------------------------------------------- the store
 
-def assert_each_step_once(uri: str, record: dict, steps: int, arms=("baseline-seed0", "gated-seed0")) -> None:
+def assert_each_step_once(uri: str, record: dict, steps: int, arms=("reference-seed0", "gated-seed0")) -> None:
     """From the store itself, after a run that ended (completed): the store holds the runs of this one record
     only, one parent for the case and one child per run, named once; none is left RUNNING; every metric
     series of every child holds each step once at most, and the per-step series every step from 0 to

@@ -40,7 +40,7 @@ def test_a_changed_model_is_accepted_by_a_baseline_remade_on_the_runner(tmp_path
     assert "(cases standard remade; the others kept)" in remade.steps["make the baseline on this runner"].output
     compared = (copy / "reports" / "baseline-compare.txt").read_text()
     moved = {tuple(line.split()[:3]) for line in compared.splitlines()[3:]}
-    assert ("smoke/standard", "baseline", "early_loss") in moved and ("smoke/standard", "gated", "early_loss") in moved
+    assert ("smoke/standard", "reference", "early_loss") in moved and ("smoke/standard", "gated", "early_loss") in moved
     assert "### New baseline `reports/baselines/new/smoke-cpu.json`" in remade.summary
 
     (copy / "reports/baselines/smoke-cpu.json").write_text((copy / "reports/baselines/new/smoke-cpu.json").read_text())

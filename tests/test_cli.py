@@ -32,7 +32,7 @@ def test_run_writes_the_record_and_one_parent_with_two_child_runs(workdir, capsy
     uri = f"sqlite:///{workdir}/mlflow.db"
     assert main(["run", "--preset", "smoke", "--tracking-uri", uri, "--experiment", "cli-test", *FAST]) == 0
     out = capsys.readouterr().out
-    assert "heldout_loss" in out and "arm-baseline" in out
+    assert "heldout_loss" in out and "arm-reference" in out
     records = _records(workdir)
     assert len(records) == 1
     record = json.loads(records[0].read_text())
@@ -69,7 +69,7 @@ def test_five_arms_make_one_record_and_one_parent_with_a_child_per_arm_and_seed(
     records = _records(workdir)
     assert len(records) == 1
     record = json.loads(records[0].read_text())
-    arms = ["baseline", "gated", "gated_headwise", "gated_floored", "gated_value"]
+    arms = ["reference", "gated", "gated_headwise", "gated_floored", "gated_value"]
     assert [a["arm"] for a in record["arms"]] == arms * 2 and list(record["paired"]) == arms[1:]
     assert all("extrap_gap_ntk_x2" in a["final"] for a in record["arms"])
 

@@ -38,7 +38,7 @@ def test_dotted_overrides_reach_nested_fields_and_coerce_types():
     ("model.d_model", "abc", "run.model.d_model='abc' is invalid: expected an integer"),
     ("model.qk_norm", "maybe", "expected true or false"),
     ("seeds", "0,0", "distinct seeds"),
-    ("gated_gate.position", "none", "trains the same run as the baseline"),
+    ("gated_gate.position", "none", "trains the same run as the reference arm"),
     ("nothing.here", 1, "not a config field"),
 ])
 def test_bad_overrides_name_the_field_and_what_was_expected(dotted, value, message):

@@ -18,7 +18,7 @@ def arms(factory: str, arms: str = "gated") -> cfg.ExperimentConfig:
 
 def test_a_factory_keeping_the_contract_passes_for_every_control_arm():
     found = check_arm_models(arms("harness_lm", "controls"), suites=True)
-    assert [arm["arm"] for arm in found] == ["baseline", "G1-elementwise", "G1-headwise", "G1-elementwise-floor0.5",
+    assert [arm["arm"] for arm in found] == ["ungated", "G1-elementwise", "G1-headwise", "G1-elementwise-floor0.5",
                                              "G2-elementwise"]
     assert found[0]["observed"] == ["attn_logits", "attn_probs"] and found[0]["gate_parameters"] == 0
     assert all(arm["observed"] == ["attn_logits", "attn_probs", "gate_score"] and arm["gate_parameters"] > 0

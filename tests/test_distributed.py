@@ -166,14 +166,14 @@ def test_torchrun_run_keeps_one_record_and_one_mlflow_parent_from_rank_0(request
     records = [p for p in run_dirs[0].glob("*.json") if p.name != "manifest.json"]
     assert len(records) == 1
     record = json.loads(records[0].read_text())
-    assert record["status"] == Status.COMPLETED and [a["arm"] for a in record["arms"]] == ["baseline", "gated"]
+    assert record["status"] == Status.COMPLETED and [a["arm"] for a in record["arms"]] == ["reference", "gated"]
     assert all(a["distributed"]["world_size"] == 2 and len(a["series"]["loss"]) == STEPS for a in record["arms"])
     client = MlflowClient(tracking_uri=store)
     runs = client.search_runs([client.get_experiment_by_name("stability-smoke").experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert [p.info.run_id for p in parents] == [record["tracking"]["parent_run_id"]]
-    assert sorted(c.info.run_name for c in children) == ["baseline-seed0", "gated-seed0"]
+    assert sorted(c.info.run_name for c in children) == ["reference-seed0", "gated-seed0"]
 
 
 def test_a_killed_rank_stops_the_job_and_the_record_keeps_the_steps_so_far(tmp_path):
@@ -186,7 +186,7 @@ def test_a_killed_rank_stops_the_job_and_the_record_keeps_the_steps_so_far(tmp_p
     (path,) = [p for p in run_dir.glob("*.json") if p.name != "manifest.json"]
     record = json.loads(path.read_text())
     (arm,) = record["arms"]     # the job stopped in the first arm: the gated arm never started
-    assert record["status"] == Status.KILLED and arm["arm"] == "baseline" and arm["status"] in (Status.ERROR, Status.KILLED)
+    assert record["status"] == Status.KILLED and arm["arm"] == "reference" and arm["status"] in (Status.ERROR, Status.KILLED)
     assert arm["series"]["step"] == list(range(kill_at))
     (steps,) = (run_dir / "steps").rglob("*.jsonl")
     assert [row["step"] for row in read_steplog(steps)["steps"]] == list(range(kill_at))

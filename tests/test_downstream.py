@@ -164,7 +164,7 @@ def test_a_grouped_query_repository_whose_baseline_arm_fails_in_fp16(environment
     baseline = json.loads(baseline_file.read_text())
     assert sorted(baseline["cases"]) == ["smoke/precision_ladder"]
     held = {(i["arm"], i["seed"]): i["held"] for i in baseline["invariants"] if i["name"] == "mean_loss_gap_fp16"}
-    assert held == {("baseline", None): False, ("gated", None): True}, held   # the baseline records which held
+    assert held == {("reference", None): False, ("gated", None): True}, held   # the baseline records which held
     made = time.perf_counter()
     sizes = {"baseline run directory": tree_size(max((repo.root / "reports" / "runs").iterdir()))}
 
@@ -172,7 +172,7 @@ def test_a_grouped_query_repository_whose_baseline_arm_fails_in_fp16(environment
     assert job.passed and job.steps["check"].outputs == {"code": "0"}, job.log()
     assert "kernel" not in job.steps and "### Stability check: :white_check_mark: PASS" in job.summary
     assert "mean_loss_gap_fp16" in job.steps["stress"].output            # listed in the suites' summary, not failed
-    assert re.search(r"\[precision_ladder\] baseline-seed0-fp16: step 20/20 .* steps/s  ETA", job.steps["stress"].output)
+    assert re.search(r"\[precision_ladder\] reference-seed0-fp16: step 20/20 .* steps/s  ETA", job.steps["stress"].output)
     sizes["job upload (zipped)"] = upload_size(repo.root / "reports")
     unchanged = time.perf_counter()
 

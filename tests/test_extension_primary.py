@@ -41,7 +41,7 @@ def with_toy(record: dict) -> dict:
     """``record`` with the toy figure in every arm's final figures (per arm and seed)."""
     out = copy.deepcopy(record)
     for arm in out["arms"]:
-        arm["final"][TOY.name] = 2.0 + 0.01 * arm["seed"] + (0.5 if arm["arm"] == "baseline" else 0.0)
+        arm["final"][TOY.name] = 2.0 + 0.01 * arm["seed"] + (0.5 if arm["arm"] == "reference" else 0.0)
     out["paired"] = paired_summary(out["arms"])
     return out
 
@@ -63,7 +63,7 @@ def test_a_declared_row_joins_the_primary_family_after_the_built_in_ones(table):
     fig.register_primary(row)
     assert fig.primary_rows() == (*declared, row)
     assert reg.in_primary_family("standard", "gated", TOY.name) is row
-    assert reg.in_primary_family("standard", "gated-baseline", TOY.name) is None   # arms="arms": no paired row
+    assert reg.in_primary_family("standard", "gated-reference", TOY.name) is None   # arms="arms": no paired row
     assert fig.primary_family()[-1] == {"case": "standard", "figure": TOY.name, "arms": "arms", "either_way": False}
     with pytest.raises(ValueError, match=r"primary row standard/toy_spread_mean\[arms\] is declared already"):
         fig.register_primary(row)
@@ -83,7 +83,7 @@ def test_a_figure_that_declares_its_rows_is_primary_where_it_says_and_nowhere_el
     assert fig.primary_rows() == (*built_in, fig.Primary("lr_sweep", "toy_max_*", arms="paired", why="the spread grew"),
                                   fig.Primary("standard", "toy_max_q", presets=("ci",), elsewhere="too noisy at smoke"))
     assert declared.rows()[0].figure == "toy_max_*"
-    assert reg.in_primary_family("lr_sweep", "gated-baseline", "toy_max_k") is not None
+    assert reg.in_primary_family("lr_sweep", "gated-reference", "toy_max_k") is not None
     assert reg.in_primary_family("lr_sweep", "gated", "toy_max_k") is None           # paired only
     assert reg.in_primary_family("standard", "gated", "toy_max_q", "ci") is not None
     assert reg.in_primary_family("standard", "gated", "toy_max_q", "smoke") is None   # advisory there

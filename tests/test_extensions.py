@@ -88,7 +88,7 @@ def test_the_config_s_plugins_load_before_its_names_are_resolved(fresh):
         config = cfg.resolve("smoke", {"arms": "toy_pair", "plugins": "ext_arms"})
     finally:
         cfg.ARM_SETS.pop("toy_pair", None)
-    assert config.plugins == ("ext_arms",) and config.arm_names == ("baseline", "gated")
+    assert config.plugins == ("ext_arms",) and config.arm_names == ("reference", "gated")
     assert [e.spec for e in extensions.loaded()] == ["ext_arms"]
 
 
@@ -199,15 +199,15 @@ def test_a_treatment_changes_only_its_arm_s_model_and_keeps_the_paired_start(mon
         model.register_forward_hook(lambda module, args, logits: logits / 2)
 
     config = cfg.resolve("smoke", {"arms": "pair", "arms.halved.treatments": "halve_logits"})
-    runs = {arm: config.arm_config(arm, 0) for arm in ("baseline", "halved")}
-    assert runs["baseline"].model.treatments == () and runs["halved"].model.treatments == ("halve_logits",)
+    runs = {arm: config.arm_config(arm, 0) for arm in ("reference", "halved")}
+    assert runs["reference"].model.treatments == () and runs["halved"].model.treatments == ("halve_logits",)
     check_here(config)
     models = {arm: build_model(run.model, run.seed) for arm, run in runs.items()}
     weights = {arm: model.state_dict() for arm, model in models.items()}
-    assert weights["baseline"].keys() == weights["halved"].keys()
-    assert all(torch.equal(weights["baseline"][k], weights["halved"][k]) for k in weights["baseline"])
+    assert weights["reference"].keys() == weights["halved"].keys()
+    assert all(torch.equal(weights["reference"][k], weights["halved"][k]) for k in weights["reference"])
     tokens = torch.randint(0, config.run.model.vocab_size, (2, 8))
-    torch.testing.assert_close(models["halved"](tokens), models["baseline"](tokens) / 2, rtol=0, atol=0)
+    torch.testing.assert_close(models["halved"](tokens), models["reference"](tokens) / 2, rtol=0, atol=0)
 
     unknown = cfg.resolve("smoke", {"arms": "pair", "arms.capped.treatments": "no_such_treatment"})
     with pytest.raises(cfg.ConfigError, match=r"arms.capped.treatments=\('no_such_treatment',\) is invalid: "

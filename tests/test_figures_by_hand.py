@@ -196,7 +196,7 @@ def test_the_95_percent_t_interval_of_three_differences():
     n - 1 = 2), t with n - 1 = 2 degrees of freedom 4.303, half width 4.303 / sqrt(3) = 2.48434;
     sign-flip p: of the 8 sign patterns of (1, 2, 3) only +++ and --- reach |sum| 6: 2 / 8."""
     out = paired_difference([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])
-    assert out["n"] == 3 and out["baseline"] == 2.0 and out["treatment"] == 4.0 and out["difference"] == 2.0
+    assert out["n"] == 3 and out["reference"] == 2.0 and out["treatment"] == 4.0 and out["difference"] == 2.0
     assert out["ci_low"] == pytest.approx(2 - 2.484338, abs=1e-6)
     assert out["ci_high"] == pytest.approx(2 + 2.484338, abs=1e-6)
     assert out["p_value"] == 0.25
@@ -206,7 +206,7 @@ def test_non_finite_and_missing_pairs_are_dropped_before_the_interval():
     """Only the pairs (0, 1) and (0, 3) stay: differences 1, 3, mean 2, sd sqrt(2), t(1) = 12.706,
     half width 12.706 * sqrt(2) / sqrt(2) = 12.706; p: 2 of the 4 patterns reach |sum| 4."""
     out = paired_difference([0.0, None, float("nan"), 0.0, 5.0], [1.0, 2.0, 2.0, 3.0, float("inf")])
-    assert out["n"] == 2 and out["difference"] == 2.0 and out["baseline"] == 0.0 and out["treatment"] == 2.0
+    assert out["n"] == 2 and out["difference"] == 2.0 and out["reference"] == 0.0 and out["treatment"] == 2.0
     assert out["ci_low"] == pytest.approx(2 - 12.706) and out["ci_high"] == pytest.approx(2 + 12.706)
     assert out["p_value"] == 0.5
 
@@ -215,7 +215,7 @@ def test_one_pair_has_a_difference_but_no_interval_and_none_has_nothing():
     one = paired_difference([1.0], [1.5])
     assert (one["n"], one["difference"], one["ci_low"], one["ci_high"], one["p_value"]) == (1, 0.5, None, None, None)
     none = paired_difference([float("nan")], [1.0])
-    assert none == {"n": 0, "baseline": None, "treatment": None, "difference": None, "ci_low": None,
+    assert none == {"n": 0, "reference": None, "treatment": None, "difference": None, "ci_low": None,
                     "ci_high": None, "p_value": None}
 
 
@@ -423,7 +423,7 @@ def hand_arm(status: str = "diverged") -> dict:
     """12 steps of an arm (``new_arm_record`` layout) with every series chosen for its figures."""
     steps = 12
     return {
-        "arm": "baseline", "seed": 0, "status": status, "diverged_at_step": 11 if status == "diverged" else None,
+        "arm": "reference", "seed": 0, "status": status, "diverged_at_step": 11 if status == "diverged" else None,
         "series": {
             "loss": [5.0, 4.0, 3.0, NAN, 2.0, 1.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.2],
             "grad_norm": [1.0, 2.0, INF, 7.0, NAN, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
@@ -504,8 +504,8 @@ def test_usable_value_drops_what_a_comparison_cannot_use():
 
 
 def test_arm_names_put_the_baseline_first_then_the_order_of_appearance():
-    arms = [{"arm": "zeta"}, {"arm": "gated"}, {"arm": "baseline"}, {"arm": "zeta"}, {"arm": "alpha"}]
-    assert arm_names(arms) == ["baseline", "zeta", "gated", "alpha"]
+    arms = [{"arm": "zeta"}, {"arm": "gated"}, {"arm": "reference"}, {"arm": "zeta"}, {"arm": "alpha"}]
+    assert arm_names(arms) == ["reference", "zeta", "gated", "alpha"]
 
 
 def paired_arm(arm: str, seed: int, status: str = "completed", **final) -> dict:
@@ -519,7 +519,7 @@ def test_paired_summary_by_hand():
     ("comment", named before the figures after it), a detail kept beside the figures (loss_spikes, 2 in
     every arm: a count, never paired) and one that no arm measured (f_attn_mean None everywhere) get no
     row; the rows come in name order."""
-    arms = [paired_arm("baseline", s, heldout_loss=float(s + 1), accuracy=0.5, f_attn_mean=None, comment=1.0,
+    arms = [paired_arm("reference", s, heldout_loss=float(s + 1), accuracy=0.5, f_attn_mean=None, comment=1.0,
                        loss_spikes=2) for s in range(4)]
     arms += [paired_arm("gated", 0, heldout_loss=2.0, accuracy=0.6, f_attn_mean=None, z_note=2.0, loss_spikes=2),
              paired_arm("gated", 1, heldout_loss=4.0, f_attn_mean=None, loss_spikes=2),
@@ -527,7 +527,7 @@ def test_paired_summary_by_hand():
     summary = paired_summary(arms)
     assert list(summary) == ["gated"] and list(summary["gated"]) == ["accuracy", "heldout_loss"]
     loss = summary["gated"]["heldout_loss"]
-    assert (loss["n"], loss["baseline"], loss["treatment"], loss["difference"]) == (3, 2.0, 4.0, 2.0)
+    assert (loss["n"], loss["reference"], loss["treatment"], loss["difference"]) == (3, 2.0, 4.0, 2.0)
     assert loss["ci_low"] == pytest.approx(2 - 2.484338, abs=1e-6)
     assert loss["ci_high"] == pytest.approx(2 + 2.484338, abs=1e-6)
     assert loss["p_value"] == 0.25 and loss["better"] == "lower" and loss["seeds"] == [0, 1, 2]
@@ -540,26 +540,26 @@ def test_paired_summary_against_another_arm():
     """Reference "gated": every other arm (the baseline first) minus gated, per seed. heldout_loss gated
     2, 3; floored 2.5, 3.5 (differences 0.5, 0.5); baseline 3, 5 (differences 1, 2)."""
     arms = [paired_arm("gated", 0, heldout_loss=2.0), paired_arm("floored", 0, heldout_loss=2.5),
-            paired_arm("baseline", 0, heldout_loss=3.0), paired_arm("gated", 1, heldout_loss=3.0),
-            paired_arm("floored", 1, heldout_loss=3.5), paired_arm("baseline", 1, heldout_loss=5.0)]
+            paired_arm("reference", 0, heldout_loss=3.0), paired_arm("gated", 1, heldout_loss=3.0),
+            paired_arm("floored", 1, heldout_loss=3.5), paired_arm("reference", 1, heldout_loss=5.0)]
     summary = paired_summary(arms, reference="gated")
-    assert list(summary) == ["baseline", "floored"]
-    floored, baseline = summary["floored"]["heldout_loss"], summary["baseline"]["heldout_loss"]
-    assert (floored["baseline"], floored["treatment"], floored["difference"]) == (2.5, 3.0, 0.5)
-    assert (baseline["baseline"], baseline["treatment"], baseline["difference"], baseline["n"]) == (2.5, 4.0, 1.5, 2)
+    assert list(summary) == ["reference", "floored"]
+    floored, baseline = summary["floored"]["heldout_loss"], summary["reference"]["heldout_loss"]
+    assert (floored["reference"], floored["treatment"], floored["difference"]) == (2.5, 3.0, 0.5)
+    assert (baseline["reference"], baseline["treatment"], baseline["difference"], baseline["n"]) == (2.5, 4.0, 1.5, 2)
 
 def test_paired_summary_keeps_a_figure_that_lost_every_pair():
     """The held-out loss of a diverged arm is unusable in every seed: the row stays, with n = 0, so the
     comparison shows the figure could not be compared (rather than hiding it)."""
-    arms = [paired_arm("baseline", 0, heldout_loss=3.0), paired_arm("gated", 0, "diverged", heldout_loss=9.0)]
+    arms = [paired_arm("reference", 0, heldout_loss=3.0), paired_arm("gated", 0, "diverged", heldout_loss=9.0)]
     row = paired_summary(arms)["gated"]["heldout_loss"]
     assert row["n"] == 0 and row["difference"] is None and row["seeds"] == []
 
 
 def test_paired_summary_of_arms_without_figures():
     """An arm record may lack "final" (stopped before its first step): it pairs nothing."""
-    arms = [{"arm": "baseline", "seed": 0, "status": "killed"}, paired_arm("gated", 0, heldout_loss=2.0),
-            paired_arm("baseline", 1, heldout_loss=1.0), {"arm": "gated", "seed": 1, "status": "killed"}]
+    arms = [{"arm": "reference", "seed": 0, "status": "killed"}, paired_arm("gated", 0, heldout_loss=2.0),
+            paired_arm("reference", 1, heldout_loss=1.0), {"arm": "gated", "seed": 1, "status": "killed"}]
     row = paired_summary(arms)["gated"]["heldout_loss"]
     assert row["n"] == 0 and row["seeds"] == []
 
@@ -661,13 +661,13 @@ def test_rows_of_one_case_by_hand():
     new. Paired gated - baseline: heldout_loss from seed 0; accuracy has no baseline arm value: no row."""
     done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
     base = {"config": {}, "steps": 10, "stress": "standard", "arms": {
-        "baseline": {"status": done, "diverged_at_step": {},
+        "reference": {"status": done, "diverged_at_step": {},
                      "figures": {"heldout_loss": replicates(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
         "gated": {"status": done, "diverged_at_step": {},
                   "figures": {"heldout_loss": replicates(s0=[2.9, 2.9], s1=[2.9, 2.9])}}}}
     now = {"0": {"0": "completed"}, "1": {"0": "completed"}}
     case = {"config": {}, "steps": 10, "arms": {
-        "baseline": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 3.0}, "1": {"0": 3.0}}}},
+        "reference": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 3.0}, "1": {"0": 3.0}}}},
         "gated": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 2.9}, "1": {"0": None}},
                                                                       "accuracy": {"0": {"0": 0.6}}}},
         "new": {"status": now, "diverged_at_step": {}, "figures": {}}}}
@@ -678,10 +678,10 @@ def test_rows_of_one_case_by_hand():
         ("case c/standard arm gated seed 1: heldout_loss is non-finite now; finite in every one of the 2 "
          "baseline runs of this seed")]
     rows = [(r.arm, r.figure, r.verdict, r.p, r.tier, r.mode) for r in result.rows]
-    assert rows == [("baseline", "heldout_loss", "ok", 1.0, "primary", "n=2 df=inf"),
+    assert rows == [("reference", "heldout_loss", "ok", 1.0, "primary", "n=2 df=inf"),
                     ("gated", "heldout_loss", "ok", 1.0, "primary", "n=1 df=inf"),
                     ("gated", "accuracy", "new", None, "advisory", ""),
-                    ("gated-baseline", "heldout_loss", "ok", 1.0, "primary", "n=1 df=inf")]
+                    ("gated-reference", "heldout_loss", "ok", 1.0, "primary", "n=1 df=inf")]
 
 
 def test_holm_rejects_a_p_exactly_at_its_threshold():
@@ -731,14 +731,14 @@ def test_split_runs_by_hand():
 def test_paired_values_need_both_arms():
     """gated - baseline per seed (and replicate) where both arms hold the figure: seed 0 only (seed 1 has no
     baseline value). A case without the baseline arm, or an arm without figures, pairs nothing."""
-    arms = {"baseline": {"figures": {"x": {"0": 1.0}}}, "gated": {"figures": {"x": {"0": 3.0, "1": 4.0}}}}
+    arms = {"reference": {"figures": {"x": {"0": 1.0}}}, "gated": {"figures": {"x": {"0": 3.0, "1": 4.0}}}}
     assert reg.paired_values(arms, "gated", "x", nested=False) == {"0": 2.0}
-    nested = {"baseline": {"figures": {"x": {"0": {"0": 1.0, "1": 2.0}}}},
+    nested = {"reference": {"figures": {"x": {"0": {"0": 1.0, "1": 2.0}}}},
               "gated": {"figures": {"x": {"0": {"0": 3.0, "1": None, "2": 9.0}}}}}
     assert reg.paired_values(nested, "gated", "x", nested=True) == {"0": {"0": 2.0, "1": None}}
     assert reg.paired_values({"gated": arms["gated"]}, "gated", "x", nested=False) == {}
-    assert reg.paired_values({"baseline": {}, "gated": arms["gated"]}, "gated", "x", nested=False) == {}
-    assert reg.paired_values({"baseline": arms["baseline"], "gated": {}}, "gated", "x", nested=False) == {}
+    assert reg.paired_values({"reference": {}, "gated": arms["gated"]}, "gated", "x", nested=False) == {}
+    assert reg.paired_values({"reference": arms["reference"], "gated": {}}, "gated", "x", nested=False) == {}
 
 
 def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case():
@@ -760,7 +760,7 @@ def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case(
                                 "configs among the records (run.steps: baseline 60, record 31)")
     with pytest.raises(RecordError) as error:
         case_values([first, second, {**second, "id": "again"}])
-    assert str(error.value) == ("record #3 (smoke/standard, id again): case smoke/standard arm baseline seed 1 "
+    assert str(error.value) == ("record #3 (smoke/standard, id again): case smoke/standard arm reference seed 1 "
                                 "replicate 0 appears twice among the records (pass one run directory, or records of "
                                 "distinct seeds)")
 
@@ -1021,7 +1021,7 @@ def test_finite_means_a_real_finite_number():
 
 def claim_record(**intervals) -> dict:
     """A record whose ``paired["gated"]`` holds, per figure, the interval (low, high) given."""
-    return {"paired": {"gated": {name: {"baseline": 1.0, "treatment": 2.0, "difference": 1.0, "ci_low": low,
+    return {"paired": {"gated": {name: {"reference": 1.0, "treatment": 2.0, "difference": 1.0, "ci_low": low,
                                         "ci_high": high, "p_value": 0.25, "n": 3}
                                  for name, (low, high) in intervals.items()}}}
 
@@ -1043,9 +1043,9 @@ def test_claim_verdicts_at_the_edges_of_the_margin():
     assert rows["divergence_step"]["holds"] is None   # high -0.5 is not below -0.5
     assert rows["critical_lr"]["holds"] is False      # entirely below 0
     assert rows["m_act_mean"]["margin"] == 0.5 and rows["logit_max"]["margin"] == 0.0
-    assert {k: rows["accuracy"][k] for k in ("figure", "better", "missing", "baseline", "treatment", "difference",
+    assert {k: rows["accuracy"][k] for k in ("figure", "better", "missing", "reference", "treatment", "difference",
                                              "ci_low", "ci_high", "p_value", "n")} == {
-        "figure": "accuracy", "better": "higher", "missing": False, "baseline": 1.0, "treatment": 2.0,
+        "figure": "accuracy", "better": "higher", "missing": False, "reference": 1.0, "treatment": 2.0,
         "difference": 1.0, "ci_low": -0.5, "ci_high": 1.0, "p_value": 0.25, "n": 3}
     lower_fails = claim_rows(claim_record(m_act_mean=(0.6, 0.9)), ["m_act_mean"], margins={"m_act_mean": 0.5})
     assert lower_fails[0]["holds"] is False
@@ -1065,18 +1065,18 @@ def test_a_claim_against_another_arm_and_one_that_expects_worse():
     (the interval is above 0: holds), accuracy lower (below 0: holds). Expecting it better: both fail."""
     arms = []
     for seed, (m_act, accuracy) in enumerate(((3.0, 0.3), (4.0, 0.4), (5.0, 0.5))):
-        arms += [paired_arm("baseline", seed, m_act_mean=9.0, accuracy=0.6),
+        arms += [paired_arm("reference", seed, m_act_mean=9.0, accuracy=0.6),
                  paired_arm("gated", seed, m_act_mean=float(seed), accuracy=0.8),
                  paired_arm("floored", seed, m_act_mean=seed + m_act, accuracy=0.8 - accuracy)]
     record = {"arms": arms, "paired": paired_summary(arms)}
     worse = claim_rows(record, ["m_act_mean", "accuracy"], arm="floored", reference="gated", expect="worse")
-    assert [(r["figure"], r["better"], r["holds"], r["arm"], r["reference"]) for r in worse] == [
+    assert [(r["figure"], r["better"], r["holds"], r["arm"], r["against"]) for r in worse] == [
         ("m_act_mean", "higher", True, "floored", "gated"), ("accuracy", "lower", True, "floored", "gated")]
-    assert worse[0]["ci_low"] == pytest.approx(4 - 2.484338, abs=1e-6) and worse[0]["baseline"] == 1.0
+    assert worse[0]["ci_low"] == pytest.approx(4 - 2.484338, abs=1e-6) and worse[0]["reference"] == 1.0
     better = claim_rows(record, ["m_act_mean", "accuracy"], arm="floored", reference="gated")
     assert [(r["better"], r["holds"]) for r in better] == [("lower", False), ("higher", False)]
-    against_baseline = claim_rows(record, ["m_act_mean"], arm="floored")[0]   # the record's own paired table
-    assert against_baseline["reference"] == "baseline" and against_baseline["difference"] == pytest.approx(-4.0)
+    against_reference = claim_rows(record, ["m_act_mean"], arm="floored")[0]   # the record's own paired table
+    assert against_reference["against"] == "reference" and against_reference["difference"] == pytest.approx(-4.0)
     with pytest.raises(ValueError, match=re.escape("expect='wrose' is invalid: expected 'better' or 'worse'")):
         claim_rows(record, ["m_act_mean"], arm="floored", expect="wrose")
     header = claims_table(worse, arm="floored", reference="gated").splitlines()[0]
@@ -1097,14 +1097,14 @@ def test_claims_of_another_arm_missing_figures_and_undirected_ones():
 
 def test_claims_table_states_each_verdict():
     record = claim_record(m_act_mean=(-2.0, -1.0), heldout_loss=(0.5, 1.5), accuracy=(-0.1, 0.1))
-    record["paired"]["gated"]["critical_lr"] = {"baseline": 1.0, "treatment": 1.0, "difference": 0.0,
+    record["paired"]["gated"]["critical_lr"] = {"reference": 1.0, "treatment": 1.0, "difference": 0.0,
                                                 "ci_low": None, "ci_high": None, "p_value": None, "n": 1}
     record["paired"]["gated"]["accuracy"]["n"] = 2   # two seeds are enough for an interval: undecided, not n<2
     rows = claim_rows(record, ["f_attn_mean", "m_act_mean", "heldout_loss", "accuracy", "critical_lr"])
     lines = claims_table(rows, title="M-Act claim").splitlines()
     assert lines[0] == "M-Act claim"
     assert re.split(r"\s{2,}", lines[1]) == [
-        "figure", "claimed", "baseline", "gated", "gated-baseline", "95% CI", "sign-flip p", "n", "holds"]
+        "figure", "claimed", "reference", "gated", "gated-reference", "95% CI", "sign-flip p", "n", "holds"]
     cells = {line.split()[0]: line for line in lines[3:]}
     assert cells["m_act_mean"].split()[-1] == "yes" and "[-2, -1]" in cells["m_act_mean"]
     assert cells["heldout_loss"].split()[-1] == "NO"

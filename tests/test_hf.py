@@ -123,7 +123,7 @@ def test_an_hf_llama_pair_trains_with_a_record_and_mlflow_runs(tmp_path, monkeyp
 
 def test_a_factory_model_trains_as_a_pair_with_its_shared_parameters_paired():
     config = cfg.resolve("smoke", {**FAST, "model.factory": "_factories:tiny_lm", "model.d_model": 32})
-    models = [build_model(config.arm_config(arm, 0).model, 0) for arm in ("baseline", "gated")]
+    models = [build_model(config.arm_config(arm, 0).model, 0) for arm in ("reference", "gated")]
     shared = dict(models[0].named_parameters())
     gated_params = dict(models[1].named_parameters())
     assert set(gated_params) - set(shared) == {f"inner.layers.{i}.attention.attn_gate.weight" for i in range(2)}

@@ -22,10 +22,10 @@ from stability.record.invariants import (
 
 def test_the_lines_of_every_worker_are_read_back_in_order(tmp_path):
     assert read_invariants(tmp_path / "not-made-yet") == []
-    first = invariant_line("smoke/precision_ladder", "mean_loss_gap_fp16", "baseline", None, False, 0.8159, 0.25,
+    first = invariant_line("smoke/precision_ladder", "mean_loss_gap_fp16", "reference", None, False, 0.8159, 0.25,
                            "per seed\n[0.74, 0.79]", "suites/test_precision_ladder.py::test_gap")
     second = invariant_line("smoke/standard", "completed", "gated", 2, True, message=None)
-    third = invariant_line("smoke/standard", "finite_heldout_loss", "baseline", 0, False, float("nan"))
+    third = invariant_line("smoke/standard", "finite_heldout_loss", "reference", 0, False, float("nan"))
     append_invariant(invariants_file(tmp_path, "gw1"), second)
     append_invariant(invariants_file(tmp_path, "gw0"), first)
     append_invariant(invariants_file(tmp_path, "gw1"), third)
@@ -34,7 +34,7 @@ def test_the_lines_of_every_worker_are_read_back_in_order(tmp_path):
     assert set(found[0]) == set(FIELDS) and found[0]["seed"] is None and found[0]["message"] == "per seed [0.74, 0.79]"
     assert found[1]["message"] == "" and found[2]["value"] is None   # NaN is not JSON: None
     assert failed(found) == [first, third]
-    assert describe(first) == ("smoke/precision_ladder baseline: mean_loss_gap_fp16 (0.8159 against bound 0.25) - "
+    assert describe(first) == ("smoke/precision_ladder reference: mean_loss_gap_fp16 (0.8159 against bound 0.25) - "
                                "per seed [0.74, 0.79]")
     assert describe(second) == "smoke/standard gated seed 2: completed"
     assert (tmp_path / "invariants-gw0.jsonl").read_text().count("\n") == 1

@@ -8,7 +8,7 @@ from stability.cases.precision_ladder import CASE, unhandled_events
 
 def ladder_record(precision: str, events: list[dict]) -> dict:
     """A ladder record with one run of the baseline arm at seed 0 holding ``events``."""
-    return {CASE.name: {"runs": [{"precision": precision, "arm": "baseline", "seed": 0, "events": events}]}}
+    return {CASE.name: {"runs": [{"precision": precision, "arm": "reference", "seed": 0, "events": events}]}}
 
 
 def event(what: str, skipped: bool) -> dict:
@@ -16,7 +16,7 @@ def event(what: str, skipped: bool) -> dict:
 
 
 def test_a_skipped_gradient_overflow_in_fp16_is_handled():
-    assert unhandled_events(ladder_record("fp16", [event("grad", True)]), "fp16", "baseline", 0) == []
+    assert unhandled_events(ladder_record("fp16", [event("grad", True)]), "fp16", "reference", 0) == []
 
 
 @pytest.mark.parametrize("precision, what, skipped", [
@@ -28,4 +28,4 @@ def test_a_skipped_gradient_overflow_in_fp16_is_handled():
 ])
 def test_any_other_event_is_unhandled(precision, what, skipped):
     found = event(what, skipped)
-    assert unhandled_events(ladder_record(precision, [found]), precision, "baseline", 0) == [found]
+    assert unhandled_events(ladder_record(precision, [found]), precision, "reference", 0) == [found]

@@ -61,12 +61,12 @@ def test_ctrl_c_stops_the_case_after_the_step_in_flight_with_everything_on_disk(
     run_dir, record = interrupted
     assert record["status"] == Status.KILLED
     assert [(a["arm"], a["status"], len(a["series"]["loss"])) for a in record["arms"]] == [
-        ("baseline", Status.COMPLETED, 24), ("gated", Status.KILLED, 14)]
+        ("reference", Status.COMPLETED, 24), ("gated", Status.KILLED, 14)]
     on_disk = json.loads(next(run_dir.glob("smoke-standard-*.json")).read_text())
     assert on_disk["status"] == Status.KILLED and [r["status"] for r in on_disk["runs"]] == [Status.COMPLETED, Status.KILLED]
     steps = {path.name.split("-")[0]: read_steplog(path) for path in (run_dir / "steps" / record["id"]).iterdir()}
     assert [row["step"] for row in steps["gated"]["steps"]] == list(range(14)) and steps["gated"]["end"] is None
-    assert steps["baseline"]["end"]["status"] == Status.COMPLETED and len(steps["baseline"]["steps"]) == 24
+    assert steps["reference"]["end"]["status"] == Status.COMPLETED and len(steps["reference"]["steps"]) == 24
     checkpoints = list((run_dir / "checkpoints" / record["id"]).glob("*.pt"))
     assert [p.name.split("-")[0] for p in checkpoints] == ["gated"]   # the finished arm's was deleted
 
@@ -113,7 +113,7 @@ def test_compressed_per_step_files_keep_everything_and_a_resume_reads_them(refer
     assert on_disk["runs"][0]["steps_file"] == str(finished.relative_to(run_dir))
     record = run_pair(tiny(), session=Session(run_dir, resume=Resume.load(run_dir), finished_steps="gzip"))
     assert [a["series"]["loss"] for a in record["arms"]] == [a["series"]["loss"] for a in reference["arms"]]
-    assert sorted(p.name.split("-")[0] for p in steps.glob("*.jsonl.gz")) == ["baseline", "gated"]
+    assert sorted(p.name.split("-")[0] for p in steps.glob("*.jsonl.gz")) == ["reference", "gated"]
     assert not list(steps.glob("*.jsonl"))
     dropped = run_pair(tiny(), session=Session(tmp_path / "dropped", finished_steps="drop"))
     assert not list((tmp_path / "dropped").glob("steps/**/*.jsonl*"))

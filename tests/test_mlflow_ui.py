@@ -118,7 +118,7 @@ def test_the_runs_table_shows_both_arms_with_their_metrics(written, mlflow_ui, t
         text = page.evaluate("document.body.innerText")
         assert "Runs" in text and "Token Usage" not in text and "Tool calls" not in text   # not the GenAI overview
         page.click(".ag-row button")                                    # expand the pair's parent run
-        page.wait("document.body.innerText.includes('gated-seed0') && document.body.innerText.includes('baseline-seed0')")
+        page.wait("document.body.innerText.includes('gated-seed0') && document.body.innerText.includes('reference-seed0')")
         for metric in ("final.heldout_loss", "loss"):
             page.click("[data-testid=column-selection-dropdown]")
             page.click(f"[role=dialog] span[title='{metric}']")
@@ -135,7 +135,7 @@ def test_the_runs_table_shows_both_arms_with_their_metrics(written, mlflow_ui, t
         cells.setdefault(index, []).extend(line.strip() for line in content.splitlines() if line.strip())
     by_name = {next(c for c in row if c.endswith("seed0")): row for row in cells.values()
                if any(c.endswith("seed0") for c in row)}
-    assert set(by_name) == {"baseline-seed0", "gated-seed0"}
+    assert set(by_name) == {"reference-seed0", "gated-seed0"}
     for arm in record["arms"]:
         numbers = [float(c) for c in by_name[f"{arm['arm']}-seed0"] if re.fullmatch(r"-?\d+\.\d+(e-?\d+)?", c)]
         assert arm["final"]["heldout_loss"] == pytest.approx(numbers[0], rel=1e-6)

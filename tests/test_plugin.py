@@ -115,7 +115,7 @@ def test_the_settings_reach_the_fixtures_and_the_command_line_wins(tmp_path):
 
         def test_fixtures(stress_config, scale, device, seeds, stability_settings):
             config = stress_config({"probes.every": 3})
-            assert config.run.model.factory == "mymodels:build" and config.arm_names == ("baseline", "gated_headwise")
+            assert config.run.model.factory == "mymodels:build" and config.arm_names == ("reference", "gated_headwise")
             assert (config.run.steps, config.run.optim.lr, config.run.probes.every) == (7, 1e-3, 3)
             assert config.seeds == seeds == tuple(int(s) for s in os.environ["EXPECTED_SEEDS"].split(","))
             assert (scale, device) == ("smoke", "cpu")
@@ -209,7 +209,7 @@ def test_model_invariants_are_recorded_and_listed_not_failed(tmp_path):
     the test passes, and the terminal summary lists the invariants that did not hold."""
     root = repository(tmp_path, {"test_model.py": """\
         def test_gap(model_invariant):
-            assert model_invariant("smoke/precision_ladder", "mean_loss_gap_fp16", "baseline", None, False, 0.8159,
+            assert model_invariant("smoke/precision_ladder", "mean_loss_gap_fp16", "reference", None, False, 0.8159,
                                    0.25, "per seed [0.74, 0.79, 0.91]") is False
             assert model_invariant({"name": "smoke", "schedule": "standard", "stress_case": "standard",
                                     "preset": "smoke"}, "loss_falls", "gated", 1, True, 0.6, 0.9)

@@ -381,7 +381,7 @@ def test_gradscaler_trajectory_of_a_training_run_that_overflows():
                                "precision.growth_interval": interval, "model.n_layers": 1, "probes.every": 4,
                                "probes.eval_batches": 1})
     torch.set_num_threads(1)
-    record = train(config.arm_config("baseline", 0), arm="baseline")
+    record = train(config.arm_config("reference", 0), arm="reference")
     assert record["status"] == Status.COMPLETED, record["stop_reason"]
     scales, skipped = record["series"]["loss_scale"], record["series"]["skipped"]
     assert skipped[0] and not all(skipped)  # 2^30 overflows at first; the scale comes down until it fits

@@ -128,7 +128,7 @@ def test_one_line_per_run_names_its_replicate_and_a_run_stopped_early_still_gets
     progress = Progress(log, bars=False, lines_per_run=1, notes=False, prefix="replicate 1/2 ")
     progress.case_started("[precision_ladder]", steps=40)
     row = {"loss": 3.0, "lr": 1e-3, "grad_norm": None, "update_norm": 0.0}
-    for label, last in (("  [precision_ladder] baseline-seed0-fp16", 19), ("  [precision_ladder] gated-seed0-fp16", 6)):
+    for label, last in (("  [precision_ladder] reference-seed0-fp16", 19), ("  [precision_ladder] gated-seed0-fp16", 6)):
         progress.run_started(label, steps=20)
         progress.note(f"{label}: 20 steps")
         for step in range(last + 1):
@@ -136,7 +136,7 @@ def test_one_line_per_run_names_its_replicate_and_a_run_stopped_early_still_gets
         progress.run_ended(last + 1)
     lines = log.getvalue().splitlines()
     assert len(lines) == 2, lines
-    assert lines[0].startswith("replicate 1/2 [precision_ladder] baseline-seed0-fp16: step 20/20  loss 3.0000  "
+    assert lines[0].startswith("replicate 1/2 [precision_ladder] reference-seed0-fp16: step 20/20  loss 3.0000  "
                                "lr 1.00e-03  grad-norm nan  update-norm 0  "), lines
     assert re.search(r"steps/s  ETA 0:00 \(case [0-9:?]+\)$", lines[0]), lines
     assert lines[1].startswith("replicate 1/2 [precision_ladder] gated-seed0-fp16: step 7/20") and \

@@ -98,7 +98,7 @@ def test_quant_figures_and_paired_summary_directions():
     figures = q.quant_figures(quant)
     assert figures == {"quant_int8_damage_loss": 0.1, "quant_int8_damage_accuracy": -0.01,
                        "quant_int8_kl": 0.02}
-    arms = [{"arm": "baseline", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 3.0, **figures}},
+    arms = [{"arm": "reference", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 3.0, **figures}},
             {"arm": "gated", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 2.9, "quant_int8_damage_loss": 0.05,
                                                    "quant_int8_damage_accuracy": 0.0, "quant_int8_kl": 0.01}}]
     paired = paired_summary(arms)["gated"]

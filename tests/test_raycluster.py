@@ -62,7 +62,7 @@ def test_unit_ids_are_stable_and_tell_runs_apart():
     again = sweep_unit("gated", 0, config.arm_config("gated", 0))
     assert unit.id == again.id and len(unit.id) == 16          # the same run, computed twice
     other_lr = sweep_unit("gated", 0, replace(run, optim=replace(run.optim, lr=0.5)))
-    others = [other_lr, sweep_unit("baseline", 0, config.arm_config("baseline", 0)),
+    others = [other_lr, sweep_unit("reference", 0, config.arm_config("reference", 0)),
               sweep_unit("gated", 1, config.arm_config("gated", 1)),
               Unit("lr_ramp", "gated", 0, run, Standard())]
     assert len({unit.id, *(u.id for u in others)}) == 5
@@ -117,7 +117,7 @@ def test_a_ray_run_equals_a_local_run_figure_for_figure(ray_local):
     assert figures(remote) == figures(local)
     assert [(a["arm"], a["seed"]) for a in remote["arms"]] == [(a["arm"], a["seed"]) for a in local["arms"]]
     units = remote["ray"]["units"]
-    assert [u["name"] for u in units] == [f"lr_sweep/{arm}/seed0/lr={lr}" for arm in ("baseline", "gated")
+    assert [u["name"] for u in units] == [f"lr_sweep/{arm}/seed0/lr={lr}" for arm in ("reference", "gated")
                                           for lr in ("0.001", "0.1")]
     assert remote["ray"]["retries"] == 0 and remote["ray"]["task_resources"] == {"num_cpus": 1}
     assert "ray" not in local

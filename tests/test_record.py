@@ -95,11 +95,11 @@ def broken(record, change) -> dict:
 @pytest.mark.parametrize(("change", "path"), [
     (lambda r: r.update(bogus=1), "bogus is not a key of CaseRecord"),
     (lambda r: r["arms"][1].update(bogus=1), "arms[1] (arm gated, seed 0).bogus is not a key of ArmRecord"),
-    (lambda r: r["arms"][0]["series"].update(bogus=[]), "arms[0] (arm baseline, seed 0).series.bogus is not a key of Series"),
-    (lambda r: r["arms"][0]["probes"][0].update(bogus=1.0), "arms[0] (arm baseline, seed 0).probes[0].bogus is not a key of ProbeSnapshot"),
-    (lambda r: r["arms"][0]["timing"].update(bogus=1.0), "arms[0] (arm baseline, seed 0).timing.bogus is not a key of ArmTiming"),
+    (lambda r: r["arms"][0]["series"].update(bogus=[]), "arms[0] (arm reference, seed 0).series.bogus is not a key of Series"),
+    (lambda r: r["arms"][0]["probes"][0].update(bogus=1.0), "arms[0] (arm reference, seed 0).probes[0].bogus is not a key of ProbeSnapshot"),
+    (lambda r: r["arms"][0]["timing"].update(bogus=1.0), "arms[0] (arm reference, seed 0).timing.bogus is not a key of ArmTiming"),
     (lambda r: r["arms"][0]["quant"]["schemes"]["int8"].update(bogus=1.0),
-     "arms[0] (arm baseline, seed 0).quant.schemes.int8.bogus is not a key of QuantScheme"),
+     "arms[0] (arm reference, seed 0).quant.schemes.int8.bogus is not a key of QuantScheme"),
     (lambda r: r["paired"]["gated"]["accuracy"].update(bogus=1.0),
      "paired.gated.accuracy.bogus is not a key of PairedFigure"),
     (lambda r: r["results"]["lr_sweep"]["per_arm"][0].update(bogus=1.0),
@@ -127,22 +127,22 @@ def test_an_unknown_figure_is_a_record_error_naming_it(record):
 def test_a_figure_value_that_is_not_a_number_is_a_record_error(record):
     with pytest.raises(RecordError) as error:
         validate_record(broken(record, lambda r: r["arms"][0]["final"].update(accuracy="0.14")), "record 'r.json'")
-    assert str(error.value) == "record 'r.json': arms[0] (arm baseline, seed 0).final.accuracy = '0.14': expected a number, true/false or null"
+    assert str(error.value) == "record 'r.json': arms[0] (arm reference, seed 0).final.accuracy = '0.14': expected a number, true/false or null"
     for value in (3, 0.5, True, None):   # numbers, flags and null are figure values
         validate_record(broken(record, lambda r, v=value: r["arms"][0]["final"].update(accuracy=v)), "r")
 
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda r: r["arms"][0].update(status="done"),
-     "arms[0] (arm baseline, seed 0).status = 'done': expected one of 'running', 'completed', 'diverged', 'killed', 'error'"),
-    (lambda r: r["arms"][0].update(seed="0"), "arms[0] (arm baseline, seed 0).seed = '0': expected a whole number"),
-    (lambda r: r["arms"][0]["series"]["loss"].__setitem__(2, "x"), "arms[0] (arm baseline, seed 0).series.loss[2] = 'x': expected a number or null"),
-    (lambda r: r["arms"][0].pop("status"), "arms[0] (arm baseline, seed 0) has no 'status' field"),
+     "arms[0] (arm reference, seed 0).status = 'done': expected one of 'running', 'completed', 'diverged', 'killed', 'error'"),
+    (lambda r: r["arms"][0].update(seed="0"), "arms[0] (arm reference, seed 0).seed = '0': expected a whole number"),
+    (lambda r: r["arms"][0]["series"]["loss"].__setitem__(2, "x"), "arms[0] (arm reference, seed 0).series.loss[2] = 'x': expected a number or null"),
+    (lambda r: r["arms"][0].pop("status"), "arms[0] (arm reference, seed 0) has no 'status' field"),
     (lambda r: r.update(tracking={"uri": "sqlite:///m.db"}), "tracking has no 'status' field"),
     (lambda r: r.update(tracking={"status": "sent"}),
      "tracking.status = 'sent': expected one of 'live', 'tracked', 'not tracked'"),
     (lambda r: r.pop("config"), "the record has no 'config' field (truncated or not a record)"),
-    (lambda r: r["arms"][0].update(final=[]), "arms[0] (arm baseline, seed 0).final = []: expected an object"),
+    (lambda r: r["arms"][0].update(final=[]), "arms[0] (arm reference, seed 0).final = []: expected an object"),
 ])
 def test_a_value_of_another_type_or_a_missing_key_is_a_record_error(record, change, message):
     with pytest.raises(RecordError) as error:
@@ -156,7 +156,7 @@ def test_a_snapshot_may_hold_any_figure_of_the_table_and_private_keys_stay_in_me
 
 
 def test_write_record_refuses_a_record_the_schema_does_not_know_and_writes_nothing(tmp_path, record):
-    with pytest.raises(RecordError, match=r"arms\[0\] \(arm baseline, seed 0\)\.bogus is not a key of ArmRecord"):
+    with pytest.raises(RecordError, match=r"arms\[0\] \(arm reference, seed 0\)\.bogus is not a key of ArmRecord"):
         write_record(broken(record, lambda r: r["arms"][0].update(bogus=1)), tmp_path)
     assert list(tmp_path.iterdir()) == []
 
@@ -168,7 +168,7 @@ def test_read_record_refuses_a_file_with_an_unknown_key_naming_the_file(tmp_path
     path.write_text(json.dumps(document))
     with pytest.raises(RecordError) as error:
         read_record(path)
-    assert str(error.value).startswith(f"record {str(path)!r}: arms[0] (arm baseline, seed 0).final.not_a_figure is not a figure")
+    assert str(error.value).startswith(f"record {str(path)!r}: arms[0] (arm reference, seed 0).final.not_a_figure is not a figure")
     assert error.value.exit_code == 2
 
 
@@ -202,7 +202,7 @@ def test_the_builder_writes_plain_statuses_and_every_stop():
 
 
 def test_the_builder_appends_steps_and_events():
-    arm = new_arm_record("baseline", "baseline", 0, "standard")
+    arm = new_arm_record("reference", "ungated", 0, "standard")
     row = dict.fromkeys(SERIES_KEYS, 0.0)
     append_step(arm, row)
     assert all(arm["series"][key] == [0.0] for key in SERIES_KEYS)
@@ -216,10 +216,10 @@ def test_a_record_made_by_the_builder_alone_is_written_and_read_back(tmp_path):
     config = resolve("smoke", {"seeds": "0"})
     record = new_case_record(config, "standard", "by hand")
     assert record["status"] == "running" and record["arms"] == [] and record["paired"] == {}
-    for name in ("baseline", "gated"):
+    for name in ("reference", "gated"):
         arm = new_arm_record(name, name, 0, "standard")
         mark_completed(arm)
-        add_figures(arm, {"heldout_loss": 3.0 if name == "baseline" else 2.9, "diverged": False})
+        add_figures(arm, {"heldout_loss": 3.0 if name == "reference" else 2.9, "diverged": False})
         start_timing(arm, started_at=0.0, wall_seconds=1.0)
         note_run(record, arm, f"steps/{record['id']}/{name}.jsonl")
         add_arm(record, arm)

@@ -183,8 +183,8 @@ def test_unchanged_records_and_a_new_rounding_replicate_pass(record, baseline):
 
 
 def test_one_bad_seed_is_caught(record, baseline):
-    bad = _set(record, "baseline", "heldout_loss", [3.2, 3.2, 4.5])
-    row = _row(reg.check([bad], baseline), "baseline", "heldout_loss")
+    bad = _set(record, "reference", "heldout_loss", [3.2, 3.2, 4.5])
+    row = _row(reg.check([bad], baseline), "reference", "heldout_loss")
     assert row.verdict == "regressed" and row.z > 10
 
 
@@ -203,28 +203,28 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
     from stability.record.figures import primary_rows
 
     assert reg.in_primary_family("standard", "gated", "heldout_loss")
-    assert reg.in_primary_family("standard", "gated-baseline", "m_act_max")
+    assert reg.in_primary_family("standard", "gated-reference", "m_act_max")
     assert not reg.in_primary_family("standard", "gated", "f_attn_mean", "smoke")
     assert not reg.in_primary_family("lr_sweep", "gated", "heldout_loss")
     assert any(p.case == "precision_ladder" and p.arms == "arms" for p in primary_rows())
-    assert not reg.in_primary_family("precision_ladder", "gated-baseline", "loss_gap_fp16")
+    assert not reg.in_primary_family("precision_ladder", "gated-reference", "loss_gap_fp16")
     # growth is primary under the ladder and the batch ramp too (a job judging one of them alone sees it),
     # not after the shock (a single step's maximum at the jump: calibration at ci fails with it)
-    assert reg.in_primary_family("precision_ladder", "baseline", "m_act_max")
+    assert reg.in_primary_family("precision_ladder", "reference", "m_act_max")
     assert reg.in_primary_family("batch_ramp", "gated", "max_attn_logit")
     assert not reg.in_primary_family("shock", "gated", "m_act_max")
     # the range test's early horizon: each arm (the same model under a second schedule), not the difference
-    assert reg.in_primary_family("lr_ramp", "baseline", "early_grad_norm")
+    assert reg.in_primary_family("lr_ramp", "reference", "early_grad_norm")
     # the plain pair's early gradient norm: the baseline arm only (the gated arm's has a second mode at ci)
-    assert reg.in_primary_family("standard", "baseline", "early_grad_norm")
+    assert reg.in_primary_family("standard", "reference", "early_grad_norm")
     assert not reg.in_primary_family("standard", "gated", "early_grad_norm")
-    assert not reg.in_primary_family("standard", "gated-baseline", "early_grad_norm")
+    assert not reg.in_primary_family("standard", "gated-reference", "early_grad_norm")
     assert reg.in_primary_family("standard", "gated", "early_loss")
-    assert not reg.in_primary_family("lr_ramp", "gated-baseline", "early_loss")
+    assert not reg.in_primary_family("lr_ramp", "gated-reference", "early_loss")
     primary = reg.check([edited(record, "gated", "heldout_loss", add=0.3)], baseline)
     assert primary.exit_code == 1 and _row(primary, "gated", "heldout_loss").tier == "primary"
-    advisory = reg.check([edited(record, "baseline", "f_attn_mean", add=0.3)], baseline)
-    row = _row(advisory, "baseline", "f_attn_mean")
+    advisory = reg.check([edited(record, "reference", "f_attn_mean", add=0.3)], baseline)
+    row = _row(advisory, "reference", "f_attn_mean")
     assert advisory.exit_code == 0 and row.tier == "advisory" and row.verdict == "worse" and row.z > 5
     assert f"{advisory.judged} primary rows, {advisory.advisory} advisory rows" in advisory.method()
     assert 0 < advisory.judged < 20 < advisory.advisory
@@ -274,12 +274,12 @@ def test_the_same_runs_judged_in_two_cases_count_once(record, baseline):
 def test_the_gate_stopping_to_help_is_caught_in_the_paired_difference(record, baseline):
     """M-Act of the gated arm at the baseline's level: the paired row gated - baseline regresses."""
     flat = copy.deepcopy(record)
-    ref = {a["seed"]: a["final"]["m_act_max"] for a in flat["arms"] if a["arm"] == "baseline"}
+    ref = {a["seed"]: a["final"]["m_act_max"] for a in flat["arms"] if a["arm"] == "reference"}
     for arm in flat["arms"]:
         if arm["arm"] == "gated":
             arm["final"]["m_act_max"] = ref[arm["seed"]]
     result = reg.check([flat], baseline)
-    assert _row(result, "gated-baseline", "m_act_max").verdict == "regressed"
+    assert _row(result, "gated-reference", "m_act_max").verdict == "regressed"
 
 
 def test_holm_keeps_the_family_wise_rate(record, baseline):
@@ -339,7 +339,7 @@ def test_a_finite_baseline_figure_turning_non_finite_or_absent_fails_the_job(rec
     assert [(o.arm, o.seed, o.figure) for o in result.outcomes] == [("gated", "0", "m_act_max")]
     assert "m_act_max is non-finite now; finite in every one of the 5 baseline runs" in result.outcomes[0].reason
     gone = copy.deepcopy(record)
-    del next(a for a in gone["arms"] if a["arm"] == "baseline" and a["seed"] == 2)["final"]["max_attn_logit"]
+    del next(a for a in gone["arms"] if a["arm"] == "reference" and a["seed"] == 2)["final"]["max_attn_logit"]
     absent = reg.check([gone], baseline)
     assert absent.exit_code == 1 and "max_attn_logit is absent now" in absent.outcomes[0].reason
 
@@ -347,13 +347,13 @@ def test_a_finite_baseline_figure_turning_non_finite_or_absent_fails_the_job(rec
 def test_an_unhandled_non_finite_value_fails_where_every_baseline_run_was_clean(record):
     """``nonfinite_unhandled`` is an outcome: 0 in every baseline run, 1 in the job's run of seed 2."""
     runs = [_set(r, arm, "nonfinite_unhandled", [0, 0, 0]) for r in with_replicates(record)
-            for arm in ("baseline",)]
+            for arm in ("reference",)]
     runs = [_set(r, "gated", "nonfinite_unhandled", [0, 0, 0]) for r in runs]
     base = baselines.make_baseline(runs)
-    job = _set(_set(record, "baseline", "nonfinite_unhandled", [0, 0, 0]), "gated", "nonfinite_unhandled", [0, 0, 1])
+    job = _set(_set(record, "reference", "nonfinite_unhandled", [0, 0, 0]), "gated", "nonfinite_unhandled", [0, 0, 1])
     result = reg.check([job], base)
     assert result.exit_code == 1 and [(o.arm, o.seed) for o in result.outcomes] == [("gated", "2")]
-    clean = _set(_set(record, "baseline", "nonfinite_unhandled", [0, 0, 0]), "gated", "nonfinite_unhandled", [0, 0, 0])
+    clean = _set(_set(record, "reference", "nonfinite_unhandled", [0, 0, 0]), "gated", "nonfinite_unhandled", [0, 0, 0])
     assert reg.check([clean], base).exit_code == 0
 
 
@@ -385,12 +385,12 @@ def test_calibration_shows_a_replicate_that_is_not_a_rounding_change(record):
     seed: 0.8%, under the diagonal), and its margin refuses the baseline."""
     records = with_replicates(record)
     one = copy.deepcopy(records[3])
-    arm = next(a for a in one["arms"] if a["arm"] == "baseline" and a["seed"] == 0)
+    arm = next(a for a in one["arms"] if a["arm"] == "reference" and a["seed"] == 0)
     arm["final"]["heldout_loss"] *= 1.1
     curve = cal.calibrate(baselines.make_baseline(records[:3] + [one] + records[4:]))
     assert curve["failed"] == [25, 25, 25, 25] and curve["margin"] < 1
     assert "25 of 125 arrangements fail at alpha 0.01" in cal.acceptable(curve)
-    records[3] = edited(records[3], "baseline", "heldout_loss", factor=1.1)
+    records[3] = edited(records[3], "reference", "heldout_loss", factor=1.1)
     curve = cal.calibrate(baselines.make_baseline(records))
     assert curve["failed"] == [1, 1, 1, 1] and curve["closest"]["arrangement"] == {"0": "3", "1": "3", "2": "3"}
     assert curve["margin"] < 1 and cal.acceptable(curve).startswith(f"margin {curve['margin']:.3g} under 5")
@@ -595,7 +595,7 @@ def test_cli_check_states_its_false_alarm_rate_and_the_evidence(tmp_path, record
     assert main(["check", "--baseline", str(tmp_path / "b.json"), paths[0]]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "false-alarm rate alpha = 0.01" in out
-    worse = _write(tmp_path / "worse.json", edited(record, "baseline", "max_attn_logit", add=3.0))
+    worse = _write(tmp_path / "worse.json", edited(record, "reference", "max_attn_logit", add=3.0))
     assert main(["check", "--baseline", str(tmp_path / "b.json"), worse, "--alpha", "0.05",
                  "--json", str(tmp_path / "c.json")]) == 1
     out = capsys.readouterr().out
@@ -738,8 +738,8 @@ def test_model_invariants_are_judged_against_the_baseline_not_absolutely(record)
     """An invariant the baseline's run showed failing is this model's behaviour (noted, not failing the job);
     one that held there and fails now fails the job naming case, arm, seed, value and bound; one the job's
     suites did not evaluate is unusable input; a job without suites notes that none were judged."""
-    held = [_invariant("loss_falls", "baseline", 0, True, 0.6, 0.9), _invariant("loss_falls", "gated", 0, True),
-            _invariant("mean_loss_gap_fp16", "baseline", None, False, 0.82, 0.25)]
+    held = [_invariant("loss_falls", "reference", 0, True, 0.6, 0.9), _invariant("loss_falls", "gated", 0, True),
+            _invariant("mean_loss_gap_fp16", "reference", None, False, 0.82, 0.25)]
     base = baselines.make_baseline(with_replicates(record), invariants=held)
     assert base["invariants"] == held
     same = [dict(line) for line in held]
@@ -750,7 +750,7 @@ def test_model_invariants_are_judged_against_the_baseline_not_absolutely(record)
     broken[0].update(held=False, value=0.95)
     result = reg.check([record], base, invariants=broken)
     assert result.exit_code == 1 and [o.figure for o in result.outcomes] == ["loss_falls"]
-    assert result.outcomes[0].reason == ("case smoke/standard arm baseline seed 0: model invariant loss_falls no "
+    assert result.outcomes[0].reason == ("case smoke/standard arm reference seed 0: model invariant loss_falls no "
                                          "longer holds (value 0.95 against bound 0.9); it held in the baseline "
                                          "(value 0.6 against bound 0.9)")
     missing = reg.check([record], base, invariants=held[1:])
@@ -900,7 +900,7 @@ def test_the_check_refuses_records_of_another_commit_than_the_one_it_checks(tmp_
     gated["arms"] = [arm for arm in gated["arms"] if arm["arm"] == "gated"]
     gated["git"]["commit"] = "e" * 40
     plain = copy.deepcopy(other)
-    plain["arms"] = [arm for arm in plain["arms"] if arm["arm"] == "baseline"]
+    plain["arms"] = [arm for arm in plain["arms"] if arm["arm"] == "reference"]
     halves = [_write(tmp_path / "plain.json", plain), _write(tmp_path / "gated.json", gated)]
     assert main([*check, *halves, "--expect-commit", "any"]) == 2
     assert "were trained from 2 commits (eeeeeeeeeeee, ffffffffffff)" in capsys.readouterr().err
@@ -949,7 +949,7 @@ def test_baseline_compare_names_what_moved_in_units_of_the_replicate_noise(tmp_p
     out = capsys.readouterr().out
     lines = [line.split() for line in out.splitlines()[3:]]
     assert ["smoke/standard", "gated", "m_act_max", "primary"] == lines[0][:4], out
-    assert float(lines[0][8]) > 3 and all(line[1] != "baseline" for line in lines), out
+    assert float(lines[0][8]) > 3 and all(line[1] != "reference" for line in lines), out
     assert main(["baseline", "compare", str(old), str(old)]) == 0
     assert " 0 of " in capsys.readouterr().out
     job = _write(tmp_path / "job.json", record)

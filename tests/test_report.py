@@ -28,7 +28,7 @@ def records():
     plain = pair_record(seeds=(0, 1, 2), quant=True)
     plain["tracking"] = {"status": "tracked", "uri": "sqlite:///m.db", "experiment": "stability-smoke",
                          "experiment_id": "1", "parent_run_id": "parent0123456789",
-                         "child_run_ids": {"baseline-seed0": "child-b0", "gated-seed0": "child-g0"}}
+                         "child_run_ids": {"reference-seed0": "child-b0", "gated-seed0": "child-g0"}}
     sweep = pair_record(schedule="lr_sweep", seeds=(0,), lrs=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1])
     return [plain, sweep]
 
@@ -72,7 +72,7 @@ def test_markdown_twin_links_existing_pngs_and_holds_the_same_tables(written):
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert len(links) == len(paths["plots"]) == 6
     assert all((paths["markdown"].parent / link).read_bytes().startswith(PNG_MAGIC) for link in links)
-    assert "| arm | figure | better | unit | baseline | arm value | arm-baseline |" in md and "parent0123456789" in md and "REGRESSED" in md
+    assert "| arm | figure | better | unit | reference | arm value | arm-reference |" in md and "parent0123456789" in md and "REGRESSED" in md
 
 
 def test_cli_report_writes_html_and_markdown_and_rejects_bad_records(tmp_path, records, capsys):
@@ -167,4 +167,4 @@ def test_a_figure_only_the_treatment_arm_has_shows_its_mean_in_the_tables(record
     (html_row,) = [r for r in report.summary_rows(record) if r[1] == "gate_score_mean"]
     assert html_row[4:6] == ["-", table.fmt(expected)]
     heldout = next(line.split() for line in table.paired_table(record).splitlines() if " heldout_loss " in line)
-    assert heldout[2] == table.fmt(record["paired"]["gated"]["heldout_loss"]["baseline"])   # paired: unchanged
+    assert heldout[2] == table.fmt(record["paired"]["gated"]["heldout_loss"]["reference"])   # paired: unchanged

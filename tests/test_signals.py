@@ -82,7 +82,7 @@ def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_ru
     uri = template_store(tmp_path / "m.db")
     lrs = ["--set", "stress.sweep_lrs=0.001,0.003,0.01", "--set", "steps=96"]
     process = start(["stress", "lr_sweep", "--tracking-uri", uri, *SETS, *lrs], tmp_path)
-    wait_for(process, "[lr_sweep] baseline-seed0-lr0.003: step 28/96")
+    wait_for(process, "[lr_sweep] reference-seed0-lr0.003: step 28/96")
     ctrl_c(process)
     code, _, err = finish(process)
     assert code == 130, err[-2000:]
@@ -90,8 +90,8 @@ def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_ru
     (path,) = run_dir.glob("smoke-lr_sweep-*.json")
     record = json.loads(path.read_text())
     assert record["status"] == Status.KILLED
-    assert [(r["name"], r["status"]) for r in record["runs"]] == [("baseline-seed0-lr0.001", Status.COMPLETED),
-                                                                  ("baseline-seed0-lr0.003", Status.KILLED)]
+    assert [(r["name"], r["status"]) for r in record["runs"]] == [("reference-seed0-lr0.001", Status.COMPLETED),
+                                                                  ("reference-seed0-lr0.003", Status.KILLED)]
     assert record["tracking"]["status"] == "tracked", record["tracking"]
 
     from mlflow.tracking import MlflowClient
@@ -100,9 +100,9 @@ def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_ru
     parent = client.get_run(record["tracking"]["parent_run_id"])
     assert parent.info.status == "KILLED" and parent.info.run_name == "lr_sweep"
     children = {name: client.get_run(run_id) for name, run_id in record["tracking"]["child_run_ids"].items()}
-    assert {n: r.info.status for n, r in children.items()} == {"baseline-seed0-lr0.001": "FINISHED",
-                                                               "baseline-seed0-lr0.003": "KILLED"}
-    killed = children["baseline-seed0-lr0.003"]
+    assert {n: r.info.status for n, r in children.items()} == {"reference-seed0-lr0.001": "FINISHED",
+                                                               "reference-seed0-lr0.003": "KILLED"}
+    killed = children["reference-seed0-lr0.003"]
     assert killed.data.tags["case"] == "lr_sweep" and killed.data.tags["status"] == Status.KILLED
     assert len(client.get_metric_history(killed.info.run_id, "loss")) >= 28   # sent live while it trained
 
@@ -112,7 +112,7 @@ def test_stopped_and_resumed_twice_every_step_is_in_mlflow_and_in_the_per_step_f
     step's loss once (the parts sent live by three processes and the record sent at each stop)."""
     uri = template_store(tmp_path / "m.db")
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
-    wait_for(process, f"baseline-seed0: step 65/{STEPS}")
+    wait_for(process, f"reference-seed0: step 65/{STEPS}")
     ctrl_c(process)
     assert finish(process)[0] == 130
     run_dir, _ = the_record(tmp_path)
@@ -129,7 +129,7 @@ def test_stopped_and_resumed_twice_every_step_is_in_mlflow_and_in_the_per_step_f
 
     client = MlflowClient(tracking_uri=uri)
     children = record["tracking"]["child_run_ids"]
-    assert sorted(children) == ["baseline-seed0", "gated-seed0"]
+    assert sorted(children) == ["reference-seed0", "gated-seed0"]
     for name, run_id in children.items():
         for metric in ("loss", "lr", "update_norm"):
             steps = sorted(point.step for point in client.get_metric_history(run_id, metric))

@@ -128,7 +128,7 @@ def test_both_are_final_figures_of_an_arm_and_peak_figures_of_the_table():
     steps = 60
     losses, grads = wobble(3.0, steps, 0.01), wobble(0.5, steps, 0.05)
     losses[2], losses[45], grads[46] = NAN, 3.61, 2.0
-    arm = {"arm": "baseline", "seed": 0, "status": "completed", "diverged_at_step": None,
+    arm = {"arm": "reference", "seed": 0, "status": "completed", "diverged_at_step": None,
            "series": {"loss": losses, "grad_norm": grads, "lr": [1e-3 * min(1.0, (t + 1) / 10) for t in range(steps)],
                       "loss_spike": [False] * steps, "grad_spike": [False] * steps, "skipped": [False] * steps},
            "events": [], "probes": [], "precision_stats": []}
@@ -159,8 +159,8 @@ step 19), and the excursion from 1.9-4.9 to 3.3-8.9 in all 6. About 2 s per run 
 def test_an_lr_spike_in_training_raises_both_figures():
     torch.set_num_threads(1)
     step = 3 * SPIKE_RUN.steps // 4
-    plain = train(SPIKE_RUN, arm="baseline")
-    spiked = train(replace(SPIKE_RUN, fault=FaultConfig(kind="lr_spike", step=step, lr_factor=30.0)), arm="baseline")
+    plain = train(SPIKE_RUN, arm="reference")
+    spiked = train(replace(SPIKE_RUN, fault=FaultConfig(kind="lr_spike", step=step, lr_factor=30.0)), arm="reference")
     assert plain["status"] == spiked["status"] == "completed"
     assert spiked["series"]["lr"][step] == pytest.approx(30 * plain["series"]["lr"][step])
     assert spiked["series"]["loss"][:step + 1] == plain["series"]["loss"][:step + 1]   # the same run up to it

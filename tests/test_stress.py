@@ -97,11 +97,11 @@ def test_shock_figures_peak_and_recovery():
 
 def test_claim_rows_non_inferiority():
     record = {"paired": {"gated": {
-        "m_act_mean": {"baseline": 2.0, "treatment": 1.0, "difference": -1.0, "ci_low": -1.5, "ci_high": -0.5,
+        "m_act_mean": {"reference": 2.0, "treatment": 1.0, "difference": -1.0, "ci_low": -1.5, "ci_high": -0.5,
                        "p_value": 0.25, "n": 3},
-        "heldout_loss": {"baseline": 2.0, "treatment": 2.5, "difference": 0.5, "ci_low": 0.2, "ci_high": 0.8,
+        "heldout_loss": {"reference": 2.0, "treatment": 2.5, "difference": 0.5, "ci_low": 0.2, "ci_high": 0.8,
                          "p_value": 0.25, "n": 3},
-        "critical_lr": {"baseline": 1.0, "treatment": 1.0, "difference": 0.0, "ci_low": None, "ci_high": None,
+        "critical_lr": {"reference": 1.0, "treatment": 1.0, "difference": 0.0, "ci_low": None, "ci_high": None,
                         "p_value": None, "n": 1}}}}
     rows = {r["figure"]: r for r in claim_rows(record, ["m_act_mean", "heldout_loss", "critical_lr", "f_attn_mean"])}
     assert rows["m_act_mean"]["holds"] is True

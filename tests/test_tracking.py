@@ -142,7 +142,7 @@ def test_parent_and_child_runs_with_params_metrics_tags_description_and_artifact
     assert "\n" not in description and "standard" in description and "G1" in description
     assert parent.data.params["run.model.d_model"] == "64"
     assert parent.data.params["run.optim.lr"] == "0.003"
-    assert set(result["child_run_ids"]) == {f"{arm}-seed{s}" for arm in ("baseline", "gated") for s in (0, 1, 2)}
+    assert set(result["child_run_ids"]) == {f"{arm}-seed{s}" for arm in ("reference", "gated") for s in (0, 1, 2)}
     child_id = result["child_run_ids"]["gated-seed1"]
     child = client.get_run(child_id)
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
@@ -174,7 +174,7 @@ def test_killed_arms_and_pairs_are_marked_killed(store):
     client = _client(store)
     assert client.get_run(result["parent_run_id"]).info.status == "KILLED"
     assert client.get_run(result["child_run_ids"]["gated-seed0"]).info.status == "KILLED"
-    assert client.get_run(result["child_run_ids"]["baseline-seed0"]).info.status == "FINISHED"
+    assert client.get_run(result["child_run_ids"]["reference-seed0"]).info.status == "FINISHED"
 
 
 # ----------------------------------------------------------------------------- failing stores
@@ -364,7 +364,7 @@ def test_check_from_mlflow_takes_the_latest_parent_runs_of_a_branch(tmp_path, st
     current.write_text(json.dumps(record, allow_nan=False))
     assert main(["check", "--from-mlflow", "main", "--tracking-uri", store, str(current)]) == 0
     worse = tmp_path / "w.json"
-    worse.write_text(json.dumps(edited(record, "baseline", "m_act_max", factor=3.0), allow_nan=False))
+    worse.write_text(json.dumps(edited(record, "reference", "m_act_max", factor=3.0), allow_nan=False))
     assert main(["check", "--from-mlflow", "main", "--tracking-uri", store, str(worse)]) == 1
     assert main(["check", "--from-mlflow", "no-such-branch", "--tracking-uri", store, str(current)]) == 2
     assert "git.branch='no-such-branch'" in capsys.readouterr().out
@@ -387,7 +387,7 @@ def test_same_code_logs_to_a_tracking_server(server_uri):
     client = _client(server_uri)
     parent = client.get_run(result["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.params["run.model.d_model"] == "64"
-    assert len(client.get_metric_history(result["child_run_ids"]["baseline-seed0"], "loss")) == 30
+    assert len(client.get_metric_history(result["child_run_ids"]["reference-seed0"], "loss")) == 30
     fetched = tracking.fetch_records("main", server_uri, preset="smoke")
     assert [r["id"] for r in fetched] == [record["id"]]
 

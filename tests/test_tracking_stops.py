@@ -76,7 +76,7 @@ def gone(process, below: list[int]) -> None:
 def test_a_double_ctrl_c_keeps_the_run_ids_and_the_resume_continues_the_same_runs(tmp_path, template_store):
     uri = template_store(tmp_path / "m.db")
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
-    wait_for(process, f"baseline-seed0: step 97/{STEPS}")
+    wait_for(process, f"reference-seed0: step 97/{STEPS}")
     ctrl_c(process)
     time.sleep(0.05)      # the user's second Ctrl-C, 50 ms after the first
     ctrl_c(process)
@@ -85,7 +85,7 @@ def test_a_double_ctrl_c_keeps_the_run_ids_and_the_resume_continues_the_same_run
     run_dir, record = the_record(tmp_path)
     assert record["status"] == Status.KILLED
     tracking = record.get("tracking") or {}
-    assert tracking.get("parent_run_id") and "baseline-seed0" in tracking.get("child_run_ids", {}), \
+    assert tracking.get("parent_run_id") and "reference-seed0" in tracking.get("child_run_ids", {}), \
         record.get("tracking")
     assert_each_step_once(uri, resume(tmp_path, run_dir, uri), STEPS)
 
@@ -94,7 +94,7 @@ def test_kill_9_on_a_new_store_leaves_no_process_and_the_resume_makes_no_second_
     """A new store: MLflow creates its tables while the baseline arm trains; kill -9 in that arm."""
     uri = f"sqlite:///{tmp_path}/new.db"
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
-    wait_for(process, f"baseline-seed0: step 97/{STEPS}")
+    wait_for(process, f"reference-seed0: step 97/{STEPS}")
     gone(process, kill_9(process))
     run_dir, record = the_record(tmp_path)
     assert record["status"] == Status.RUNNING
@@ -114,7 +114,7 @@ def test_runs_whose_ids_never_reached_the_disk_are_adopted_by_their_tags(tmp_pat
     held = wait_until(lambda: (read_ids(ids_file(path)).get("child_run_ids") or {}).keys() >= {"gated-seed0"})
     gone(process, kill_9(process))
     run_dir, record = the_record(tmp_path)
-    assert held and read_ids(ids_file(path))["child_run_ids"].keys() == {"baseline-seed0", "gated-seed0"}
+    assert held and read_ids(ids_file(path))["child_run_ids"].keys() == {"reference-seed0", "gated-seed0"}
     ids_file(path).unlink()
     record.pop("tracking")
     path.write_text(json.dumps(record))

@@ -33,7 +33,7 @@ TINY = RunConfig(
 
 
 def test_loss_falls_and_the_record_is_complete():
-    record = train(TINY, arm="baseline")
+    record = train(TINY, arm="reference")
     series = record["series"]
     assert record["status"] == Status.COMPLETED and record["diverged_at_step"] is None
     assert len(series["loss"]) == TINY.steps == len(series["grad_norm"]) == len(series["lr"])
@@ -100,20 +100,20 @@ def test_both_arms_of_a_pair_read_identical_batches():
 def test_a_pair_record_holds_both_arms_per_seed_and_paired_figures():
     config = ExperimentConfig(run=replace(TINY, steps=12), seeds=(0, 1))
     record = run_pair(config)
-    assert [(a["arm"], a["seed"]) for a in record["arms"]] == [("baseline", 0), ("gated", 0),
-                                                              ("baseline", 1), ("gated", 1)]
+    assert [(a["arm"], a["seed"]) for a in record["arms"]] == [("reference", 0), ("gated", 0),
+                                                              ("reference", 1), ("gated", 1)]
     assert record["arms"][1]["variant"] == "G1-elementwise" and record["arms"][1]["gate_parameters"] > 0
     loss = record["paired"]["gated"]["heldout_loss"]
     assert loss["n"] == 2 and loss["seeds"] == [0, 1]
-    assert loss["difference"] == pytest.approx(loss["treatment"] - loss["baseline"])
+    assert loss["difference"] == pytest.approx(loss["treatment"] - loss["reference"])
     assert loss["ci_low"] <= loss["difference"] <= loss["ci_high"]
-    assert record["status"] == Status.COMPLETED and record["schema_version"] == 2
+    assert record["status"] == Status.COMPLETED and record["schema_version"] == 3
 
 
 def test_paired_summary_drops_a_seed_missing_an_arm():
-    arms = [{"arm": "baseline", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 2.0}},
+    arms = [{"arm": "reference", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 2.0}},
             {"arm": "gated", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 1.5}},
-            {"arm": "baseline", "seed": 1, "status": Status.COMPLETED, "final": {"heldout_loss": 9.0}}]
+            {"arm": "reference", "seed": 1, "status": Status.COMPLETED, "final": {"heldout_loss": 9.0}}]
     summary = paired_summary(arms)["gated"]["heldout_loss"]
     assert summary["n"] == 1 and summary["difference"] == -0.5 and summary["ci_low"] is None
 
@@ -121,11 +121,11 @@ def test_paired_summary_drops_a_seed_missing_an_arm():
 def test_gated_smoke_preset_uses_the_papers_g1_gate():
     config = resolve("smoke")
     assert config.arm_config("gated", 0).model.gate == GateConfig(position="G1")
-    assert config.arm_config("baseline", 0).model.gate.position == "none"
+    assert config.arm_config("reference", 0).model.gate.position == "none"
 
 
 def test_paired_summary_leaves_out_evaluation_figures_of_an_arm_that_diverged():
-    arms = [{"arm": "baseline", "seed": s, "status": Status.COMPLETED, "final": {"heldout_loss": 2.0, "diverged": False}}
+    arms = [{"arm": "reference", "seed": s, "status": Status.COMPLETED, "final": {"heldout_loss": 2.0, "diverged": False}}
             for s in (0, 1)]
     arms += [{"arm": "gated", "seed": 0, "status": Status.COMPLETED, "final": {"heldout_loss": 1.5, "diverged": False}},
              {"arm": "gated", "seed": 1, "status": Status.DIVERGED, "final": {"heldout_loss": 1e9, "diverged": True}}]

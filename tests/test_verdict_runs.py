@@ -85,7 +85,7 @@ def test_a_job_missing_a_seed_fails_closed_naming_it(tmp_path, preset):
     records = job(tmp_path, preset, "standard", {"seeds": "0,1"})
     result = check(records, baseline_of(preset), cases=["standard"])
     assert result.exit_code == 2
-    assert f"case {preset}/standard arm baseline: seed(s) 2 of the baseline are not in the job's records" \
+    assert f"case {preset}/standard arm reference: seed(s) 2 of the baseline are not in the job's records" \
         in result.errors[0]
 
 

@@ -210,7 +210,7 @@ def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(jo
     assert "### Stability check: :white_check_mark: PASS" in job.summary
     assert "| smoke/standard | gated | heldout_loss |" in job.summary       # the regression table
     assert {row["arm"] for row in result["rows"] if row["figure"] == "quant_w8a8-tensor_kl"
-            and row["tier"] == "primary"} == {"baseline", "gated"}        # quantization damage is in the gate
+            and row["tier"] == "primary"} == {"reference", "gated"}        # quantization damage is in the gate
     assert "alpha = 0.01" in job.summary
     assert result["exit_code"] == 0 and result["alpha"] == 0.01 and not result["errors"]
     assert not [note for note in result["notes"] if "not judged" in note or "not in the baseline" in note]

@@ -37,6 +37,7 @@ from stability.check.calibration import margin
 from stability.check.coverage import reported
 from stability.check.regression import check
 from stability.record import figures as fig
+from stability.record import upgraded
 from stability.record.rundir import load_records
 from validation import seed_spread_rule
 from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
@@ -98,8 +99,14 @@ def keep(scale: str, document: dict) -> Path:
 
 
 def read_kept(scale: str, name: str) -> dict | None:
+    """The kept job ``name``, its records read as this schema holds them (``stability.record.upgraded``: a job
+    kept before the reference arm was renamed); None when it was never kept."""
     path = kept_path(scale, name)
-    return json.loads(lzma.decompress(path.read_bytes())) if path.is_file() else None
+    if not path.is_file():
+        return None
+    document = json.loads(lzma.decompress(path.read_bytes()))
+    document["records"] = [upgraded(record) for record in document.get("records") or []]
+    return document
 
 
 def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, name: str | None = None) -> dict:

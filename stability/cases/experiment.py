@@ -1,11 +1,11 @@
-"""Paired experiments: every arm (baseline first) per seed, same data order, same shared init.
+"""Paired experiments: every arm (the reference arm first) per seed, same data order, same shared init.
 
 All arms of a seed read identical batches (the batch at step k depends only on the corpus, the
 seed and k) and start from identical values in every parameter they share
 (``stability.model.build.build_model`` initialises by parameter name), so they differ only by what their
 ``ArmConfig`` changes: the gate, QK-norm, z-loss, soft-capping. ``run_pair`` returns the record that
 crosses to tracking, regression and report; ``record["paired"]`` compares each treatment arm with the
-baseline.
+reference arm.
 
 ``train_units`` is how every case (this pair and the stress cases) trains its runs: it yields the arm
 record of each ``stability.cases.runs.Unit`` in the order of the case's list, trained here one after the

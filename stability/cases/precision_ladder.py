@@ -36,7 +36,7 @@ class PrecisionLadder(TypedDict, total=False):
 # every rung (mxfp4 included); earlier, smoke at 60 steps and 1 seed: |gap| <= 0.035;
 # ci (300 steps, no clipping, 3 seeds) single seeds move by up to 0.64 nats in either direction (the
 # trajectory is chaotic there: fp32 seeds alone spread by 0.35); the means of bf16, fp16 and the own
-# fp8 stayed within 0.08, those of torchao's fp8, mxfp8 and mxfp4 within 0.17 (mxfp8 baseline: one seed
+# fp8 stayed within 0.08, those of torchao's fp8, mxfp8 and mxfp4 within 0.17 (mxfp8 of the reference arm: one seed
 # +0.48, the others +0.03 and -0.004; reports/precision-ladder-ci.md). With a seed spread of 0.35, the
 # mean of three seeds moves by ~0.2 by chance, hence the bound on the mean.
 MAX_MEAN_LOSS_GAP = 0.25

@@ -20,10 +20,10 @@ case lists its runs as ``stability.cases.runs.Unit`` s and reads their arm recor
 elsewhere (``stability.cases.ray_runner.RayRunner``: one Ray task per run), with the same figures. CPU
 intra-op threads are set from ``stress.threads`` for the duration of a case and restored.
 
-Every case trains every arm of the config (``config.arm_names``: the baseline and its treatment arms,
+Every case trains every arm of the config (``config.arm_names``: the reference arm and the treatment arms,
 ``arms=...``), seed by seed. Every record is a ``stability.record`` case record: ``arms`` (one entry per arm
 and seed, with ``arm``, ``seed``, ``status``, ``final`` ...) and ``paired`` (per treatment arm and figure:
-baseline, treatment, difference, 95% interval, p). The case-specific results sit under a key named after
+reference, treatment, difference, 95% interval, p). The case-specific results sit under a key named after
 the case (``record["results"]["lr_sweep"]`` ...), and the key figures of each case are added to the arms'
 ``final`` and so to ``paired`` (directions, units and meanings in ``stability.record.figures``). For the
 multi-run cases (sweep, ladder) the ``arms`` entry of an arm and seed is its *reference* run (the grid LR

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from stability.check.coverage import covers, merged
 from stability.record import (
+    REFERENCE_ARM,
     USABLE,
     RecordError,
     Status,
@@ -42,7 +43,7 @@ from stability.record import (
 from stability.record import figures as fig
 from stability.record.io import read_json
 
-BASELINE_SCHEMA_VERSION = 4
+BASELINE_SCHEMA_VERSION = 5   # 5: the reference arm is named "reference" (4 and before: "baseline")
 MIN_SEEDS = 3
 MIN_REPLICATES = 3     # per arm and seed: the reference and at least two replicates
 
@@ -494,7 +495,8 @@ def validate_baseline(baseline, where_: str) -> dict:
     if version != BASELINE_SCHEMA_VERSION:
         raise RecordError(f"{where_} has schema_version={version!r}: this version of stability reads baseline "
                           f"schema_version={BASELINE_SCHEMA_VERSION} (the reference runs, their rounding "
-                          f"replicates and the calibration); make it again with `stability baseline make`")
+                          f"replicates and the calibration, the reference arm named {REFERENCE_ARM!r}); make it "
+                          f"again with `stability baseline make`")
     for key in REQUIRED_TOP_KEYS:
         if key not in baseline:
             raise RecordError(f"{where_} has no {key!r} field (truncated?)")

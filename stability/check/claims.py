@@ -1,7 +1,7 @@
 """Paired claims: does an arm do at least as well as the baseline on a figure, over held-out seeds?
 
 A claim of the paper ("the gate lowers M-Act") is tested as a non-inferiority (or superiority)
-test on the 95% interval of arm - baseline from ``record["paired"]``: it *holds* when the whole
+test on the 95% interval of arm - reference from ``record["paired"]``: it *holds* when the whole
 interval is on the better side of the margin, *fails* when the whole interval is on the worse side,
 and is *undecided* otherwise or with fewer than two seeds. The exact sign-flip p-value is reported
 beside it.
@@ -31,8 +31,9 @@ def held_out(record: dict, discovery_seeds) -> list[int]:
 def claim_rows(record: dict, figures, arm: str = "gated", margins: dict[str, float] | None = None,
                reference: str = REFERENCE_ARM, expect: str = "better") -> list[dict]:
     """Per figure of ``figures`` (names; directions from ``stability.record.figures``): the paired summary of
-    ``arm`` - ``reference`` (the baseline, or another arm such as the gate a control is compared with)
-    plus ``holds`` (True, False or None as in the module docstring). ``expect="worse"`` turns the claim
+    ``arm`` - ``reference`` (the reference arm, or another arm such as the gate a control is compared with;
+    the row names it under "against" and holds its mean under "reference") plus ``holds`` (True, False or
+    None as in the module docstring). ``expect="worse"`` turns the claim
     around: it holds when the arm is worse than the reference (a control that takes an effect back)."""
     if expect not in ("better", "worse"):
         raise ValueError(f"expect={expect!r} is invalid: expected 'better' or 'worse'")
@@ -57,8 +58,8 @@ def claim_rows(record: dict, figures, arm: str = "gated", margins: dict[str, flo
             else:
                 holds = True if low >= -margin else (False if high < -margin else None)
         rows.append({"figure": name, "better": better, "margin": margin, "holds": holds, "missing": False,
-                     "arm": arm, "reference": reference,
-                     **{k: summary.get(k) for k in ("baseline", "treatment", "difference", "ci_low", "ci_high",
+                     "arm": arm, "against": reference,
+                     **{k: summary.get(k) for k in ("reference", "treatment", "difference", "ci_low", "ci_high",
                                                     "p_value", "n")}})
     return rows
 
@@ -73,6 +74,6 @@ def claims_table(rows: list[dict], title: str = "", arm: str = "gated", referenc
             continue
         ci = f"[{fmt(row['ci_low'])}, {fmt(row['ci_high'])}]" if row["ci_low"] is not None else "-"
         verdict = {True: "yes", False: "NO", None: "undecided" if row["n"] and row["n"] >= 2 else "n<2"}[row["holds"]]
-        lines.append((row["figure"], row["better"], fmt(row["baseline"]), fmt(row["treatment"]),
+        lines.append((row["figure"], row["better"], fmt(row["reference"]), fmt(row["treatment"]),
                       fmt(row["difference"]), ci, fmt(row["p_value"]), str(row["n"]), verdict))
     return "\n".join(([title] if title else []) + [text_table(lines)])

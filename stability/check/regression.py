@@ -20,7 +20,7 @@ has to be told from. ``check(records, baseline)`` judges the job in three parts:
    run of a seed that is non-finite or absent in the job's run of that seed (when that run should report
    it) fails the same way: a NaN is a result, and the result is a regression.
 3. **Rows.** Every other judged figure of every case and arm, and the paired difference ``<arm> -
-   baseline`` of each treatment arm, is a row: ``delta = mean_s(current_s - m_s)`` over the seeds, where
+   reference`` of each treatment arm, is a row: ``delta = mean_s(current_s - m_s)`` over the seeds, where
    ``m_s`` and ``v_s`` are the mean and variance of seed s's baseline runs (never below the figure's
    resolution squared), standard error ``sqrt(sum_s v_s (1 + 1/n_s)) / n``, degrees of freedom by
    ``DOF_RULE`` (the fewest of any seed), and the p-value of "worse by more than the floor" (``floor = max(floor, rel_floor *
@@ -431,10 +431,10 @@ def _fmt_p(p: float | None) -> str:
 
 
 def in_primary_family(stress: str, arm: str, figure: str, preset: str | None = None) -> fig.Primary | None:
-    """The primary-family entry that declares the row (stress case, arm or "<arm>-baseline", figure) primary
+    """The primary-family entry that declares the row (stress case, arm or "<arm>-reference", figure) primary
     at ``preset`` (None: at any); None for an advisory row."""
     paired = arm.endswith(f"-{REFERENCE_ARM}")
-    arms_match = {"all": True, "arms": not paired, "paired": paired, "baseline": arm == REFERENCE_ARM}
+    arms_match = {"all": True, "arms": not paired, "paired": paired, "reference": arm == REFERENCE_ARM}
     for entry in fig.primary_rows():
         if entry.case == stress and fnmatch.fnmatchcase(figure, entry.figure) and arms_match[entry.arms] \
                 and entry.applies(preset):

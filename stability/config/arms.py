@@ -1,6 +1,6 @@
 """Arms: what each arm of an experiment changes on top of the shared run, the named arms and the named sets.
 
-An experiment trains the baseline and any number of treatment arms side by side, each a named
+An experiment trains the reference arm and any number of treatment arms side by side, each a named
 ``ArmConfig`` (a gate, QK-norm, z-loss, attention soft-capping) applied on top of the one shared run.
 ``NAMED_ARMS`` holds the named arms and ``ARM_SETS`` named groups of them (docs/arms-and-controls.md).
 """
@@ -13,7 +13,15 @@ from dataclasses import dataclass, field, replace
 from stability.config.errors import check, check_strength
 from stability.config.run import GateConfig, RunConfig
 
-BASELINE_ARM = "baseline"  # the reference arm: every other arm is compared with it
+REFERENCE_ARM = "reference"  # the reference arm: every other arm is compared with it
+# its name before schema 3 records (a record or override of that time still reads); no arm may take it, since
+# "baseline" names the document a job is judged against
+OLD_REFERENCE_ARM = "baseline"
+
+
+def current_arm_name(name: str) -> str:
+    """An arm's name as it is today: the reference arm's old name read as its name."""
+    return REFERENCE_ARM if name == OLD_REFERENCE_ARM else name
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,9 @@ class ArmConfig:
               "letters, digits and '_', starting with a letter (it names records, rows and MLflow runs)")
         check(self.name not in ARM_SETS, "arm name", self.name,
               f"a name that is not an arm set ({', '.join(ARM_SETS)})")
+        check(self.name != OLD_REFERENCE_ARM, "arm name", self.name,
+              f"another name: {OLD_REFERENCE_ARM!r} names the document a job is judged against (the reference "
+              f"arm is {REFERENCE_ARM!r})")
         if self.z_loss is not None:
             check_strength(self.z_loss, f"arms.{self.name}.z_loss", "coefficient")
         if self.attn_softcap is not None:
@@ -61,7 +72,7 @@ PAPER_GATE = GateConfig(position="G1")  # Qiu et al.'s recommendation: elementwi
 Z_LOSS = 1e-4      # PaLM's z-loss coefficient
 SOFTCAP = 50.0     # Gemma 2's attention-logit soft-cap
 
-# named groups of treatment arms: ``arms=controls`` trains the baseline and these
+# named groups of treatment arms: ``arms=controls`` trains the reference arm and these
 ARM_SETS: dict[str, tuple[str, ...]] = {
     "pair": ("gated",),
     "controls": ("gated", "gated_headwise", "gated_floored", "gated_value"),
@@ -71,7 +82,7 @@ ARM_SETS: dict[str, tuple[str, ...]] = {
 
 
 NAMED_ARMS: dict[str, ArmConfig] = {arm.name: arm for arm in (
-    ArmConfig(BASELINE_ARM),
+    ArmConfig(REFERENCE_ARM),
     # the gate and the paper's controls (Qiu et al. 2025: G1 elementwise; headwise; floored; G2 value gate)
     ArmConfig("gated", gate=PAPER_GATE),
     ArmConfig("gated_headwise", gate=GateConfig(position="G1", granularity="headwise")),

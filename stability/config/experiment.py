@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from stability.config.arms import BASELINE_ARM, NAMED_ARMS, ArmConfig
+from stability.config.arms import NAMED_ARMS, REFERENCE_ARM, ArmConfig
 from stability.config.errors import ConfigError, check, is_number
 from stability.config.extensions import check_spec
 from stability.config.run import RunConfig
@@ -48,12 +48,12 @@ class ExtrapolationConfig:
 
 
 def _default_arms() -> tuple[ArmConfig, ...]:
-    return NAMED_ARMS[BASELINE_ARM], NAMED_ARMS["gated"]
+    return NAMED_ARMS[REFERENCE_ARM], NAMED_ARMS["gated"]
 
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """A paired experiment: the same run under each arm (baseline first), for several seeds."""
+    """A paired experiment: the same run under each arm (the reference arm first), for several seeds."""
 
     name: str = "pair"
     preset: str = "custom"
@@ -84,8 +84,8 @@ class ExperimentConfig:
               "() unless the model is the harness's own RoPE model (model.source='harness', no factory, "
               "model.family='llama')")
         names = self.arm_names
-        check(len(names) >= 2 and names[0] == BASELINE_ARM, "arms", names,
-              f"the {BASELINE_ARM!r} arm first and at least one treatment arm")
+        check(len(names) >= 2 and names[0] == REFERENCE_ARM, "arms", names,
+              f"the {REFERENCE_ARM!r} arm first and at least one treatment arm")
         twice = sorted({n for n in names if names.count(n) > 1})
         check(not twice, "arms", names, f"distinct arm names (used twice: {', '.join(twice)})")
         for arm in self.arms:  # every arm's run must be valid on its own (e.g. no soft-cap with triton)

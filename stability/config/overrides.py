@@ -17,7 +17,7 @@ from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from stability.config.arms import ARM_SETS, BASELINE_ARM, NAMED_ARMS, ArmConfig
+from stability.config.arms import ARM_SETS, NAMED_ARMS, REFERENCE_ARM, ArmConfig, current_arm_name
 from stability.config.errors import ConfigError
 from stability.config.experiment import ExperimentConfig
 from stability.config.extensions import load as load_extensions
@@ -27,20 +27,21 @@ from stability.config.stress import FLAT_NAMES, StressConfig, nested_names
 
 def select_arms(config: ExperimentConfig, value: Any, custom: tuple[str, ...] = ()) -> ExperimentConfig:
     """``config`` with the arms named in ``value`` ("gated,gated_floored", an arm set such as "controls",
-    or a list); the baseline is added first when not named. Names come from the config's own arms, then
-    ``NAMED_ARMS``; names in ``custom`` (defined by ``arms.<name>.<field>`` overrides) start blank."""
+    or a list); the reference arm is added first when not named ("baseline", its old name, names it too).
+    Names come from the config's own arms, then ``NAMED_ARMS``; names in ``custom`` (defined by
+    ``arms.<name>.<field>`` overrides) start blank."""
     items = value.split(",") if isinstance(value, str) else list(value)
     names: list[str] = []
     for item in (str(x).strip() for x in items):
         if item:
-            names.extend(ARM_SETS.get(item, (item,)))
+            names.extend(ARM_SETS.get(item, (current_arm_name(item),)))
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ConfigError(f"arms={value!r} is invalid: arm name(s) {', '.join(map(repr, twice))} used twice: "
                           f"expected distinct arms")
-    if BASELINE_ARM not in names:
-        names.insert(0, BASELINE_ARM)
-    names.sort(key=lambda n: n != BASELINE_ARM)
+    if REFERENCE_ARM not in names:
+        names.insert(0, REFERENCE_ARM)
+    names.sort(key=lambda n: n != REFERENCE_ARM)
     own = {arm.name: arm for arm in config.arms}
     arms = []
     for name in names:
@@ -92,13 +93,14 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     return value if not isinstance(value, str) else str(value)
 
 
-# the spelling before arms existed: gated_gate.X is arms.gated.gate.X, baseline_gate.X is arms.baseline.gate.X
-GATE_ALIASES = {"gated_gate": "gated", "baseline_gate": BASELINE_ARM}
+# the spelling before arms existed: gated_gate.X is arms.gated.gate.X, baseline_gate.X is arms.reference.gate.X
+GATE_ALIASES = {"gated_gate": "gated", "baseline_gate": REFERENCE_ARM}
 
 
 def _override_arm(config: ExperimentConfig, dotted: str, value: Any) -> ExperimentConfig:
     """``arms.<name>.<field>=value``: change arm <name>, adding it (from NAMED_ARMS, else blank) when absent."""
     name, _, path = dotted.partition(".")[2].partition(".")
+    name = current_arm_name(name)
     if not name or not path:
         raise ConfigError(f"{dotted!r} is not a config field: expected arms=NAMES or arms.<name>.<field>=VALUE")
     if path.partition(".")[0] == "name":
@@ -162,8 +164,8 @@ def flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
     """{"run": {"model": {"d_model": 64}}} -> {"run.model.d_model": 64} (nested dicts to dotted keys).
 
     A list of named mappings (the arms; a TOML array of tables) becomes the list of names and each
-    one's fields keyed by its name: {"arms": [{"name": "baseline"}, {"name": "gated", "z_loss": 0.1}]}
-    -> {"arms": "baseline,gated", "arms.gated.z_loss": 0.1}."""
+    one's fields keyed by its name: {"arms": [{"name": "reference"}, {"name": "gated", "z_loss": 0.1}]}
+    -> {"arms": "reference,gated", "arms.gated.z_loss": 0.1}."""
     out: dict[str, Any] = {}
     for key, value in mapping.items():
         if isinstance(value, dict):
@@ -208,7 +210,7 @@ def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None)
     a 12-head preset) is retried after the others, so their order does not matter (``arms.<name>.<field>``
     changes a selected arm, or adds a new one). An override that stays invalid raises its error; several
     that stay invalid raise one error naming each with its reason. Every treatment arm must train a run
-    other than the baseline's."""
+    other than the reference arm's."""
     config = preset(preset_name)
     overrides = dict(overrides or {})
     if "plugins" in overrides:   # first: an extension may define the arms, cases or formats named below
@@ -231,10 +233,10 @@ def resolve(preset_name: str = "smoke", overrides: dict[str, Any] | None = None)
             reasons = "; ".join(f"{dotted}={value!r} ({error})" for dotted, value, error in failed)
             raise ConfigError(f"these overrides cannot hold together: {reasons}")
         pending = [(dotted, value) for dotted, value, _ in failed]
-    baseline = config.arm_config(BASELINE_ARM, 0)
+    reference = config.arm_config(REFERENCE_ARM, 0)
     for name in config.arm_names[1:]:
-        if config.arm_config(name, 0) == baseline:
-            raise ConfigError(f"arms.{name} is invalid: it trains the same run as the baseline (same gate and "
+        if config.arm_config(name, 0) == reference:
+            raise ConfigError(f"arms.{name} is invalid: it trains the same run as the reference arm (same gate and "
                               f"stabilizers): expected an arm that differs in its gate, qk_norm, z_loss, "
                               f"attn_softcap or treatments")
     return config

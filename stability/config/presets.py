@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from stability.config.arms import BASELINE_ARM, NAMED_ARMS
+from stability.config.arms import NAMED_ARMS, REFERENCE_ARM
 from stability.config.errors import ConfigError
 from stability.config.experiment import ExperimentConfig
 from stability.config.run import (
@@ -70,9 +70,9 @@ def _ci() -> ExperimentConfig:
 
 # What the first GPU run of ``full`` should show, from the CPU curves of the sink study (reports/sink.md), each
 # refuted as stated there: (1) each arm's F-Attn at step 1000 within 0.05 of its value at step 5000; (2) gated
-# F-Attn below the baseline's in every seed; (3) baseline F-Attn below 0.3 and gated below 0.1 at step 5000 (not
-# the paper's 0.467 from 164M tokens); (4) gated M-Act at most half the baseline's; (5) with
-# arms=gated,gated_floored, the floored gate's F-Attn between the gate's and the baseline's.
+# F-Attn below the reference arm's in every seed; (3) the reference arm's F-Attn below 0.3 and gated below 0.1 at step 5000 (not
+# the paper's 0.467 from 164M tokens); (4) gated M-Act at most half the reference arm's; (5) with
+# arms=gated,gated_floored, the floored gate's F-Attn between the gate's and the reference arm's.
 
 
 def _full() -> ExperimentConfig:
@@ -107,7 +107,7 @@ def _sink() -> ExperimentConfig:
     The smoke model with 16 heads of width 4 (more heads than byte-level text needs, so some have nothing
     to do) trained in the optimiser-stress regime of reports/effects.md (peak LR 1e-2, no weight decay,
     beta2 0.999, no clipping), the heavy probes on 16 held-out sequences every 100 steps (the share
-    against tokens trained), and three arms: the baseline, the G1 elementwise gate and the paper's
+    against tokens trained), and three arms: the reference arm, the G1 elementwise gate and the paper's
     floored gate. Found by studies/sink_search.py on seeds 0-2; its seeds are the held-out ones of the
     sink claim (suites/test_claims.py), so ``stability run --preset sink`` is that comparison. Measured
     and what it does not reach: reports/sink.md."""
@@ -122,7 +122,7 @@ def _sink() -> ExperimentConfig:
             checkpoint=CheckpointConfig(every=0),
             steps=600,
         ),
-        arms=tuple(NAMED_ARMS[name] for name in (BASELINE_ARM, "gated", "gated_floored")),
+        arms=tuple(NAMED_ARMS[name] for name in (REFERENCE_ARM, "gated", "gated_floored")),
         seeds=(300, 301, 302, 303, 304, 305),
         stress=StressConfig(threads=1),
     )

@@ -37,7 +37,7 @@ HF_CONFIGS = ("llama", "qwen2", "qwen3")
 class GateConfig:
     """Where and how the attention gate acts (Qiu et al. 2025, Table 1 axes).
 
-    position: "none" (baseline), "G1" SDPA output, "G2" value, "G3" key, "G4" query,
+    position: "none" (no gate), "G1" SDPA output, "G2" value, "G3" key, "G4" query,
     "G5" after the output projection. granularity: "elementwise" (one logit per
     channel) or "headwise" (one logit per head). shared_heads: one set of gate
     logits shared by all heads instead of head-specific ones. floor: the lowest value the
@@ -75,7 +75,7 @@ class GateConfig:
     @property
     def label(self) -> str:
         if not self.enabled:
-            return "baseline"
+            return "ungated"
         parts = [self.position, self.granularity]
         if self.activation != "sigmoid":
             parts.append(self.activation)

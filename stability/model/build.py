@@ -24,7 +24,7 @@ the parents of its attention modules (modules with ``q_proj`` and ``o_proj``), e
 ``observer`` attribute and call ``observer(name, tensor)`` with "attn_logits" (B, H, S, S, masked
 with -inf), "attn_probs" (B, H, S, S) and "gate_score" as ``stability.model.attention.Attention`` does;
 otherwise F-Attn, sink rate and max attention logit are absent from the record. Paired init: the
-gated arm's shared parameters are copied from the baseline arm's model built with the same seed,
+gated arm's shared parameters are copied from the reference arm's model built with the same seed,
 so every parameter with the same name and shape starts identical whatever the factory does.
 """
 
@@ -148,7 +148,7 @@ def _call_factory(function, config: ModelConfig):
 
 
 def _factory_model(config: ModelConfig, seed: int) -> nn.Module:
-    """The factory's model for this arm, checked, with the shared parameters of the baseline arm."""
+    """The factory's model for this arm, checked, with the shared parameters of the reference arm."""
     function = load_factory(config.factory)
     torch.manual_seed(seed)
     model = _call_factory(function, config)
@@ -159,8 +159,8 @@ def _factory_model(config: ModelConfig, seed: int) -> nn.Module:
         from dataclasses import replace
 
         torch.manual_seed(seed)
-        baseline = _call_factory(function, replace(config, gate=GateConfig()))
-        reference = dict(baseline.named_parameters())
+        ungated = _call_factory(function, replace(config, gate=GateConfig()))
+        reference = dict(ungated.named_parameters())
         extra = [n for n, p in model.named_parameters() if n not in reference or reference[n].shape != p.shape]
         if not extra:
             raise ConfigError(f"model.factory={config.factory!r} built the same parameters with and without "

@@ -6,7 +6,7 @@
 Each arm's model (``stability.model.build.build_model``: the factory's or the Hugging Face config's) is
 built once and run on a (2, 8) batch of token ids (fewer positions when the context is shorter):
 
-* always: the factory imports, returns an ``nn.Module`` (the gated arm with parameters the baseline arm
+* always: the factory imports, returns an ``nn.Module`` (the gated arm with parameters the reference arm
   lacks), and maps the batch to logits (B, S, V) with V >= ``model.vocab_size``;
 * for the stress suites (``suites=True``), a factory's model also
   - calls its observer in every block with "attn_logits" and "attn_probs", each (B, n_heads, S, S), and in

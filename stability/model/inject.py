@@ -17,7 +17,7 @@ Why hooks and not the other two ways transformers offers. The attention-function
 input is not there. Replacing the attention class means re-writing each architecture's forward
 (Llama's, Qwen3's with its QK-norm, ...) and keeping the copies in step with transformers. The
 two hooks use only what every such module has (an input and an ``o_proj``), leave every
-existing parameter name unchanged (so the baseline and gated arms share names and values), and
+existing parameter name unchanged (so the reference and gated arms share names and values), and
 work with whatever attention implementation (sdpa, eager, flash) the model runs. The hooks are
 bound methods of the gate module, so ``copy.deepcopy`` of the model rebinds them to the copy.
 """

@@ -10,7 +10,7 @@ Initialisation is keyed by parameter name: every parameter draws from its own ge
 seeded by (seed, name), so a baseline and a gated model built with the same seed start
 with identical values in every parameter they share; only the gate weights differ (with
 ``gate_in_q`` the gate rows of q_proj draw from their own generator and the query rows
-equal the baseline's q_proj). ``model.init``: "normal" is N(0, init_std) with the output
+equal the reference arm's q_proj). ``model.init``: "normal" is N(0, init_std) with the output
 projections scaled by 1/sqrt(2 n_layers), biases 0; "pytorch" is PyTorch's default layer
 init (Linear weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)), embeddings N(0, 1)).
 Norm gains start at 1 (at 0 with ``norm_plus_one``), norm biases at 0.

@@ -9,7 +9,7 @@
 ``build_model`` applies an arm's treatments (``model.treatments``), in order, to the model it has built
 from the arm's seed, before the trainer moves, rounds or shards it: every rank of a torchrun job and
 every Ray worker applies them to its own copy (the module defining them is an extension: entry point
-or ``plugins``, docs/extending.md). Parameters the baseline's model also has start from the same values;
+or ``plugins``, docs/extending.md). Parameters the reference arm's model also has start from the same values;
 a treatment's own parameters are drawn after them. A treatment changes the model; a change of the loss
 or the optimiser is the built-in stabilizers' business (``z_loss``), not this registry's.
 """

@@ -51,7 +51,7 @@ KEYS = (
     Key("seeds", "a non-empty list of distinct integers",
         "Seeds of every run (a baseline needs 3 or more). --seeds overrides them.", [0, 1, 2]),
     Key("arms", "a non-empty list of arm names or arm sets (`stability arms` lists them)",
-        "Arms trained beside the baseline arm: names or sets from `stability arms`.", ["gated"]),
+        "Arms trained beside the reference arm: names or sets from `stability arms`.", ["gated"]),
     Key("cases", "a non-empty list of distinct stress case names (the registry stability.cases.stress.CASES; "
         "`stability stress --help` names them)",
         "Stress cases the suites train and `stability check` judges.", None),

@@ -11,16 +11,17 @@ without them). One idea per module:
                   statuses, figures, a case's results, a session's notes, tracking, Ray)
     summary.py    the figures of a record: an arm's trajectory figures, usable values, the paired summary
     io.py         reading and writing records (strict JSON, atomic, validated both ways)
+    upgrade.py    a record of the schema before, read as this schema holds it (the reference arm renamed)
     cases.py      where a case keeps its results, the result types of the cases registered here, its run length
     identity.py   what makes records comparable: case key, comparable config, fingerprints, device, replicate
     figures.py    the one table of figures; stats.py: paired statistics; rundir.py: run directories
 
 A case record (``CaseRecord``) holds ``schema_version``, ``id``, ``created_at``, ``name``, ``preset``,
-``schedule``, ``stress``, ``purpose``, ``description``, ``status``, ``git``, ``env``, ``config`` (the
+``schedule``, ``stress``, ``run_steps``, ``purpose``, ``description``, ``status``, ``git``, ``env``, ``config`` (the
 resolved ExperimentConfig), ``corpus``, ``arms`` (one ``ArmRecord`` per arm and seed), ``paired`` (per
 treatment arm and figure a ``PairedFigure``), ``timing``, the stress case's own results in ``results``
-under its name (``results["lr_sweep"]`` ..., of the type its case declared: ``cases.py``), and, written by a training command, ``runs``, ``replay_bundles``,
-``checkpoint_dir``, ``resumed_from``, ``tracking``, ``record_path`` and ``ray``. An arm record is one
+under its name (``results["lr_sweep"]`` ..., of the type its case declares in its module), and, written
+by a training command, ``runs``, ``replay_bundles``, ``checkpoint_dir``, ``resumed_from``, ``tracking``, ``record_path`` and ``ray``. An arm record is one
 arm at one seed: its status, what was built, the per-step ``series``, ``events``, ``probes``,
 ``final`` figures, ``quant``, ``extrapolation``, ``timing`` and the run's names. Every key with its
 type and meaning: ``stability.record.schema``.
@@ -107,6 +108,7 @@ from stability.record.summary import (
     spike_score,
     usable_value,
 )
+from stability.record.upgrade import upgraded
 from stability.record.validate import validate_record
 
 __all__ = [
@@ -186,6 +188,7 @@ __all__ = [
     "spike_score",
     "start_timing",
     "stop_case",
+    "upgraded",
     "usable_value",
     "validate_record",
     "where",

@@ -45,8 +45,8 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class Primary:
     """A row of the merge check's primary family: figure ``figure`` (a name or a family pattern) of stress case
-    ``case``, for ``arms``: "all" (each arm and each paired difference arm - baseline), "arms" (each arm),
-    "paired" (the differences only) or "baseline" (the reference arm only). ``either_way``: the row is judged
+    ``case``, for ``arms``: "all" (each arm and each paired difference arm - reference), "arms" (each arm),
+    "paired" (the differences only) or "reference" (the reference arm only). ``either_way``: the row is judged
     two-sided, and a move past its floor in the good direction fails the job too ("changed"): for the early
     horizon, where only a change of what the model computes moves a figure that far, better or worse.
     ``presets``: the scale presets where the row is primary (empty: every preset); elsewhere it is advisory,
@@ -69,9 +69,9 @@ class Primary:
         return not self.presets or preset is None or preset in self.presets
 
     def __post_init__(self) -> None:
-        if self.arms not in ("all", "arms", "paired", "baseline"):
+        if self.arms not in ("all", "arms", "paired", "reference"):
             raise ValueError(f"primary row {self.case}/{self.figure}: arms={self.arms!r}, expected 'all', 'arms', "
-                             f"'paired' or 'baseline'")
+                             f"'paired' or 'reference'")
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -214,12 +214,12 @@ FIGURES: dict[str, Figure] = _table(
                     Primary("lr_ramp", arms="arms", either_way=True,
                             why="the model computes something else: the loss over the range test's early horizon "
                                 "moved"))),
-    # the plain pair's baseline arm only: at ci the gated arm's early gradient norm has a second mode in seed 0
+    # the plain pair's reference arm only: at ci the gated arm's early gradient norm has a second mode in seed 0
     # (3 of 12 fresh rounding replicates ~1% above the 5 a baseline holds), so that row's p is not valid in the tail;
     # the gated arm's early horizon stays watched by its early loss and the range test's rows
     Figure("early_grad_norm", "lower", "L2 norm", "mean global gradient norm (before clipping) over the early "
            "horizon", kind="run", rel_floor=5e-4,
-           primary=(Primary("standard", arms="baseline", either_way=True,
+           primary=(Primary("standard", arms="reference", either_way=True,
                             why="the model computes something else: the gradient norm over the early horizon moved"),
                     Primary("lr_ramp", arms="arms", either_way=True,
                             why="the model computes something else: the gradient norm over the range test's early "
@@ -290,7 +290,7 @@ FIGURES: dict[str, Figure] = _table(
     Figure("shock_peak_excess", "lower", "nats/token", "highest loss after the LR shock minus the pre-shock loss",
            kind="run", floor=0.1, rel_floor=0.25,
            primary=(Primary("shock", arms="paired", presets=("smoke",), elsewhere=SINGLE_STEP,
-                            why="the LR shock throws the gated arm's loss further up than the baseline's"),
+                            why="the LR shock throws the gated arm's loss further up than the reference arm's"),
                     Primary("shock", arms="arms", why="an LR shock throws the loss further up"))),
     Figure("shock_recovery_steps", "lower", "steps", "steps until the smoothed loss is back at its pre-shock level",
            kind="run", floor=3.0, rel_floor=0.25, quantum="step"),

@@ -3,7 +3,7 @@
     <run dir>/invariants-<worker>.jsonl      one line per invariant evaluated (worker: the pytest-xdist
                                               worker, "main" without xdist)
 
-    {"case": "smoke/precision_ladder", "name": "mean_loss_gap_fp16", "arm": "baseline", "seed": null,
+    {"case": "smoke/precision_ladder", "name": "mean_loss_gap_fp16", "arm": "reference", "seed": null,
      "held": false, "value": 0.81, "bound": 0.25, "message": "...", "test": "test_precision_ladder.py::..."}
 
 An invariant of the model (the loss falls, a low-precision rung stays within its loss gap of fp32, ...)
@@ -21,6 +21,7 @@ import json
 import math
 from pathlib import Path
 
+from stability.config import current_arm_name
 from stability.record.io import check_size, parse_json
 from stability.record.schema import RecordError
 
@@ -107,7 +108,10 @@ def read_invariants(run_dir: str | Path) -> list[dict]:
         for number, text in enumerate(content.split("\n"), 1):
             if text.strip():
                 where = f"{path}:{number}"
-                found.append(check_line(parse_json(text, where), where))
+                line = check_line(parse_json(text, where), where)
+                if isinstance(line["arm"], str):
+                    line["arm"] = current_arm_name(line["arm"])   # "baseline": the reference arm before schema 3
+                found.append(line)
     return found
 
 

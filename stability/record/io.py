@@ -18,6 +18,7 @@ from pathlib import Path
 from stability.record.build import ensure_id
 from stability.record.identity import case_key
 from stability.record.schema import CaseRecord, RecordError
+from stability.record.upgrade import upgraded
 from stability.record.validate import validate_record
 
 
@@ -118,10 +119,11 @@ def read_json(path: str | Path, what: str):
 
 
 def read_record(path: str | Path) -> CaseRecord:
-    """Load and validate a record file; RecordError (exit 2) when missing, corrupt, too large, of another
+    """Load and validate a record file (one of the schema before, read as this schema holds it:
+    ``stability.record.upgrade``); RecordError (exit 2) when missing, corrupt, too large, of another
     schema or holding a key or figure the schema does not know."""
     path = Path(path)
-    record = read_json(path, "record")
+    record = upgraded(read_json(path, "record"))
     validate_record(record, f"record {str(path)!r}")
     record["_path"] = str(path)
     return record

@@ -19,7 +19,7 @@ is its string, NaN and Inf are null.
 from enum import StrEnum
 from typing import Any, Literal, NewType, Required, TypedDict, get_args
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3   # 3: the reference arm is named "reference" (stability.record.upgrade reads schema 2)
 
 Purpose = Literal["regression", "claim", "fault", "selfcheck"]
 PURPOSES: tuple[str, ...] = get_args(Purpose)
@@ -273,8 +273,8 @@ class ArmTiming(TypedDict, total=False):
 class ArmRecord(TypedDict, total=False):
     """One arm at one seed (one run of a case)."""
 
-    arm: Required[str]                # its name; "baseline" is the reference
-    variant: str                      # the gate variant ("G1-elementwise", "baseline" ...)
+    arm: Required[str]                # its name; "reference" is the reference arm
+    variant: str                      # the gate variant ("G1-elementwise", "ungated" ...)
     seed: Required[int]
     schedule: str
     status: Required[Status]
@@ -306,7 +306,7 @@ class PairedFigure(TypedDict):
     """One figure of one treatment arm against the reference arm, paired by seed."""
 
     n: int
-    baseline: float | None            # the reference arm's mean over the paired seeds
+    reference: float | None           # the reference arm's mean over the paired seeds
     treatment: float | None           # the arm's mean over the same seeds
     difference: float | None          # mean of (arm - reference) per seed
     ci_low: float | None              # 95% t-interval of the difference

@@ -1,6 +1,6 @@
 """Paired statistics over seeds: mean difference, 95% t-interval, exact sign-flip p-value.
 
-For n paired seeds with differences d_i = treatment_i - baseline_i, the interval is
+For n paired seeds with differences d_i = treatment_i - reference_i, the interval is
 mean(d) +/- t_{0.975, n-1} * sd(d) / sqrt(n), and the p-value is the two-sided exact
 permutation test that flips the sign of each d_i (2^n arrangements, no distribution
 assumed). With one seed there is no interval and no p-value.
@@ -102,18 +102,18 @@ def sample_std(values: list[float]) -> float:
     return scale * math.sqrt(sum((v / scale) ** 2 for v in deviations) / (n - 1)) if scale > 0 else 0.0
 
 
-def paired_difference(baseline: list[float], treatment: list[float]) -> dict:
-    """Summary of treatment - baseline over paired seeds; pairs with a non-finite side are dropped."""
-    pairs = [(b, t) for b, t in zip(baseline, treatment)
+def paired_difference(reference: list[float], treatment: list[float]) -> dict:
+    """Summary of treatment - reference over paired seeds; pairs with a non-finite side are dropped."""
+    pairs = [(b, t) for b, t in zip(reference, treatment)
              if b is not None and t is not None and math.isfinite(b) and math.isfinite(t)]
     n = len(pairs)
-    out = {"n": n, "baseline": None, "treatment": None, "difference": None, "ci_low": None, "ci_high": None,
+    out = {"n": n, "reference": None, "treatment": None, "difference": None, "ci_low": None, "ci_high": None,
            "p_value": None}
     if n == 0:
         return out
     diffs = [t - b for b, t in pairs]
     mean = sum(diffs) / n
-    out.update(baseline=sum(b for b, _ in pairs) / n, treatment=sum(t for _, t in pairs) / n, difference=mean)
+    out.update(reference=sum(b for b, _ in pairs) / n, treatment=sum(t for _, t in pairs) / n, difference=mean)
     if n >= 2:
         half = t_critical(n - 1) * sample_std(diffs) / math.sqrt(n)
         out.update(ci_low=mean - half, ci_high=mean + half, p_value=sign_flip_p_value(diffs))

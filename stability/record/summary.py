@@ -11,11 +11,9 @@ import math
 from typing import Any
 
 import stability.record.figures as fig
-from stability.config import BASELINE_ARM
+from stability.config import REFERENCE_ARM
 from stability.record.schema import ArmRecord, PairedFigure, Status
 from stability.record.stats import paired_difference
-
-REFERENCE_ARM = BASELINE_ARM
 
 
 def _finite_mean(values) -> float:
@@ -175,10 +173,10 @@ def arm_names(arms: list[ArmRecord]) -> list[str]:
 
 
 def paired_summary(arms: list[ArmRecord], reference: str = REFERENCE_ARM) -> dict[str, dict[str, PairedFigure]]:
-    """For each arm other than the baseline, per figure with a table entry: the paired difference
-    arm - baseline over the seeds where both have a usable value (95% t-interval, sign-flip p).
+    """For each arm other than the reference arm, per figure with a table entry: the paired difference
+    arm - reference over the seeds where both have a usable value (95% t-interval, sign-flip p).
     ``reference`` names another arm to compare with instead (e.g. the floored gate against the gate);
-    the ``baseline`` field of each summary then holds that arm's mean."""
+    the ``reference`` field of each summary then holds that arm's mean."""
     by_seed: dict[int, dict[str, ArmRecord]] = {}
     for arm in arms:
         by_seed.setdefault(arm["seed"], {})[arm["arm"]] = arm
@@ -198,7 +196,7 @@ def paired_summary(arms: list[ArmRecord], reference: str = REFERENCE_ARM) -> dic
                                  for s in seeds for side in (reference, name)):
                 continue
             summary = paired_difference([b for _, b, _ in pairs], [t for _, _, t in pairs])
-            table[figure] = {"n": summary["n"], "baseline": summary["baseline"], "treatment": summary["treatment"],
+            table[figure] = {"n": summary["n"], "reference": summary["reference"], "treatment": summary["treatment"],
                              "difference": summary["difference"], "ci_low": summary["ci_low"],
                              "ci_high": summary["ci_high"], "p_value": summary["p_value"],
                              "better": fig.better(figure), "seeds": [s for s, _, _ in pairs]}

@@ -4,7 +4,7 @@ For each record (stress case): loss and grad-norm curves of every arm on one fig
 LR-sweep curves when the record holds several peak learning rates, F-Attn and M-Act per
 layer, per-scheme quantization damage and the length-extrapolation curves when present; the
 per-arm table (one row per arm: means over seeds) and the paired table (each arm against the
-baseline); the precision ladder and the quantization table with the library, version and recipe of
+reference arm); the precision ladder and the quantization table with the library, version and recipe of
 each row; the regression verdicts when a baseline is given; the environment; the MLflow run ids.
 
     stability report [RUN_DIR | records...] --out reports/report.html [--baseline reports/baselines/smoke-cpu.json]
@@ -22,11 +22,11 @@ import re
 from pathlib import Path
 
 from stability.config.schedules import Standard
-from stability.record import Status, case_result, usable_value
+from stability.record import REFERENCE_ARM, Status, case_result, usable_value
 from stability.record import figures as fig
 from stability.report.tables import fmt, ladder_rows, markdown_text, quant_rows, side_means
 
-ARM_COLORS = {"baseline": "#1f77b4", "gated": "#d62728"}
+ARM_COLORS = {REFERENCE_ARM: "#1f77b4", "gated": "#d62728"}
 OTHER_COLORS = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 SEED_STYLES = ("-", "--", ":", "-.")
 
@@ -299,15 +299,15 @@ PLOT_TITLES = {"curves": "Loss and gradient norm, every arm", "lr_sweep": "Learn
 
 
 def summary_rows(record: dict) -> list[list[str]]:
-    """Per treatment arm and figure: arm - baseline over seeds (means, difference, 95% CI, p, n), with the
+    """Per treatment arm and figure: arm - reference over seeds (means, difference, 95% CI, p, n), with the
     figure's direction and unit from the figure table."""
-    rows = [["arm", "figure", "better", "unit", "baseline", "arm value", "arm-baseline", "95% CI", "p", "n"]]
+    rows = [["arm", "figure", "better", "unit", "reference", "arm value", "arm-reference", "95% CI", "p", "n"]]
     for arm, table in (record.get("paired") or {}).items():
         for figure, s in table.items():
             entry = fig.figure(figure)
             ci = f"[{fmt(s.get('ci_low'))}, {fmt(s.get('ci_high'))}]" if s.get("ci_low") is not None else "-"
-            baseline, treatment = side_means(record, arm, figure, s)
-            rows.append([arm, figure, str(s.get("better") or "-"), entry.unit if entry else "", fmt(baseline),
+            reference, treatment = side_means(record, arm, figure, s)
+            rows.append([arm, figure, str(s.get("better") or "-"), entry.unit if entry else "", fmt(reference),
                          fmt(treatment), fmt(s.get("difference")), ci, fmt(s.get("p_value")),
                          fmt(s.get("n"))])
     for scheme, reason in quant_skipped(record).items():
@@ -316,10 +316,10 @@ def summary_rows(record: dict) -> list[list[str]]:
 
 
 def per_arm_rows(record: dict) -> list[list[str]]:
-    """One row per arm (baseline first): its variant, seeds, statuses and the mean over seeds of the headline
+    """One row per arm (the reference arm first): its variant, seeds, statuses and the mean over seeds of the headline
     figures of the figure table that its arms have (evaluation figures over completed seeds only)."""
     arms = record.get("arms") or []
-    names = list(dict.fromkeys(a["arm"] for a in sorted(arms, key=lambda a: a["arm"] != "baseline")))
+    names = list(dict.fromkeys(a["arm"] for a in sorted(arms, key=lambda a: a["arm"] != REFERENCE_ARM)))
     figures = fig.headline(name for a in arms for name in (a.get("final") or {}))
     rows = [["arm", "variant", "seeds", "completed", "diverged"] + figures]
     for name in names:
@@ -442,7 +442,7 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
             if image_paths:
                 m += [f"### {label}", "", f"![{label}]({image_paths[index][name]})", ""]
         sections = (("Per arm (means over seeds)", per_arm_rows(record), "per-arm"),
-                    ("Paired figures: each arm against the baseline (means over seeds)", summary_rows(record),
+                    ("Paired figures: each arm against the reference arm (means over seeds)", summary_rows(record),
                      "summary"),
                     ("Precision ladder: each rung's library, recipe and gap to fp32", ladder_rows(record), "ladder"),
                     ("Post-training quantization: each scheme's library, recipe and damage", quant_rows(record),

@@ -43,11 +43,11 @@ def text_table(rows: list) -> str:
 
 
 def side_means(record: dict, arm: str, figure: str, summary: dict) -> tuple:
-    """(baseline, arm) means of a paired figure. A figure no seed has on both sides (the gate score: the
-    baseline has no gate) pairs nothing, so its summary holds no means; each side then shows its own mean
+    """(reference, arm) means of a paired figure. A figure no seed has on both sides (the gate score: the
+    reference arm has no gate) pairs nothing, so its summary holds no means; each side then shows its own mean
     over its seeds ("-" for a side without the figure)."""
     if summary.get("n"):
-        return summary["baseline"], summary["treatment"]
+        return summary["reference"], summary["treatment"]
 
     def mean(name):
         values = [v for a in record.get("arms") or [] if a["arm"] == name
@@ -57,14 +57,14 @@ def side_means(record: dict, arm: str, figure: str, summary: dict) -> tuple:
 
 
 def paired_table(record: dict) -> str:
-    """Per treatment arm and figure: baseline mean, arm mean, difference, 95% interval, sign-flip p, n (the
+    """Per treatment arm and figure: reference mean, arm mean, difference, 95% interval, sign-flip p, n (the
     seeds paired; 0 for a figure only one side has, shown with each side's own mean)."""
-    rows = [("arm", "figure", "baseline", "arm", "arm-baseline", "95% CI", "p", "n")]
+    rows = [("arm", "figure", "reference", "arm", "arm-reference", "95% CI", "p", "n")]
     for arm, table in (record.get("paired") or {}).items():
         for figure, s in table.items():
             ci = f"[{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]" if s["ci_low"] is not None else "-"
-            baseline, treatment = side_means(record, arm, figure, s)
-            rows.append((arm, figure, fmt(baseline), fmt(treatment), fmt(s["difference"]), ci,
+            reference, treatment = side_means(record, arm, figure, s)
+            rows.append((arm, figure, fmt(reference), fmt(treatment), fmt(s["difference"]), ci,
                          fmt(s["p_value"]), str(s["n"])))
     status = [f"{a['arm']}/seed{a['seed']}: {a['status']}" + (
         f" at step {a['diverged_at_step']}" if a.get("diverged_at_step") is not None else "") for a in record["arms"]]
@@ -72,11 +72,11 @@ def paired_table(record: dict) -> str:
 
 
 def _paired_cells(summary: dict | None) -> list[str]:
-    """baseline, arm, arm-baseline and 95% CI cells of one paired figure ("-" when missing)."""
+    """reference, arm, arm-reference and 95% CI cells of one paired figure ("-" when missing)."""
     if not summary:
         return ["-", "-", "-", "-"]
     ci = f"[{fmt(summary['ci_low'])}, {fmt(summary['ci_high'])}]" if summary["ci_low"] is not None else "-"
-    return [fmt(summary["baseline"]), fmt(summary["treatment"]), fmt(summary["difference"]), ci]
+    return [fmt(summary["reference"]), fmt(summary["treatment"]), fmt(summary["difference"]), ci]
 
 
 def source_text(source: dict | None) -> tuple[str, str]:
@@ -101,8 +101,8 @@ def quant_rows(record: dict) -> list[list[str]]:
         for scheme, entry in ((arm.get("quant") or {}).get("schemes") or {}).items():
             if not entries.get(scheme) or "skipped" in entries[scheme]:
                 entries[scheme] = entry
-    rows = [["quant scheme", "library", "arm", "baseline dmg loss", "arm dmg loss", "arm-baseline", "95% CI",
-             "baseline dmg acc", "arm dmg acc", "baseline KL", "arm KL", "recipe"]]
+    rows = [["quant scheme", "library", "arm", "reference dmg loss", "arm dmg loss", "arm-reference", "95% CI",
+             "reference dmg acc", "arm dmg acc", "reference KL", "arm KL", "recipe"]]
     for scheme, entry in entries.items():
         library, recipe = source_text(entry)
         if "skipped" in entry:
@@ -129,13 +129,13 @@ LADDER_FIGURES = ("loss_gap", "underflow_fraction", "overflow_fraction", "diverg
 
 def ladder_rows(record: dict) -> list[list[str]]:
     """The precision ladder, one row per rung below fp32 and treatment arm: the library (and version)
-    that trained the rung, the held-out loss gap to fp32 of the baseline and of the arm
+    that trained the rung, the held-out loss gap to fp32 of the reference arm and of the arm
     (means over seeds), their paired difference with its 95% interval, and each arm's underflow and
     overflow fractions and diverged share, and the recipe; a skipped rung gets one row with its
     reason. Only the header when the record is not a precision ladder."""
     ladder = case_result(record, "precision_ladder") or {}
-    rows = [["precision", "library", "arm", "baseline gap", "arm gap", "arm-baseline", "95% CI",
-             "baseline underflow", "arm underflow", "baseline overflow", "arm overflow", "baseline diverged",
+    rows = [["precision", "library", "arm", "reference gap", "arm gap", "arm-reference", "95% CI",
+             "reference underflow", "arm underflow", "reference overflow", "arm overflow", "reference diverged",
              "arm diverged", "recipe"]]
     for rung in ladder.get("precisions") or []:
         if rung == REFERENCE_PRECISION:

@@ -480,7 +480,7 @@ def _complete_parent(client, parent_id: str, record: dict, now: int, fresh: bool
     paired = {f"paired.{arm}.{figure}.{key}": value
               for arm, table in (record.get("paired") or {}).items()
               for figure, summary in table.items() for key, value in summary.items()
-              if key in ("baseline", "treatment", "difference", "ci_low", "ci_high", "p_value")}
+              if key in ("reference", "treatment", "difference", "ci_low", "ci_high", "p_value")}
     _log_batched(client, parent_id,
                  params=[Param(k, v) for k, v in params_of(record["config"]).items() if k not in params_held],
                  metrics=new_points([Metric(k, v, now, 0) for k, v in _finite_metrics(paired).items()], held))

@@ -1,0 +1,103 @@
+"""Records of an older schema, read as the current schema holds them.
+
+    upgraded(record)     a record of schema 2 as schema 3 (a new dict); any other record as it is
+
+Schema 2 -> 3: the reference arm, named "baseline" until then, is named "reference" ("baseline" names the
+document a job is judged against, ``stability.check.baseline``). So in a schema 2 record the arm's name
+(``arms[].arm``, ``runs[].arm``, ``config.arms[].name``, the ``arm`` of a case's own results), the start of
+its runs' names and keys ("baseline-seed0-..."), the arm in a Ray unit's name, and a paired figure's
+field holding the reference arm's mean ("baseline") are renamed; the gate variant of a run without a
+gate, "baseline", is "ungated". Files on disk keep their names: a ``steps_file`` or bundle ``path`` still
+points at them. A record of schema 2 has no "run_steps" either: ``stability.record.case_steps`` reads
+it through the setting that held it. The record on disk is never rewritten.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from stability.config import OLD_REFERENCE_ARM, REFERENCE_ARM
+from stability.record.schema import RESULTS_BEFORE_THE_SLOT
+
+OLD_UNGATED = "baseline"      # the gate variant of a run without a gate, until schema 3
+UNGATED = "ungated"
+
+
+def _arm(name):
+    return REFERENCE_ARM if name == OLD_REFERENCE_ARM else name
+
+
+def _run_name(name):
+    """"baseline-seed0-lr0.01-1a2b3c4d" -> "reference-seed0-lr0.01-1a2b3c4d"; other names as they are."""
+    if isinstance(name, str) and name.startswith(f"{OLD_REFERENCE_ARM}-"):
+        return REFERENCE_ARM + name[len(OLD_REFERENCE_ARM):]
+    return name
+
+
+def _unit_name(name):
+    """"lr_sweep/baseline/seed0/lr=0.01" -> "lr_sweep/reference/seed0/lr=0.01"."""
+    if not isinstance(name, str):
+        return name
+    return "/".join(_arm(part) if index == 1 else part for index, part in enumerate(name.split("/")))
+
+
+def _run_entry(entry: dict) -> None:
+    """An arm record, a run summary or a run of a session, in place."""
+    if not isinstance(entry, dict):
+        return
+    if "arm" in entry:
+        entry["arm"] = _arm(entry["arm"])
+    if entry.get("variant") == OLD_UNGATED:
+        entry["variant"] = UNGATED
+    for key in ("run_name", "run_key", "name"):
+        if key in entry:
+            entry[key] = _run_name(entry[key])
+    if isinstance(entry.get("unit"), dict) and "name" in entry["unit"]:
+        entry["unit"]["name"] = _unit_name(entry["unit"]["name"])
+
+
+def _results(result) -> None:
+    """A case's own results, in place: the ``arm`` of its per-arm entries and runs."""
+    if isinstance(result, dict):
+        for value in result.values():
+            if isinstance(value, list):
+                for item in value:
+                    _run_entry(item)
+
+
+def upgraded(record):
+    """``record`` as the current schema holds it (see the module docstring); a record that is not of
+    schema 2 (this schema's, or one this version cannot read: validation names it) is returned as it is."""
+    if not isinstance(record, dict) or record.get("schema_version") != 2:
+        return record
+    out = copy.deepcopy(record)
+    out["schema_version"] = 3
+    config = out.get("config")
+    if isinstance(config, dict) and isinstance(config.get("arms"), list):
+        for arm in config["arms"]:
+            if isinstance(arm, dict) and "name" in arm:
+                arm["name"] = _arm(arm["name"])
+    for key in ("arms", "runs", "replay_bundles"):
+        for entry in out.get(key) or []:
+            _run_entry(entry)
+    for table in (out["paired"].values() if isinstance(out.get("paired"), dict) else ()):
+        for figure, summary in (table.items() if isinstance(table, dict) else ()):
+            if isinstance(summary, dict):     # the reference arm's mean: "baseline" -> "reference", in place
+                table[figure] = {("reference" if k == "baseline" else k): v for k, v in summary.items()}
+    results = out.get("results")
+    for result in (results.values() if isinstance(results, dict) else ()):
+        _results(result)
+    for case in RESULTS_BEFORE_THE_SLOT:
+        _results(out.get(case))
+    tracking = out.get("tracking")
+    if isinstance(tracking, dict):
+        if isinstance(tracking.get("child_run_ids"), dict):
+            tracking["child_run_ids"] = {_run_name(k): v for k, v in tracking["child_run_ids"].items()}
+        if isinstance(tracking.get("complete_children"), list):
+            tracking["complete_children"] = [_run_name(k) for k in tracking["complete_children"]]
+    ray = out.get("ray")
+    if isinstance(ray, dict):
+        for unit in ray.get("units") or []:
+            if isinstance(unit, dict) and "name" in unit:
+                unit["name"] = _unit_name(unit["name"])
+    return out
