@@ -3,7 +3,7 @@
     python benchmarks/bench_arms.py [--preset ci] [--steps 0] [--seeds 0,1,2] [--rounds 2]
 
 1. Arms: the wall time of ``run_pair`` with the two default arms against the five arms of
-   ``arms=controls`` (baseline, G1, G1 headwise, floored G1, G2), same preset, seeds and steps; rounds
+   ``arms=controls`` (the reference arm, G1, G1 headwise, floored G1, G2), same preset, seeds and steps; rounds
    alternate in ABBA order (2, 5, 5, 2, ...) so machine noise favours neither. Also the mean training
    time of each arm (its ``train_seconds``), which says what one more arm of each kind costs.
 2. Extrapolation probe: one gated model trained ``--probe-steps`` steps, the mean wall time of one of
@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from stability.cases.experiment import run_pair
-from stability.config import resolve
+from stability.config import REFERENCE_ARM, resolve
 from stability.data import load_corpus
 from stability.evaluate.extrapolation import evaluate_lengths
 from stability.report.tables import text_table
@@ -53,8 +53,8 @@ def arms_table(preset: str, overrides: dict, rounds: int) -> str:
         wall = statistics.mean(walls[n])
         runs = n * len(config.seeds)
         rows.append((str(n), str(runs), f"{wall:.1f}", f"{wall / runs:.2f}", f"{wall / two:.2f}x"))
-    arm_rows = [("arm", "variant", "train s per run (mean)", "vs baseline")]
-    base = statistics.mean(per_arm["baseline"])
+    arm_rows = [("arm", "variant", "train s per run (mean)", "vs reference")]
+    base = statistics.mean(per_arm[REFERENCE_ARM])
     for name in configs[5].arm_names:
         mean = statistics.mean(per_arm[name])
         arm_rows.append((name, configs[5].arm_config(name, 0).variant, f"{mean:.2f}", f"{mean / base:.2f}x"))

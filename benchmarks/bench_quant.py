@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from stability.config import resolve
+from stability.config import REFERENCE_ARM, resolve
 from stability.data import eval_batches, load_corpus, probe_batch
 from stability.evaluate import quantize as q
 from stability.train.evaluate import evaluate
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--preset", default="smoke")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--arm", default="gated", choices=("baseline", "gated"))
+    parser.add_argument("--arm", default="gated", choices=(REFERENCE_ARM, "gated"))
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:

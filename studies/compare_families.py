@@ -3,7 +3,7 @@
 The regime: 4 layers, 128 wide, 4 heads, context 128, batch 8, the standard-library corpus
 (``data.corpus=stdlib``), AdamW at LR 3e-2 held constant after 30 warm-up steps, weight decay 0.1,
 no gradient clipping, 1500 steps; heavy probes at step 0 and at the end only. Per (family, seed):
-baseline and G1-elementwise gated arms with the same data order and shared init.
+reference (ungated) and G1-elementwise gated arms with the same data order and shared init.
 
 Families (``--family``): "llama" (the harness's Llama-style model, N(0, 0.02) init), "gpt2" (GPT-2
 style: LayerNorm, learned positions, GELU MLP, untied head, PyTorch's default init, as in the
@@ -14,11 +14,11 @@ It is CPU-heavy (about 9 minutes of one core per arm), so it runs one (family, s
 asked, keeps each arm's result as a small JSON file under reports/families/, and ``--merge`` pools the
 seeds whose two arms are both there into the Markdown table::
 
-    nice -n 10 python -m studies.compare_families --family llama --seed 3 --arm baseline
+    nice -n 10 python -m studies.compare_families --family llama --seed 3 --arm reference
     nice -n 10 python -m studies.compare_families --family llama --seed 3 --arm gated
     python -m studies.compare_families --merge --out reports/families-table.md
 
-Paired statistics: ``stability.record.stats.paired_difference`` (difference = gated - baseline per seed,
+Paired statistics: ``stability.record.stats.paired_difference`` (difference = gated - reference per seed,
 95% t-interval over seeds, exact sign-flip p).
 """
 
@@ -36,6 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from stability import config as cfg
+from stability.config import REFERENCE_ARM, current_arm_name
 from stability.record.stats import paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,18 +96,19 @@ def merge(steps: int) -> str:
     arms: dict[tuple[str, int], dict] = {}
     for path in sorted(RESULTS.glob(f"*-steps{steps}.json")):
         item = json.loads(path.read_text())
-        arms.setdefault((item["family"], item["seed"]), {"seed": item["seed"], "arms": {}})["arms"][item["arm"]] = item
+        arm = current_arm_name(item["arm"])   # results kept before the reference arm was renamed say "baseline"
+        arms.setdefault((item["family"], item["seed"]), {"seed": item["seed"], "arms": {}})["arms"][arm] = item
     results: dict[str, list[dict]] = {}
     for (family, _), pair in sorted(arms.items()):
-        if {"baseline", "gated"} <= set(pair["arms"]):  # a seed counts once both of its arms are there
+        if {REFERENCE_ARM, "gated"} <= set(pair["arms"]):  # a seed counts once both of its arms are there
             results.setdefault(family, []).append(pair)
-    lines = ["| family | figure | seeds | baseline | gated | gated - baseline [95% CI] | p | per-seed sign |",
+    lines = ["| family | figure | seeds | reference | gated | gated - reference [95% CI] | p | per-seed sign |",
              "|---|---|---|---|---|---|---|---|"]
     signs: dict[str, dict[str, str]] = {}
     for family in [f for f in FAMILIES if f in results]:
         items = sorted(results[family], key=lambda r: r["seed"])
         for key, label in SHOWN:
-            pairs = [(r["seed"], r["arms"]["baseline"]["final"].get(key), r["arms"]["gated"]["final"].get(key))
+            pairs = [(r["seed"], r["arms"][REFERENCE_ARM]["final"].get(key), r["arms"]["gated"]["final"].get(key))
                      for r in items]
             pairs = [(s, float(b), float(g)) for s, b, g in pairs if b is not None and g is not None]
             if not pairs:
@@ -115,7 +117,7 @@ def merge(steps: int) -> str:
             per_seed = "".join("+" if g > b else "-" if g < b else "0" for _, b, g in pairs)
             signs.setdefault(key, {})[family] = per_seed
             interval = f"[{_fmt(stats['ci_low'])}, {_fmt(stats['ci_high'])}]" if stats["ci_low"] is not None else ""
-            lines.append(f"| {family} | {label} | {','.join(str(s) for s, _, _ in pairs)} | {_fmt(stats['baseline'])} "
+            lines.append(f"| {family} | {label} | {','.join(str(s) for s, _, _ in pairs)} | {_fmt(stats['reference'])} "
                          f"| {_fmt(stats['treatment'])} | {_fmt(stats['difference'])} {interval} "
                          f"| {_fmt(stats['p_value'])} | {per_seed} |")
     return "\n".join(lines) + "\n", signs, results
@@ -125,7 +127,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=tuple(FAMILIES))
     parser.add_argument("--seed", type=int, action="append", help="repeatable")
-    parser.add_argument("--arm", choices=("baseline", "gated"), action="append",
+    parser.add_argument("--arm", choices=(REFERENCE_ARM, "gated"), action="append",
                         help="repeatable (default: both, one after the other)")
     parser.add_argument("--steps", type=int, default=REGIME["steps"])
     parser.add_argument("--merge", action="store_true", help="print (and --out: write) the table of kept results")
@@ -140,7 +142,7 @@ def main(argv=None) -> int:
     if not args.family or not args.seed:
         parser.error("--family and --seed (or --merge) are required")
     for seed in args.seed:
-        for arm in args.arm or ("baseline", "gated"):
+        for arm in args.arm or (REFERENCE_ARM, "gated"):
             path = run_one(args.family, seed, arm, args.steps)
             print(f"{args.family} seed {seed} {arm}: {path}", flush=True)
     return 0

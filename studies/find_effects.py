@@ -1,9 +1,9 @@
-"""Search the CPU-feasible config space for regimes where the arms differ from the baseline.
+"""Search the CPU-feasible config space for regimes where the arms differ from the reference arm.
 
 Each candidate regime is a preset ("smoke" or "ci") plus dotted overrides, which may select arms
 (``"arms": "controls"``) and turn on the extrapolation probe. For each regime the script runs
 ``run_pair`` (every arm, same seeds, same data order) and prints one Markdown row per treatment
-arm: the overrides, the seeds, the steps, the wall time and, per figure, "baseline -> arm,
+arm: the overrides, the seeds, the steps, the wall time and, per figure, "reference -> arm,
 difference [95% CI] p" (paired over seeds: t-interval and exact sign-flip p, see
 ``stability.record.stats``). With one seed there is no interval. A regime may also name ``contrasts``,
 pairs of arms compared with each other the same way (e.g. the floored gate against the gate).
@@ -73,7 +73,7 @@ STRESS = {"optim.weight_decay": 0.0, "optim.betas": "0.9,0.999", "optim.grad_cli
 NOPROBE = {"probes.every": 100000}  # heavy probes at step 0 and at the end only
 # The "ci" model and optimiser as the ci preset defined them when this search ran (commit 0e782d8's
 # config.py). The preset has since changed, so the ci regimes below spell them out on top of "smoke"
-# (checked: seed-0 baseline of ci_150 and seed-3 baseline of ci_150_stress reproduce bit for bit).
+# (checked: seed-0 reference arm of ci_150 and seed-3 reference arm of ci_150_stress reproduce bit for bit).
 CI_MODEL = {"model.d_model": 128, "model.n_layers": 4, "model.n_heads": 4, "model.n_kv_heads": 2,
             "model.context": 128, "data.builtin_bytes": 2_000_000, "optim.warmup_steps": 30,
             "optim.weight_decay": 0.1, "optim.betas": "0.9,0.95", "optim.grad_clip": 1.0,
@@ -108,7 +108,7 @@ REGIMES: dict[str, dict] = {
     "ci_150": {"preset": "smoke", "overrides": {
         **CI_MODEL, "steps": 150, "optim.lr": 1e-2, "data.batch_size": 8, **NOPROBE}},
     # ---------------------------------------------------------------- the paper's controls (N arms)
-    # ci_150 (the M-Act regime) with the baseline, G1, G1 headwise, G1 floored at 0.5 and G2, and the
+    # ci_150 (the M-Act regime) with the reference arm, G1, G1 headwise, G1 floored at 0.5 and G2, and the
     # extrapolation probe at 2x and 4x the context (plain RoPE and NTK-aware)
     "controls_ci_150": {"preset": "smoke", "overrides": {
         **CI_MODEL, "steps": 150, "optim.lr": 1e-2, "data.batch_size": 8, **NOPROBE, "arms": "controls",
@@ -158,7 +158,7 @@ def cell(entry: dict | None, n_seeds: int | None = None) -> str:
     """'b -> t, d [lo, hi] p=..' for one paired figure ('n/a' when absent)."""
     if not entry or entry.get("n", 0) == 0:
         return "n/a"
-    text = f"{_num(entry['baseline'])} → {_num(entry['treatment'])}, Δ {_num(entry['difference'])}"
+    text = f"{_num(entry['reference'])} → {_num(entry['treatment'])}, Δ {_num(entry['difference'])}"
     if entry.get("ci_low") is not None:
         excludes = entry["ci_low"] > 0 or entry["ci_high"] < 0
         interval = f"[{_num(entry['ci_low'])}, {_num(entry['ci_high'])}]"
@@ -200,7 +200,7 @@ def long_rows(summary: dict, figures=None) -> str:
     rows = ["| regime | seeds | arm − reference | figure | reference | arm | Δ | 95% CI | sign-flip p | n |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     contrasts = {f"{a} − {b}": summary["contrasts"][f"{a}-{b}"] for a, b in summary.get("contrast_pairs", [])}
-    tables = {f"{arm} − baseline": paired for arm, paired in summary["paired"].items()} | contrasts
+    tables = {f"{arm} − reference": paired for arm, paired in summary["paired"].items()} | contrasts
     seeds = ",".join(map(str, summary["seeds"]))
     for label, paired in tables.items():
         for figure in figures:
@@ -209,7 +209,7 @@ def long_rows(summary: dict, figures=None) -> str:
                 continue
             interval = "-" if entry["ci_low"] is None else f"[{_num(entry['ci_low'])}, {_num(entry['ci_high'])}]"
             p = "-" if entry["p_value"] is None else f"{entry['p_value']:.3g}"
-            rows.append(f"| {summary['name']} | {seeds} | {label} | {figure} | {_num(entry['baseline'])} | "
+            rows.append(f"| {summary['name']} | {seeds} | {label} | {figure} | {_num(entry['reference'])} | "
                         f"{_num(entry['treatment'])} | {_num(entry['difference'])} | {interval} | {p} | "
                         f"{entry['n']} |")
     return "\n".join(rows)
@@ -321,7 +321,7 @@ def sweep_rows(summary: dict) -> str:
     title = (f"LR sweep `{summary['name']}` ({summary['preset']}: `{overrides_text(summary['overrides'])}`, "
              f"grid {summary['lr_grid']}, seeds {summary['seeds']}, {summary['steps']} steps, "
              f"{summary['wall_seconds']:.0f} s)")
-    lines = [title, "", "| arm | figure | baseline → arm, Δ [95% CI] p |", "|---|---|---|"]
+    lines = [title, "", "| arm | figure | reference → arm, Δ [95% CI] p |", "|---|---|---|"]
     lines += [f"| {arm} | {figure} | {cell(entry)} |" for arm, paired in summary["paired"].items()
               for figure, entry in paired.items()]
     return "\n".join(lines)

@@ -1,11 +1,11 @@
-"""Search CPU-sized regimes for a first-token attention sink that the baseline grows and the gate removes.
+"""Search CPU-sized regimes for a first-token attention sink that the ungated arm grows and the gate removes.
 
 Each regime is the ``smoke`` preset plus dotted overrides along the axes the literature ties to sinks
 (docs/figures.md, reports/sink.md): the data (the built-in text, or the ``backcopy`` corpus whose
 synthetic documents give attention nothing to do at most positions, mixed with text at
 ``data.text_fraction``), context length, training tokens (steps x batch x context), peak LR and
 warmup, weight decay and the rest of the optimiser, depth and width. For every seed the script trains
-the arms (baseline and the G1 elementwise gate; ``--arms`` adds e.g. ``gated_floored``) with the heavy
+the arms (the reference arm and the G1 elementwise gate; ``--arms`` adds e.g. ``gated_floored``) with the heavy
 probes every ``probes.every`` steps, and prints one row per arm and seed: the first-token share
 ``f_attn_mean`` (F-Attn) at each snapshot against the tokens trained so far, its largest value, the last
 per-layer shares, M-Act (``m_act_mean``), the mean gate score and the held-out loss.
@@ -177,12 +177,12 @@ def run_seed(name: str, config: cfg.ExperimentConfig) -> list[dict]:
 
 
 def held_out_table(arms: list[dict], treatments: list[str]) -> str:
-    """Paired rows (arm - baseline, 95% t-interval, sign-flip p) over the seeds of ``arms``."""
+    """Paired rows (arm - reference, 95% t-interval, sign-flip p) over the seeds of ``arms``."""
     from stability.record.stats import paired_difference
 
     by = {(a["arm"], a["seed"]): a["final"] for a in arms}
     seeds = sorted({a["seed"] for a in arms})
-    lines = ["| arm − baseline | figure | baseline | arm | Δ | 95% CI | sign-flip p | n |",
+    lines = ["| arm − reference | figure | reference | arm | Δ | 95% CI | sign-flip p | n |",
              "|---|---|---|---|---|---|---|---|"]
     for arm in treatments:
         for figure in ("f_attn_mean", "m_act_mean", "sink_rate_mean", "heldout_loss"):
@@ -194,7 +194,7 @@ def held_out_table(arms: list[dict], treatments: list[str]) -> str:
             d = paired_difference([b for b, _ in pairs], [t for _, t in pairs])
             interval = "-" if d["ci_low"] is None else f"[{_num(d['ci_low'])}, {_num(d['ci_high'])}]"
             p = "-" if d["p_value"] is None else f"{d['p_value']:.3g}"
-            lines.append(f"| {arm} − baseline | {figure} | {_num(d['baseline'])} | {_num(d['treatment'])} | "
+            lines.append(f"| {arm} − reference | {figure} | {_num(d['reference'])} | {_num(d['treatment'])} | "
                          f"{_num(d['difference'])} | {interval} | {p} | {d['n']} |")
     return "\n".join(lines)
 
@@ -216,7 +216,7 @@ def plot(arms: list[dict], title: str, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (share, act) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colours = {"baseline": "tab:red", "gated": "tab:blue", "gated_floored": "tab:green"}
+    colours = {REFERENCE_ARM: "tab:red", "gated": "tab:blue", "gated_floored": "tab:green"}
     for name in dict.fromkeys(a["arm"] for a in arms):
         runs = [a for a in arms if a["arm"] == name]
         colour = colours.get(name, None)
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regime", action="append", default=[], help="a regime name (repeatable), or 'sink' "
                                                                       "(the preset)")
     parser.add_argument("--seeds", default="0", help="comma-separated discovery seeds (default 0)")
-    parser.add_argument("--arms", default="gated", help="treatment arms beside the baseline (default gated)")
+    parser.add_argument("--arms", default="gated", help="treatment arms beside the reference arm (default gated)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra override on top of the regime (repeatable)")
     parser.add_argument("--held-out", action="store_true",

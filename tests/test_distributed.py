@@ -173,7 +173,7 @@ def test_torchrun_run_keeps_one_record_and_one_mlflow_parent_from_rank_0(request
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert [p.info.run_id for p in parents] == [record["tracking"]["parent_run_id"]]
-    assert sorted(c.info.run_name for c in children) == ["reference-seed0", "gated-seed0"]
+    assert sorted(c.info.run_name for c in children) == ["gated-seed0", "reference-seed0"]
 
 
 def test_a_killed_rank_stops_the_job_and_the_record_keeps_the_steps_so_far(tmp_path):

@@ -113,7 +113,7 @@ def test_compressed_per_step_files_keep_everything_and_a_resume_reads_them(refer
     assert on_disk["runs"][0]["steps_file"] == str(finished.relative_to(run_dir))
     record = run_pair(tiny(), session=Session(run_dir, resume=Resume.load(run_dir), finished_steps="gzip"))
     assert [a["series"]["loss"] for a in record["arms"]] == [a["series"]["loss"] for a in reference["arms"]]
-    assert sorted(p.name.split("-")[0] for p in steps.glob("*.jsonl.gz")) == ["reference", "gated"]
+    assert sorted(p.name.split("-")[0] for p in steps.glob("*.jsonl.gz")) == ["gated", "reference"]
     assert not list(steps.glob("*.jsonl"))
     dropped = run_pair(tiny(), session=Session(tmp_path / "dropped", finished_steps="drop"))
     assert not list((tmp_path / "dropped").glob("steps/**/*.jsonl*"))

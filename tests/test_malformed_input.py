@@ -339,7 +339,7 @@ def invalid_record(record: dict):
                   st.sampled_from(["0", 1.5, None, [], True])),
         st.builds(replace, st.just(record), st.sampled_from([("arms", i, "status") for i in range(len(record["arms"]))]),
                   st.sampled_from(["done", 1, None, []])),
-        st.builds(replace, st.just(record), st.just(("schema_version",)), st.sampled_from([1, 3, "2", None, 2.5])),
+        st.builds(replace, st.just(record), st.just(("schema_version",)), st.sampled_from([1, 4, "3", None, 2.5])),
         st.builds(shorter, st.sampled_from(at["series"])),
         st.sampled_from(list(config.items())).flatmap(
             lambda item: st.sampled_from(item[1]).map(lambda value: replace(record, item[0], value))),

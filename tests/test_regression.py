@@ -55,7 +55,7 @@ def _base(values: dict[str, list[float]]) -> dict:
 # ----------------------------------------------------------------------------- the baseline
 
 def test_baseline_holds_every_seeds_reference_and_replicates(record, baseline):
-    assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 4
+    assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 5
     assert (baseline["preset"], baseline["device"], baseline["commit"]) == ("smoke", "cpu", "abc123")
     assert baseline["replicates"] == [0, 1, 2, 3, 4]
     gated = baseline["cases"]["smoke/standard"]["arms"]["gated"]
@@ -599,7 +599,7 @@ def test_cli_check_states_its_false_alarm_rate_and_the_evidence(tmp_path, record
     assert main(["check", "--baseline", str(tmp_path / "b.json"), worse, "--alpha", "0.05",
                  "--json", str(tmp_path / "c.json")]) == 1
     out = capsys.readouterr().out
-    assert "alpha = 0.05" in out and "regressed: smoke/standard baseline max_attn_logit (z " in out
+    assert "alpha = 0.05" in out and "regressed: smoke/standard reference max_attn_logit (z " in out
     header = next(line for line in out.splitlines() if line.startswith("case"))
     assert all(word in header.split() for word in ("tier", "floor", "noise", "z", "p"))
     document = json.loads((tmp_path / "c.json").read_text())

@@ -129,7 +129,7 @@ def test_stopped_and_resumed_twice_every_step_is_in_mlflow_and_in_the_per_step_f
 
     client = MlflowClient(tracking_uri=uri)
     children = record["tracking"]["child_run_ids"]
-    assert sorted(children) == ["reference-seed0", "gated-seed0"]
+    assert sorted(children) == ["gated-seed0", "reference-seed0"]
     for name, run_id in children.items():
         for metric in ("loss", "lr", "update_norm"):
             steps = sorted(point.step for point in client.get_metric_history(run_id, metric))

@@ -12,8 +12,10 @@ with ``--ignore`` (left out everywhere, in what matches records too: a config fi
 say, or a record key whose value changed on purpose). ``--results-slot`` reads a case's results in
 ``results[case]`` as the top-level key ``case`` that held them before the slot. ``--rename OLD=NEW`` reads
 a key OLD of BEFORE's documents (at every level, per-step files included) as NEW: a key renamed on purpose,
-its value still compared. Exit 0 when nothing differs, 1 otherwise; the summary line says how many numbers
-were compared.
+its value still compared. ``--upgrade`` reads BEFORE's records as the current schema holds them
+(``stability.record.upgraded``: a capture made before a schema change) and its per-step files with the
+same run names (``stability.record.upgrade.upgraded_run``). Exit 0 when nothing differs, 1 otherwise; the
+summary line says how many numbers were compared.
 """
 
 from __future__ import annotations
@@ -109,7 +111,11 @@ def renamed(value, names: dict[str, str]):
 
 
 def records(root: Path, ignore: set[str] = frozenset(), slot: bool = False,
-            names: dict[str, str] | None = None) -> dict[str, dict]:
+            names: dict[str, str] | None = None, upgrade: bool = False) -> dict[str, dict]:
+    from stability.record.upgrade import upgraded, upgraded_run, upgraded_run_name
+
+    same = (lambda value: value)
+    record_as, run_as, name_as = (upgraded, upgraded_run, upgraded_run_name) if upgrade else (same, same, same)
     found: dict[str, dict] = {}
     for path in sorted(root.rglob("*.json")):
         if path.name == "manifest.json" or "mlartifacts" in path.parts:
@@ -120,6 +126,7 @@ def records(root: Path, ignore: set[str] = frozenset(), slot: bool = False,
             continue
         if not isinstance(document, dict) or "arms" not in document:
             continue
+        document = record_as(document)
         if slot:
             document = unslotted(document)
         document = renamed(document, names or {})
@@ -128,15 +135,16 @@ def records(root: Path, ignore: set[str] = frozenset(), slot: bool = False,
             raise SystemExit(f"two records of {key} under {root}: compare one command's output per folder")
         found[key] = document
         for steps in sorted(path.parent.glob(f"steps/{document.get('id')}/*.jsonl")):
-            lines = [renamed(json.loads(line), names or {}) for line in steps.read_text().splitlines() if line.strip()]
-            found[f"{key}/steps/{steps.stem.rsplit('-', 1)[0]}"] = {"lines": lines}   # without the run hash
+            lines = [renamed(run_as(json.loads(line)), names or {}) for line in steps.read_text().splitlines()
+                     if line.strip()]
+            found[f"{key}/steps/{name_as(steps.stem.rsplit('-', 1)[0])}"] = {"lines": lines}   # without the run hash
     return found
 
 
 def compare(before: Path, after: Path, ignore: set[str] = frozenset(), slot: bool = False,
-            names: dict[str, str] | None = None) -> Comparison:
+            names: dict[str, str] | None = None, upgrade: bool = False) -> Comparison:
     result = Comparison(set(ignore))
-    old, new = records(before, result.ignore, slot, names), records(after, result.ignore, slot)
+    old, new = records(before, result.ignore, slot, names, upgrade), records(after, result.ignore, slot)
     for key in sorted(set(old) | set(new)):
         if key not in old or key not in new:
             result.differences.append(f"{key}: only {'after' if key not in old else 'before'}")
@@ -156,12 +164,14 @@ def main(argv=None) -> int:
                              "the case (the layout before the slot), on either side")
     parser.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
                         help="a key of BEFORE read as NEW (repeatable)")
+    parser.add_argument("--upgrade", action="store_true",
+                        help="read BEFORE's records (and per-step files) as the current record schema holds them")
     args = parser.parse_args(argv)
     bad = [r for r in args.rename if r.count("=") != 1 or "" in r.split("=")]
     if bad:
         parser.error(f"--rename {bad[0]!r}: expected OLD=NEW, two key names")
     names = dict(r.split("=") for r in args.rename)
-    result = compare(args.before, args.after, set(args.ignore), args.results_slot, names)
+    result = compare(args.before, args.after, set(args.ignore), args.results_slot, names, args.upgrade)
     for line in result.differences[:50]:
         print(line)
     if len(result.differences) > 50:

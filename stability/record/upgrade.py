@@ -1,6 +1,8 @@
 """Records of an older schema, read as the current schema holds them.
 
     upgraded(record)     a record of schema 2 as schema 3 (a new dict); any other record as it is
+    upgraded_run(entry)  one run's entry of schema 2 (a line of its per-step file, say) with the new names
+    upgraded_run_name(n) "baseline-seed0-lr0.01" -> "reference-seed0-lr0.01"
 
 Schema 2 -> 3: the reference arm, named "baseline" until then, is named "reference" ("baseline" names the
 document a job is judged against, ``stability.check.baseline``). So in a schema 2 record the arm's name
@@ -27,7 +29,7 @@ def _arm(name):
     return REFERENCE_ARM if name == OLD_REFERENCE_ARM else name
 
 
-def _run_name(name):
+def upgraded_run_name(name):
     """"baseline-seed0-lr0.01-1a2b3c4d" -> "reference-seed0-lr0.01-1a2b3c4d"; other names as they are."""
     if isinstance(name, str) and name.startswith(f"{OLD_REFERENCE_ARM}-"):
         return REFERENCE_ARM + name[len(OLD_REFERENCE_ARM):]
@@ -51,9 +53,22 @@ def _run_entry(entry: dict) -> None:
         entry["variant"] = UNGATED
     for key in ("run_name", "run_key", "name"):
         if key in entry:
-            entry[key] = _run_name(entry[key])
+            entry[key] = upgraded_run_name(entry[key])
     if isinstance(entry.get("unit"), dict) and "name" in entry["unit"]:
         entry["unit"]["name"] = _unit_name(entry["unit"]["name"])
+
+
+def upgraded_run(entry):
+    """A copy of one run's entry of schema 2 (an arm record, a run summary, a line of its per-step file, which
+    may hold its arm record under "record") with the reference arm's names of schema 3; any other value as
+    it is."""
+    if not isinstance(entry, dict):
+        return entry
+    out = copy.deepcopy(entry)
+    _run_entry(out)
+    if isinstance(out.get("record"), dict):
+        _run_entry(out["record"])
+    return out
 
 
 def _results(result) -> None:
@@ -80,6 +95,9 @@ def upgraded(record):
     for key in ("arms", "runs", "replay_bundles"):
         for entry in out.get(key) or []:
             _run_entry(entry)
+    if isinstance(out.get("replay_bundles"), list) and all(isinstance(b, dict) for b in out["replay_bundles"]):
+        # listed as this schema's writer lists them: by run key, then step (the renamed keys sort elsewhere)
+        out["replay_bundles"].sort(key=lambda b: (str(b.get("run_key")), b.get("step") or 0))
     for table in (out["paired"].values() if isinstance(out.get("paired"), dict) else ()):
         for figure, summary in (table.items() if isinstance(table, dict) else ()):
             if isinstance(summary, dict):     # the reference arm's mean: "baseline" -> "reference", in place
@@ -92,9 +110,9 @@ def upgraded(record):
     tracking = out.get("tracking")
     if isinstance(tracking, dict):
         if isinstance(tracking.get("child_run_ids"), dict):
-            tracking["child_run_ids"] = {_run_name(k): v for k, v in tracking["child_run_ids"].items()}
+            tracking["child_run_ids"] = {upgraded_run_name(k): v for k, v in tracking["child_run_ids"].items()}
         if isinstance(tracking.get("complete_children"), list):
-            tracking["complete_children"] = [_run_name(k) for k in tracking["complete_children"]]
+            tracking["complete_children"] = [upgraded_run_name(k) for k in tracking["complete_children"]]
     ray = out.get("ray")
     if isinstance(ray, dict):
         for unit in ray.get("units") or []:
