@@ -16,7 +16,7 @@ harness's own model and detectors. What a case's record must show is declared wi
   ``baselines`` directory, reports/baselines by default): one verdict with one stated false-alarm rate,
   not one per file.
 
-Paired figures (arm - baseline, with the 95% interval and the sign-flip p) are *reported*, not
+Paired figures (arm - reference, with the 95% interval and the sign-flip p) are *reported*, not
 tested: ``report_figures`` writes them into the session's run directory (``reported-figures.md``) and
 the terminal summary. A paper claim is asserted only in ``suites/test_claims.py``, on held-out seeds.
 
@@ -63,7 +63,7 @@ def assert_kept(run_dir):
 @pytest.fixture(scope="session")
 def report_figures(pytestconfig, run_dir):
     """Callable: ``report_figures(record, figures, title)`` adds the paired table of ``figures`` (each
-    treatment arm - baseline) to this session's reported figures (a file in the run directory, and the terminal
+    treatment arm - reference) to this session's reported figures (a file in the run directory, and the terminal
     summary). Reporting is not testing: nothing is asserted here."""
     from stability.check.claims import claim_rows, claims_table
 

@@ -2,7 +2,7 @@
 
 Each claim names its regime, the seeds it was discovered on (reports/effects.md) and the held-out
 seeds it is asserted on, chosen before they were run. A claim holds when the 95% t-interval of
-gated - baseline lies entirely on the better side of 0 over the held-out seeds; the exact sign-flip
+gated - reference lies entirely on the better side of 0 over the held-out seeds; the exact sign-flip
 p-value is reported beside it (with 6 seeds it cannot go below 2/64 = 0.031).
 
 Claims that the held-out seeds did not confirm, or that no CPU regime shows (F-Attn, sink rate,
@@ -39,7 +39,7 @@ M_ACT_HELD_OUT_SEEDS = (100, 101, 102, 103, 104, 105)
 
 def test_claim_gate_lowers_massive_activations_on_held_out_seeds(device, tracking_uri, run_dir, record_property):
     """Qiu et al.: the gate removes massive activations (M-Act 1053 -> 94 at 1.7B). Here, in regime
-    ci_150 on 6 held-out seeds (about 4 min on one thread): the 95% interval of gated - baseline
+    ci_150 on 6 held-out seeds (about 4 min on one thread): the 95% interval of gated - reference
     m_act_mean lies below 0, and the gated arm's M-Act is lower in every seed."""
     config = resolve("smoke", {**M_ACT_REGIME, "seeds": ",".join(map(str, M_ACT_HELD_OUT_SEEDS)),
                                "run.device": device or "cpu"})
@@ -61,7 +61,7 @@ def test_claim_gate_lowers_massive_activations_on_held_out_seeds(device, trackin
 
 
 # reports/controls.md, regime "controls_ci_150": the ci_150 regime above with the five arms of arms=controls
-# (baseline, G1, G1 headwise, G1 floored at 0.5, G2) and the extrapolation probe at 2x and 4x the context.
+# (the reference arm, G1, G1 headwise, G1 floored at 0.5, G2) and the extrapolation probe at 2x and 4x the context.
 CONTROLS_REGIME = {**M_ACT_REGIME, "arms": "controls", "extrapolation.factors": "2,4",
                    "extrapolation.eval_batches": 4, "name": "claim-controls"}
 CONTROLS_DISCOVERY_SEEDS = (0, 1, 2, 3, 4, 5)
@@ -112,13 +112,13 @@ def test_claims_of_the_controls_on_held_out_seeds(device, tracking_uri, run_dir,
         assert row["n"] == len(CONTROLS_HELD_OUT_SEEDS) and row["holds"] is True, (name, row)
 
 
-# reports/sink.md, the "sink" preset: the positive control of the first-token probe. Three arms (baseline, G1
+# reports/sink.md, the "sink" preset: the positive control of the first-token probe. Three arms (reference, G1
 # elementwise, G1 floored at 0.5); the preset's own seeds are the held-out ones below.
 SINK_DISCOVERY_SEEDS = (0, 1, 2)                # studies/sink_search.py searched on these only
 SINK_HELD_OUT_SEEDS = (300, 301, 302, 303, 304, 305)
-# Discovery (seeds 0-2): gated - baseline f_attn_mean -0.132 [-0.201, -0.063]. The held-out seeds, run once, did
+# Discovery (seeds 0-2): gated - reference f_attn_mean -0.132 [-0.201, -0.063]. The held-out seeds, run once, did
 # not confirm it at 95%: -0.0546 [-0.114, +0.0048], sign-flip p 0.094, gated lower in 5 of 6 (reports/sink.md).
-SINK_HELD_OUT_RESULT = "held-out seeds 300-305: gated - baseline f_attn_mean -0.0546 [-0.114, +0.0048], undecided"
+SINK_HELD_OUT_RESULT = "held-out seeds 300-305: gated - reference f_attn_mean -0.0546 [-0.114, +0.0048], undecided"
 
 
 @pytest.mark.slow
@@ -126,7 +126,7 @@ SINK_HELD_OUT_RESULT = "held-out seeds 300-305: gated - baseline f_attn_mean -0.
 def test_claim_gate_removes_the_first_token_sink_on_held_out_seeds(device, tracking_uri, run_dir, record_property):
     """Qiu et al.: the gate removes the attention sink (first-token share 0.467 -> 0.048). Here, at the ``sink``
     preset on 6 held-out seeds (11 min on a loaded 2-core machine): the claim is that the 95% interval of gated -
-    baseline f_attn_mean lies below 0. It did not hold on these seeds (``SINK_HELD_OUT_RESULT``), so the test is a
+    reference f_attn_mean lies below 0. It did not hold on these seeds (``SINK_HELD_OUT_RESULT``), so the test is a
     strict expected failure: it fails the day the claim holds (update reports/sink.md then), and on any error other
     than the claim's assertion. M-Act, the held-out loss and the floored gate against the gate (the paper's
     control: the floor should bring the sink back) are printed beside it."""

@@ -26,7 +26,7 @@ def test_a_factory_keeping_the_contract_passes_for_every_control_arm():
 
 
 @pytest.mark.parametrize(("factory", "arm_set", "said"), [
-    ("tiny_lm", "gated", (r"block 0 \(inner\.layers\.0\) of the baseline arm never calls observer\('attn_logits', "
+    ("tiny_lm", "gated", (r"block 0 \(inner\.layers\.0\) of the ungated arm never calls observer\('attn_logits', "
                           r"tensor\): expected each attention module to have an `observer` attribute")),
     ("hides_the_gate_score", "gated", (r"block 0 \(blocks\.0\) of the G1-elementwise arm never calls "
                                        r"observer\('gate_score', tensor\)")),

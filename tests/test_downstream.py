@@ -1,6 +1,6 @@
 """Repositories of their own gate their merges with stability, end to end: examples/downstream (``mypackage``:
 its own attention and gate) and examples/downstream-gqa (``gqalm``: grouped-query attention, learned positions,
-a per-head gate that honours its settings, and a baseline arm that fails in fp16).
+a per-head gate that honours its settings, and a reference arm that fails in fp16).
 
 One fresh virtual environment outside this repository (it sees this environment's packages through a .pth
 file, as validation/workflow.py's do) gets this repository from its wheel, not editable, as a user installs it:
@@ -9,7 +9,7 @@ has torch). Each example is copied, installed there too, and run through ``stabi
 team's settings and ``stability baseline make``:
 
 * mypackage: the README's commands as written, the baseline with every model invariant held;
-* gqalm: the baseline is written although a model invariant fails on it (the baseline arm's fp16 loss gap),
+* gqalm: the baseline is written although a model invariant fails on it (the reference arm's fp16 loss gap),
   and lists it. Then the generated workflow's CPU job, as written (the install step replaced: the environment
   is ready): it passes on the unchanged code and after a harmless rewrite, fails with exit 1 from ``stability
   check`` naming ``max_attn_logit`` once the attention loses its 1/sqrt(d) scale, and stops at the stress step

@@ -658,7 +658,7 @@ def test_rows_of_one_case_by_hand():
     """Arms baseline and gated, two seeds of two replicates; arm "new" only in the job (a note). baseline:
     heldout_loss 3.0 everywhere, unchanged: ok. gated: seed 1's held-out loss went non-finite in a completed
     run: a failed outcome naming case, arm and seed, and its row judges seed 0 alone; accuracy only now:
-    new. Paired gated - baseline: heldout_loss from seed 0; accuracy has no baseline arm value: no row."""
+    new. Paired gated - reference: heldout_loss from seed 0; accuracy has no reference arm value: no row."""
     done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
     base = {"config": {}, "steps": 10, "stress": "standard", "arms": {
         "reference": {"status": done, "diverged_at_step": {},
@@ -729,8 +729,8 @@ def test_split_runs_by_hand():
 
 
 def test_paired_values_need_both_arms():
-    """gated - baseline per seed (and replicate) where both arms hold the figure: seed 0 only (seed 1 has no
-    baseline value). A case without the baseline arm, or an arm without figures, pairs nothing."""
+    """gated - reference per seed (and replicate) where both arms hold the figure: seed 0 only (seed 1 has no
+    baseline value). A case without the reference arm, or an arm without figures, pairs nothing."""
     arms = {"reference": {"figures": {"x": {"0": 1.0}}}, "gated": {"figures": {"x": {"0": 3.0, "1": 4.0}}}}
     assert reg.paired_values(arms, "gated", "x", nested=False) == {"0": 2.0}
     nested = {"reference": {"figures": {"x": {"0": {"0": 1.0, "1": 2.0}}}},

@@ -64,7 +64,7 @@ def test_the_table_is_appended_and_the_rest_of_pyproject_kept_byte_for_byte(tmp_
         assert lines[index - 1].startswith("# ") and key.comment.split()[-1] in " ".join(lines[index - 3:index])
     out = capsys.readouterr().out
     assert "    stability baseline make\n" in out
-    assert "baseline arm: " in out and "observer calls attn_logits, attn_probs, gate_score" in out   # what it found
+    assert "ungated arm: " in out and "observer calls attn_logits, attn_probs, gate_score" in out   # what it found
     workflow = (tmp_path / ".github" / "workflows" / "stability.yml").read_text()
     commands = job_commands(workflow, "stress-cpu", "reports/baselines/smoke-cpu.json")
     assert [c.split()[:2] for c in commands] == [["pytest", "--pyargs"], ["stability", "check"]]

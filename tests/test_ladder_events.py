@@ -7,7 +7,7 @@ from stability.cases.precision_ladder import CASE, unhandled_events
 
 
 def ladder_record(precision: str, events: list[dict]) -> dict:
-    """A ladder record with one run of the baseline arm at seed 0 holding ``events``."""
+    """A ladder record with one run of the reference arm at seed 0 holding ``events``."""
     return {CASE.name: {"runs": [{"precision": precision, "arm": "reference", "seed": 0, "events": events}]}}
 
 

@@ -215,7 +215,7 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
     assert not reg.in_primary_family("shock", "gated", "m_act_max")
     # the range test's early horizon: each arm (the same model under a second schedule), not the difference
     assert reg.in_primary_family("lr_ramp", "reference", "early_grad_norm")
-    # the plain pair's early gradient norm: the baseline arm only (the gated arm's has a second mode at ci)
+    # the plain pair's early gradient norm: the reference arm only (the gated arm's has a second mode at ci)
     assert reg.in_primary_family("standard", "reference", "early_grad_norm")
     assert not reg.in_primary_family("standard", "gated", "early_grad_norm")
     assert not reg.in_primary_family("standard", "gated-reference", "early_grad_norm")
@@ -272,7 +272,7 @@ def test_the_same_runs_judged_in_two_cases_count_once(record, baseline):
 
 
 def test_the_gate_stopping_to_help_is_caught_in_the_paired_difference(record, baseline):
-    """M-Act of the gated arm at the baseline's level: the paired row gated - baseline regresses."""
+    """M-Act of the gated arm at the reference arm's level: the paired row gated - reference regresses."""
     flat = copy.deepcopy(record)
     ref = {a["seed"]: a["final"]["m_act_max"] for a in flat["arms"] if a["arm"] == "reference"}
     for arm in flat["arms"]:

@@ -144,7 +144,7 @@ def test_ladder_and_quant_tables_name_the_library_and_recipe_of_each_row(tmp_pat
         assert "bitsandbytes 0.50.2" in text and "bitsandbytes int8 recipe" in text
     ladder = table.ladder_rows(record)
     fp8_gated = next(row for row in ladder if row[0] == "fp8" and row[2] == "gated")
-    assert fp8_gated[3:6] == ["0.03", "0.01", "-0.02"]  # baseline gap, gated gap, gated - baseline
+    assert fp8_gated[3:6] == ["0.03", "0.01", "-0.02"]  # reference gap, gated gap, gated - reference
     assert (fp8_gated[1], fp8_gated[-1]) == ("torchao 0.18.0", "float8 tensorwise (emulated)")
     assert [row[0] for row in ladder[1:]] == ["fp8", "mxfp4", "mxfp8"]  # the trained rungs, then the skipped
     moved = {key: value for key, value in record.items() if key != "precision_ladder"}

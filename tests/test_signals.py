@@ -108,7 +108,7 @@ def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_ru
 
 
 def test_stopped_and_resumed_twice_every_step_is_in_mlflow_and_in_the_per_step_file_once(tmp_path, template_store):
-    """Ctrl-C in the baseline arm, --resume, Ctrl-C in the gated arm, --resume: each child run holds every
+    """Ctrl-C in the reference arm, --resume, Ctrl-C in the gated arm, --resume: each child run holds every
     step's loss once (the parts sent live by three processes and the record sent at each stop)."""
     uri = template_store(tmp_path / "m.db")
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)

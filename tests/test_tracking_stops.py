@@ -91,7 +91,7 @@ def test_a_double_ctrl_c_keeps_the_run_ids_and_the_resume_continues_the_same_run
 
 
 def test_kill_9_on_a_new_store_leaves_no_process_and_the_resume_makes_no_second_run(tmp_path):
-    """A new store: MLflow creates its tables while the baseline arm trains; kill -9 in that arm."""
+    """A new store: MLflow creates its tables while the reference arm trains; kill -9 in that arm."""
     uri = f"sqlite:///{tmp_path}/new.db"
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
     wait_for(process, f"reference-seed0: step 97/{STEPS}")
@@ -102,7 +102,7 @@ def test_kill_9_on_a_new_store_leaves_no_process_and_the_resume_makes_no_second_
 
 
 def test_runs_whose_ids_never_reached_the_disk_are_adopted_by_their_tags(tmp_path, template_store):
-    """A warm store, the baseline arm finished, kill -9 in the gated arm; then the run ids are taken out of
+    """A warm store, the reference arm finished, kill -9 in the gated arm; then the run ids are taken out of
     the record and its ids file: what a kill in the moment between a run's creation and its id reaching
     the disk leaves. The resume finds the runs by the record id they are tagged with."""
     uri = template_store(tmp_path / "m.db")
