@@ -32,7 +32,7 @@ def test_a_changed_model_is_accepted_by_a_baseline_remade_on_the_runner(tmp_path
     changed = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None)
     assert changed.failed and changed.steps["check"].outputs == {"code": "3"}, changed.log()
     assert "### Stability check: :large_orange_diamond: CHANGED" in changed.summary
-    assert "changed: smoke/standard baseline early_loss moved by" in changed.steps["check"].output
+    assert "changed: smoke/standard reference early_loss moved by" in changed.steps["check"].output
     assert changed.steps["fail on a regression"].ran and changed.steps["fail on a regression"].code == 1
 
     remade = run_job(WORKFLOW, "baseline-cpu", copy, install=lambda _copy: None, inputs={"baseline": "standard"})

@@ -145,7 +145,7 @@ def test_a_downstream_repository_is_gated_by_the_generated_workflow(environment,
           f"directory {tree_size(run_dir) / 1e6:.1f} MB")
 
 
-def test_a_grouped_query_repository_whose_baseline_arm_fails_in_fp16(environment, tmp_path):
+def test_a_grouped_query_repository_whose_reference_arm_fails_in_fp16(environment, tmp_path):
     venv, init, make, _ = environment
     started = time.perf_counter()
     repo = Repository(GQA, tmp_path / "repo", venv)
@@ -158,7 +158,7 @@ def test_a_grouped_query_repository_whose_baseline_arm_fails_in_fp16(environment
     done = repo.shell(make)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     listed = done.stdout[done.stdout.index("model invariants that did not hold on this model"):].split("to hold")[0]
-    assert re.search(r"smoke/precision_ladder baseline: mean_loss_gap_fp16 \(0\.\d+ against bound 0\.25\)", listed), listed
+    assert re.search(r"smoke/precision_ladder reference: mean_loss_gap_fp16 \(0\.\d+ against bound 0\.25\)", listed), listed
     assert "gated" not in listed                                   # the gated arm's fp16 rung holds
     baseline_file = repo.root / "reports" / "baselines" / "smoke-cpu.json"
     baseline = json.loads(baseline_file.read_text())

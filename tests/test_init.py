@@ -218,7 +218,7 @@ def test_baseline_make_writes_the_baseline_and_lists_the_model_invariants_that_f
     out = capsys.readouterr().out
     assert (tmp_path / "reports" / "baselines" / "smoke-cpu.json").is_file() and "baseline written" in out
     listed = out[out.index("model invariants that did not hold on this model: 1 of 2"):].splitlines()
-    assert listed[1] == "  smoke/standard baseline seed 1: loss_falls (0.97 against bound 0.9) - final / first"
+    assert listed[1] == "  smoke/standard reference seed 1: loss_falls (0.97 against bound 0.9) - final / first"
     assert "gated" not in "".join(listed)
     exit_code[0] = 1
     assert main(["baseline", "make"]) == 2

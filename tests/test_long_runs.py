@@ -103,7 +103,7 @@ def test_compressed_per_step_files_keep_everything_and_a_resume_reads_them(refer
     with pytest.raises(Interrupted) as stop:
         run_pair(tiny(), session=watching(Session(run_dir, label="run", finished_steps="gzip"), ctrl_c))
     steps = run_dir / "steps" / stop.value.record["id"]
-    (finished,) = steps.glob("baseline-*.jsonl.gz")
+    (finished,) = steps.glob("reference-*.jsonl.gz")
     (killed,) = steps.glob("gated-*.jsonl")
     kept = read_steplog(finished)
     assert kept["end"]["status"] == Status.COMPLETED and len(kept["steps"]) == 24

@@ -219,7 +219,7 @@ def test_model_invariants_are_recorded_and_listed_not_failed(tmp_path):
         result = pytest_in(root, "test_model.py", *workers, env={"STABILITY_RUN_DIR": str(run_dir)})
         assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout + result.stderr
         assert "model invariants that did not hold: 1 of 2" in result.stdout, result.stdout
-        assert ("smoke/precision_ladder baseline: mean_loss_gap_fp16 (0.8159 against bound 0.25) - per seed "
+        assert ("smoke/precision_ladder reference: mean_loss_gap_fp16 (0.8159 against bound 0.25) - per seed "
                 "[0.74, 0.79, 0.91]") in result.stdout
         (written,) = list(run_dir.glob("invariants-*.jsonl"))
         assert written.name.startswith(name) and written.read_text().count("\n") == 2

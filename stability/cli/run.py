@@ -168,12 +168,12 @@ def cmd_arms(args) -> int:
         print(f"{name:20s} {arm.apply(base).variant}")
     print()
     for name, members in cfg.ARM_SETS.items():
-        print(f"{name:20s} baseline, {', '.join(members)}")
+        print(f"{name:20s} {cfg.REFERENCE_ARM}, {', '.join(members)}")
     return 0
 
 
 def add_parsers(sub) -> None:
-    run = sub.add_parser("run", help="train the baseline and its treatment arms (--set arms=...) and record them")
+    run = sub.add_parser("run", help="train the reference arm and the treatment arms (--set arms=...) and record them")
     add_config_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
     run.add_argument("--quant", metavar="SCHEMES",

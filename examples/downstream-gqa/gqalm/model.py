@@ -14,7 +14,7 @@ b_g), computed from the block's normalised input x: one score per channel ("elem
 What this model does in fp16 (the stability suites' precision ladder finds it): at a high learning rate
 the ungated attention's output grows past 5.5 * OUTPUT_CAP within a few steps, where exp overflows fp16;
 the capped value is still right, but its gradient is inf / inf = NaN at every step from then on, so the
-loss scaler skips every remaining step and the fp16 run of the baseline arm ends well above its fp32 run.
+loss scaler skips every remaining step and the fp16 run of the reference arm ends well above its fp32 run.
 The gate keeps the gated arm's attention output small enough that it never overflows.
 
 ``build(config)`` is the factory the stability suites call (``model.factory = "gqalm.model:build"``):
@@ -141,7 +141,7 @@ class GroupedLM(nn.Module):
 
 
 def gate_of(gate_config) -> Gate | None:
-    """This model's gate for stability's gate config (None: the baseline arm); ValueError for a setting
+    """This model's gate for stability's gate config (None: the reference arm); ValueError for a setting
     it does not have."""
     if gate_config.position == "none":
         return None

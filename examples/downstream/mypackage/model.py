@@ -6,7 +6,7 @@
 ``build(config)`` is the factory the stability suites call (``model.factory = "mypackage.model:build"``
 in this repository's ``[tool.stability]``): once per arm, after seeding torch, with that arm's model
 config. It reads the sizes (``vocab_size``, ``d_model``, ``n_layers``, ``n_heads``, ``context``) and
-``gate.enabled``: the gated arm gets the gate, the baseline arm does not. Each attention calls
+``gate.enabled``: the gated arm gets the gate, the reference arm does not. Each attention calls
 ``self.observer(name, tensor)`` when the stability probes set it (the attention logits and probabilities,
 the gate's scores), so F-Attn, the sink rate and the largest attention logit are measured for this model
 too. Nothing here imports stability.
