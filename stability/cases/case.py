@@ -4,8 +4,9 @@ trains (``CaseRun``).
 Each built-in case is one module of this package that declares everything about it in one ``StressCase``
 (``standard.py``, ``lr_sweep.py``, ``lr_ramp.py``, ``batch_ramp.py``, ``precision_ladder.py``,
 ``shock.py``): its name, its training function, its rung, the type of its results (declared in the module)
-and its run length, the figures its suite reports and the checks its record must pass. ``stability.cases.stress`` gathers them into the
-registry ``CASES``; an extension declares its own the same way and registers it there.
+and its run length, the figures its suite reports and the checks its record must pass.
+``stability.cases.stress`` gathers them into the registry ``CASES``; an extension declares its own the
+same way and registers it there.
 """
 
 from __future__ import annotations
@@ -70,13 +71,13 @@ class CaseRun:
 
     def __init__(self, case: StressCase, config: cfg.ExperimentConfig, schedule_name: str, description: str,
                  session=None, runner=None):
+        from stability.cases.experiment import load_inputs  # training imports torch when a case runs
+
         self.started = time.perf_counter()
         self.case = case
         self.config = config
         self.session = session
         self.runner = runner
-        from stability.cases.experiment import load_inputs  # training imports torch when a case runs
-
         self.record = new_case_record(config, schedule_name, description, stress=case.name,
                                       run_steps=case.run_steps(config))
         self.corpus = load_inputs(config)

@@ -33,8 +33,8 @@ def claim_rows(record: dict, figures, arm: str = "gated", margins: dict[str, flo
     """Per figure of ``figures`` (names; directions from ``stability.record.figures``): the paired summary of
     ``arm`` - ``reference`` (the reference arm, or another arm such as the gate a control is compared with;
     the row names it under "against" and holds its mean under "reference") plus ``holds`` (True, False or
-    None as in the module docstring). ``expect="worse"`` turns the claim
-    around: it holds when the arm is worse than the reference (a control that takes an effect back)."""
+    None as in the module docstring). ``expect="worse"`` turns the claim around: it holds when the arm is
+    worse than the reference (a control that takes an effect back)."""
     if expect not in ("better", "worse"):
         raise ValueError(f"expect={expect!r} is invalid: expected 'better' or 'worse'")
     margins = margins or {}

@@ -31,6 +31,7 @@ MODEL_FAMILIES = ("llama", "gpt2")
 INITS = ("normal", "pytorch")
 # named Hugging Face configs that model.source=hf builds at the harness's sizes (stability.model.hf)
 HF_CONFIGS = ("llama", "qwen2", "qwen3")
+UNGATED = "ungated"  # the variant label of a model without a gate (GateConfig.label)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class GateConfig:
     @property
     def label(self) -> str:
         if not self.enabled:
-            return "ungated"
+            return UNGATED
         parts = [self.position, self.granularity]
         if self.activation != "sigmoid":
             parts.append(self.activation)

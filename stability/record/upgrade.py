@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import copy
 
-from stability.config import OLD_REFERENCE_ARM, REFERENCE_ARM
+from stability.config import OLD_REFERENCE_ARM, REFERENCE_ARM, current_arm_name
+from stability.config.run import UNGATED
 from stability.record.schema import RESULTS_BEFORE_THE_SLOT
 
 OLD_UNGATED = "baseline"      # the gate variant of a run without a gate, until schema 3
-UNGATED = "ungated"
-
-
-def _arm(name):
-    return REFERENCE_ARM if name == OLD_REFERENCE_ARM else name
 
 
 def upgraded_run_name(name):
@@ -40,7 +36,7 @@ def _unit_name(name):
     """"lr_sweep/baseline/seed0/lr=0.01" -> "lr_sweep/reference/seed0/lr=0.01"."""
     if not isinstance(name, str):
         return name
-    return "/".join(_arm(part) if index == 1 else part for index, part in enumerate(name.split("/")))
+    return "/".join(current_arm_name(part) if index == 1 else part for index, part in enumerate(name.split("/")))
 
 
 def _run_entry(entry: dict) -> None:
@@ -48,7 +44,7 @@ def _run_entry(entry: dict) -> None:
     if not isinstance(entry, dict):
         return
     if "arm" in entry:
-        entry["arm"] = _arm(entry["arm"])
+        entry["arm"] = current_arm_name(entry["arm"])
     if entry.get("variant") == OLD_UNGATED:
         entry["variant"] = UNGATED
     for key in ("run_name", "run_key", "name"):
@@ -91,7 +87,7 @@ def upgraded(record):
     if isinstance(config, dict) and isinstance(config.get("arms"), list):
         for arm in config["arms"]:
             if isinstance(arm, dict) and "name" in arm:
-                arm["name"] = _arm(arm["name"])
+                arm["name"] = current_arm_name(arm["name"])
     for key in ("arms", "runs", "replay_bundles"):
         for entry in out.get(key) or []:
             _run_entry(entry)
