@@ -32,7 +32,7 @@ def table(monkeypatch):
     """The figure table and the declared rows as this test leaves them: the toy figure added. Returns the row
     that declares it primary (each arm's, not the paired difference)."""
     monkeypatch.setattr(fig, "FIGURES", dict(fig.FIGURES))
-    monkeypatch.setattr(fig, "ADDED_PRIMARY", [])
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", list(fig.ADDED_PRIMARY))
     fig.add(TOY)
     return fig.Primary("standard", TOY.name, arms="arms", why="the attention logits spread further")
 
@@ -75,7 +75,7 @@ def test_a_figure_that_declares_its_rows_is_primary_where_it_says_and_nowhere_el
     """One declaration: a figure added with ``primary=`` joins the family in the case and arms it names, its
     rows after the built-in figures'; a row on an unjudged figure, an outcome or another figure is refused."""
     monkeypatch.setattr(fig, "FIGURES", dict(fig.FIGURES))
-    monkeypatch.setattr(fig, "ADDED_PRIMARY", [])
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", list(fig.ADDED_PRIMARY))
     built_in = fig.primary_rows()
     declared = fig.add(fig.Figure("toy_max_*", "lower", "logit", "a family of a team's own", primary=(
         fig.Primary("lr_sweep", arms="paired", why="the spread grew"),

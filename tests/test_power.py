@@ -53,7 +53,7 @@ def test_a_row_whose_move_is_out_of_its_figures_reach_cannot_fail_alone(record, 
     """Accuracy (better higher, never negative) with replicate noise of its own size: the drop that would
     fail the job is larger than the accuracy itself, and the row is marked CANNOT."""
     noisy = baselines.make_baseline(with_replicates(record, spread=0.9), commit="abc123")
-    monkeypatch.setattr(fig, "ADDED_PRIMARY", [fig.Primary("standard", "accuracy", arms="arms")])
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", [*fig.ADDED_PRIMARY, fig.Primary("standard", "accuracy", arms="arms")])
     move = _move(power.smallest_failing_moves(noisy), "gated", "accuracy")
     assert move.better == "higher" and move.move > move.baseline and not move.can_fail_alone
     assert "CANNOT" in power.moves_table([move])

@@ -423,7 +423,7 @@ def test_a_calibration_names_its_rule_and_a_check_with_another_rule_says_it_is_s
     assert written["calibration"]["primary_family"] == fig.primary_family() and written["calibration"]["dof_rule"]
     assert {k: v for k, v in written.items() if k != "calibration"} == json.loads(json.dumps(baseline))
     assert reg.check([record], written).warnings == []
-    monkeypatch.setattr(fig, "ADDED_PRIMARY", [fig.Primary("standard", "f_attn_mean")])
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", [*fig.ADDED_PRIMARY, fig.Primary("standard", "f_attn_mean")])
     stale = reg.check([record], written)
     assert any("calibration measured another rule" in w for w in stale.warnings) and "warning:" in stale.table()
     assert main(["baseline", "calibrate", "--write", str(path)]) == 0
@@ -851,7 +851,7 @@ def test_another_primary_family_makes_the_baseline_stale_until_it_is_calibrated_
     path = tmp_path / "b.json"
     baselines.write_baseline(baseline, path)
     extra = reg.fig.Primary("standard", "loss_spike_score", "arms")
-    monkeypatch.setattr(reg.fig, "ADDED_PRIMARY", [extra])
+    monkeypatch.setattr(reg.fig, "ADDED_PRIMARY", [*reg.fig.ADDED_PRIMARY, extra])
     result = reg.check([record], baseline, baseline_path=str(path))
     assert result.exit_code == 2 and "the primary family changed" in result.errors[0]
     assert "added standard/loss_spike_score[arms]" in result.errors[0]

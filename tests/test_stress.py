@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -187,6 +191,91 @@ def test_each_case_declares_the_type_of_its_results_in_its_own_module():
         assert case.result.__module__ == case.train.__module__, case.name
         assert not hasattr(schema, case.result.__name__), case.name
         assert record_cases.result_type(case.name) is case.result
+
+
+def test_each_case_declares_its_figures_and_primary_rows_in_its_own_module():
+    """One declaration per case: the figures only it makes and every primary row it is judged by sit in the
+    module that trains it; registering it put them in the table, each row naming the case. The table's own
+    module declares the figures of every run and no row: every row of the family comes from a case."""
+    from stability.cases import stress
+    from stability.record import figures as fig
+
+    own = {name: {entry.name for entry in case.figures} for name, case in stress.CASES.items()}
+    assert {"lr_sensitivity", "critical_lr"} <= own["lr_sweep"] and "ramp_divergence_lr" in own["lr_ramp"]
+    assert "shock_peak_excess" in own["shock"] and "loss_gap_*" in own["precision_ladder"]
+    assert "tokens_seen" in own["batch_ramp"] and own["standard"] == set()
+    for name, case in stress.CASES.items():
+        for entry in case.declared_figures():
+            assert fig.FIGURES[entry.name] == entry and all(row.case == name for row in entry.primary)
+        assert all(row.case == name and row in fig.primary_rows() for row in case.declared_rows())
+    declared = [row for case in stress.CASES.values()
+                for row in (*case.declared_rows(), *(r for e in case.declared_figures() for r in e.rows()))]
+    assert sorted(map(repr, fig.primary_rows())) == sorted(map(repr, declared))   # every row, from a case
+    table_source = Path(fig.__file__).read_text()
+    assert "Primary(" not in table_source.split("FIGURES: dict[str, Figure] = _table(")[1].split("\n)\n")[0]
+    assert not own_figures_named_in(table_source, set().union(*own.values()))
+
+
+def own_figures_named_in(source: str, names: set[str]) -> set[str]:
+    """The names among ``names`` that ``source`` declares as a Figure."""
+    return {name for name in names if f'Figure("{name}"' in source}
+
+
+def test_a_case_adds_its_figures_and_rows_when_registered_and_is_refused_whole(monkeypatch):
+    """Registering a case adds its figures and rows (the case's name filled in); a case whose figure the table
+    holds already is refused before anything is added; a row with no case is refused."""
+    from stability.cases import stress
+    from stability.record import cases as record_cases
+    from stability.record import figures as fig
+
+    monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
+    monkeypatch.setattr(record_cases, "RECORDED_CASES", dict(record_cases.RECORDED_CASES))
+    monkeypatch.setattr(fig, "FIGURES", dict(fig.FIGURES))
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", list(fig.ADDED_PRIMARY))
+    train = stress.CASES["shock"].train
+    before = fig.primary_rows()
+    toy = fig.Figure("toy_peak", "lower", "nats/token", "a toy case's figure", kind="run", floor=0.1,
+                     primary=(fig.Primary(arms="arms", why="the toy peak grew"),))
+    stress.register(stress.StressCase("toy", train, figures=(toy,),
+                                      primary=(fig.Primary(figure="heldout_loss", arms="arms", why="worse"),)))
+    assert fig.figure("toy_peak").primary[0].case == "toy"
+    assert fig.primary_rows() == (*before, fig.Primary("toy", "toy_peak", arms="arms", why="the toy peak grew"),
+                                  fig.Primary("toy", "heldout_loss", arms="arms", why="worse"))
+    clash = stress.StressCase("toy2", train, figures=(fig.Figure("shock_peak_excess", "lower", "", ""),))
+    with pytest.raises(ValueError, match="declares figure 'shock_peak_excess', which the table holds already"):
+        stress.register(clash)
+    assert "toy2" not in stress.CASES and not record_cases.is_declared("toy2")
+    with pytest.raises(ValueError, match="expected the name of the case it judges"):
+        fig.register_primary(fig.Primary(figure="heldout_loss"))
+
+
+def test_a_reader_of_the_check_knows_every_case_figure_without_torch():
+    """The check imports the registry (its declarations import no torch): a process that imports only the
+    check knows the cases' figures and rows; one that imports only the record keeps a case's figures unread."""
+    from test_architecture import BLOCK_TORCH
+
+    block = BLOCK_TORCH.split("from stability.cli")[0]
+    script = block + (
+        "import stability.check\n"
+        "from stability.record import figures as fig\n"
+        "print(fig.better('lr_sensitivity'), fig.better('loss_gap_bf16'), "
+        "sorted({row.case for row in fig.primary_rows()}))\n")
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(" ", 2)[:2] == ["lower", "lower"]
+    assert "'lr_ramp'" in done.stdout and "'shock'" in done.stdout and "'standard'" in done.stdout
+    from _stability_records import pair_record
+
+    sweep = {**pair_record(schedule="sweep", lrs=(1e-3, 3e-3)), "stress": "lr_sweep", "run_steps": 30}
+    bare = block + (
+        "import json, sys\n"
+        "from stability.record import validate_record\n"
+        "from stability.record.figures import figure\n"
+        "record = json.loads(sys.stdin.read())\n"
+        "print(figure('lr_sensitivity'), validate_record(record, 'the sweep')['stress'])\n")
+    done = subprocess.run([sys.executable, "-c", bare], input=json.dumps(sweep), check=False, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["None", "lr_sweep"], done.stderr
 
 
 def test_a_record_says_how_long_one_run_of_its_case_trains(monkeypatch):

@@ -15,6 +15,7 @@ from stability.cases.checks import close, learns, require
 from stability.config import RunConfig, from_dict
 from stability.config.schedules import lr_scale, warmup_cosine
 from stability.record import Status, case_result, set_case_result
+from stability.record.figures import GREW, Figure, Primary
 
 # ----------------------------------------------------------------------------- its results
 # record["results"]["batch_ramp"]: checked against these types where the case is registered
@@ -107,7 +108,24 @@ def the_loss_against_tokens_is_recorded(record, invariant):
                 and curve[-1][0] == entry["tokens_seen"], f"{entry['arm']} seed {entry['seed']}: curve {curve}")
 
 
-CASE = StressCase("batch_ramp", run_batch_ramp, result=BatchRamp, title="batch ramp",
+# ----------------------------------------------------------------------------- its figures
+# Its figures (``stability.record.figures.Figure``), added to the table when the case is registered.
+FIGURES = (
+    Figure("tokens_seen", "higher", "tokens", "tokens trained before the batch ramp stopped", kind="run",
+           rel_floor=0.05, quantum="batch"),
+    Figure("final_batch_size", None, "sequences", "batch size at the end of the batch ramp", kind="detail"),
+)
+
+# Its rows on the figures of every run: the batch ramp trains to its end, so a job that judges only this case
+# still sees the model's loss, activations and logits.
+PRIMARY = (
+    Primary(figure="heldout_loss", arms="arms", why="the model trained with growing batches got worse"),
+    Primary(figure="m_act_max", arms="arms", why=GREW),
+    Primary(figure="max_attn_logit", arms="arms", why=GREW),
+)
+
+
+CASE = StressCase("batch_ramp", run_batch_ramp, figures=FIGURES, primary=PRIMARY, result=BatchRamp, title="batch ramp",
                   reported=lambda record: ["loss_spike_score", "grad_spike_score", "final_train_loss",
                                            "m_act_mean", "f_attn_mean"],
                   checks=(the_batch_doubles_and_the_lr_follows_its_rule, the_ramp_stays_trainable,

@@ -4,7 +4,8 @@ trains (``CaseRun``).
 Each built-in case is one module of this package that declares everything about it in one ``StressCase``
 (``standard.py``, ``lr_sweep.py``, ``lr_ramp.py``, ``batch_ramp.py``, ``precision_ladder.py``,
 ``shock.py``): its name, its training function, its rung, the type of its results (declared in the module)
-and its run length, the figures its suite reports and the checks its record must pass.
+and its run length, the figures only it makes and the primary rows it is judged by, the figures its suite
+reports and the checks its record must pass.
 ``stability.cases.stress`` gathers them into the registry ``CASES``; an extension declares its own the
 same way and registers it there.
 """
@@ -15,7 +16,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stability import config as cfg
 from stability.cases.runs import Rung, Unit
@@ -28,6 +29,7 @@ from stability.record import (
     new_case_record,
     set_corpus,
 )
+from stability.record.figures import Figure, Primary
 
 
 @contextlib.contextmanager
@@ -135,8 +137,14 @@ class StressCase:
     result: the type (a TypedDict, declared in its module) of its own results, ``record["results"][name]``;
     None for none; registering the case declares it to the record (``stability.record.cases``), so the
     results are checked wherever the case is registered. steps: the run length of one of its runs
-    (``steps(config) -> int``; None: ``run.steps``), which its records say ("run_steps") for the merge
-    check, which reads records without torch and never imports a case.
+    (``steps(config) -> int``; None: ``run.steps``), which its records say ("run_steps").
+
+    What the merge check judges of it: figures: the figures only this case makes (``Figure`` s: direction,
+    unit, floor, resolution, and the primary rows each declares, ``Primary(...)`` with the case's name left
+    out); primary: its primary rows on figures declared elsewhere (``Primary(figure="heldout_loss", ...)``,
+    the case's name left out). Registering the case (``stability.cases.stress``) adds both to the table of
+    figures (``stability.record.figures``), with this case's name on every row; the registry imports no
+    torch, so the check and every command read it.
 
     What the suites do with it (``suites/test_stress_cases.py``, one test per check and case): title and
     reported: the heading and the figures of its paired table (``reported(record)`` -> figure names; the
@@ -151,6 +159,8 @@ class StressCase:
     rung: Callable[[cfg.RunConfig], Rung] | None = None
     result: type | None = None
     steps: Callable[[cfg.ExperimentConfig], int] | None = None
+    figures: tuple[Figure, ...] = ()
+    primary: tuple[Primary, ...] = ()
     title: str = ""
     reported: Callable[[dict], list[str]] | None = None
     checks: tuple[Callable[..., None], ...] = ()
@@ -160,6 +170,17 @@ class StressCase:
     def recorded(self) -> RecordedCase:
         """What records know of the case (``stability.record.cases.RecordedCase``)."""
         return RecordedCase(self.name, self.result)
+
+    def declared_figures(self) -> tuple[Figure, ...]:
+        """Its figures, each row naming this case (a row's case left out is this one)."""
+        return tuple(replace(entry, primary=self._named(entry.primary)) for entry in self.figures)
+
+    def declared_rows(self) -> tuple[Primary, ...]:
+        """Its rows on figures declared elsewhere, each naming this case."""
+        return self._named(self.primary)
+
+    def _named(self, rows: tuple[Primary, ...]) -> tuple[Primary, ...]:
+        return tuple(row if row.case else replace(row, case=self.name) for row in rows)
 
     def run_steps(self, config: cfg.ExperimentConfig) -> int:
         """The steps one of its runs trains on ``config``."""

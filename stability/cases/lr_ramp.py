@@ -19,6 +19,7 @@ from stability import config as cfg
 from stability.cases.case import CaseRun, StressCase, cpu_threads, finite
 from stability.cases.checks import close, require
 from stability.record import Status, set_case_result
+from stability.record.figures import Figure, Primary
 
 # ----------------------------------------------------------------------------- its results
 # record["results"]["lr_ramp"]: checked against these types where the case is registered
@@ -140,7 +141,40 @@ def the_loss_is_finite_until_divergence(record, invariant):
                 f"{arm['arm']} seed {arm['seed']}: a non-finite loss before the onset at step {onset}")
 
 
-CASE = StressCase("lr_ramp", run_lr_ramp, result=LrRamp, title="LR range test",
+# ----------------------------------------------------------------------------- its figures
+# Its figures (``stability.record.figures.Figure``; defined in the docstring above), added to the table when the
+# case is registered. ramp_divergence_lr is not primary: the smallest drop that fails a job alone is 130-146% of
+# its mean at ci and 265-540% at smoke (stability baseline calibrate, docs/figures.md): a learning rate cannot lose
+# that much, so the row counted in m and guarded nothing; the range test stays watched by its early rows below and
+# its outcomes.
+FIGURES = (
+    Figure("ramp_divergence_lr", "higher", "learning rate",
+           "LR of the update after which the LR range test started to diverge", kind="run", rel_floor=0.3),
+    Figure("ramp_divergence_step", "higher", "step", "step at which the LR range test started to diverge",
+           kind="run", floor=2.0, rel_floor=0.05, quantum="step"),
+    Figure("ramp_best_lr", None, "learning rate", "LR of the update before the lowest smoothed ramp loss",
+           kind="run"),
+    Figure("ramp_spikes", "lower", "count", "loss spikes before the ramp diverged", kind="run", floor=2.0,
+           rel_floor=0.5, quantum="count"),
+    Figure("ramp_grad_spikes", "lower", "count", "gradient-norm spikes before the ramp diverged", kind="run",
+           floor=2.0, rel_floor=0.5, quantum="count"),
+    Figure("ramp_censored", None, "flag", "the LR range test never diverged (ramp_divergence_lr is the end LR)",
+           kind="detail"),
+    Figure("ramp_best_loss", None, "nats/token", "lowest smoothed loss of the LR range test", kind="detail"),
+)
+
+# Its rows on the figures of every run: the same model's early horizon under a second schedule (no warmup, the LR
+# rising from its smallest value), judged either way: a change of the arithmetic that makes the plain pair's early
+# training look better can make this one worse.
+PRIMARY = (
+    Primary(figure="early_loss", arms="arms", either_way=True,
+            why="the model computes something else: the loss over the range test's early horizon moved"),
+    Primary(figure="early_grad_norm", arms="arms", either_way=True,
+            why="the model computes something else: the gradient norm over the range test's early horizon moved"),
+)
+
+
+CASE = StressCase("lr_ramp", run_lr_ramp, figures=FIGURES, primary=PRIMARY, result=LrRamp, title="LR range test",
                   reported=lambda record: ["ramp_divergence_lr", "ramp_divergence_step", "ramp_spikes",
                                            "m_act_mean", "f_attn_mean"],
                   checks=(the_lr_rises_exponentially, the_ramp_finds_divergence,

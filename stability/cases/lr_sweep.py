@@ -26,6 +26,7 @@ from stability.cases.checks import arm_names, learns, require
 from stability.cases.runs import lr_rung
 from stability.config.schedules import Standard
 from stability.record import Status, add_arm, add_figures, case_result, set_case_result
+from stability.record.figures import Figure, Primary
 from stability.record.schema import RunSummary
 
 # ----------------------------------------------------------------------------- its results
@@ -159,7 +160,26 @@ def the_sweep_figures_are_consistent(record, invariant):
                   "the smallest LR of the grid that diverged is above the reference LR")
 
 
-CASE = StressCase("lr_sweep", run_sweep, rung=lr_rung, result=LrSweep, title="LR sweep",
+# ----------------------------------------------------------------------------- its figures
+# Its figures (``stability.record.figures.Figure``; defined in the docstring above), added to the table when the
+# case is registered: only lr_sensitivity is primary, judged in every arm and paired difference.
+FIGURES = (
+    Figure("lr_sensitivity", "lower", "nats/token",
+           "mean over the LR grid of min(L, L_init) - min L; a diverged run counts L_init (Wortsman et al.)",
+           kind="run", floor=0.02, rel_floor=0.1,
+           primary=(Primary(why="the loss depends more on the learning rate (Wortsman et al. 2023)"),)),
+    Figure("critical_lr", "higher", "learning rate", "smallest swept peak LR at which the arm diverged",
+           kind="run", rel_floor=0.5),
+    Figure("peak_lr", None, "learning rate", "peak LR of the reference run of a sweep", kind="run"),
+    Figure("critical_lr_censored", None, "flag", "no swept LR diverged: critical_lr is one grid step above the "
+           "largest LR", kind="detail"),
+    Figure("best_lr", None, "learning rate", "swept peak LR with the lowest held-out loss", kind="detail"),
+    Figure("best_lr_loss", None, "nats/token", "held-out loss at best_lr", kind="detail"),
+    Figure("loss_init", None, "nats/token", "loss at step 0 (a diverged sweep run counts it)", kind="detail"),
+)
+
+
+CASE = StressCase("lr_sweep", run_sweep, figures=FIGURES, rung=lr_rung, result=LrSweep, title="LR sweep",
                   reported=lambda record: ["lr_sensitivity", "critical_lr", "m_act_mean", "f_attn_mean",
                                            "loss_spike_score", "heldout_loss"],
                   checks=(the_grid_is_fully_trained, the_reference_lr_is_finite_and_learns,

@@ -18,6 +18,7 @@ from stability.cases.checks import arm_names, learns, require
 from stability.cases.runs import precision_rung
 from stability.config.schedules import Standard
 from stability.record import Status, add_arm, add_figures, case_result, set_case_result
+from stability.record.figures import GREW, Figure, Primary
 from stability.record.schema import PrecisionInfo, RunSummary
 
 # ----------------------------------------------------------------------------- its results
@@ -215,7 +216,37 @@ def the_precision_statistics_are_recorded(record, invariant):
                     f"fp16: loss_scale_drops = {final['loss_scale_drops']}")
 
 
-CASE = StressCase("precision_ladder", run_precision_ladder, rung=precision_rung, result=PrecisionLadder,
+# ----------------------------------------------------------------------------- its figures
+# Its figures (``stability.record.figures.Figure``), one family per figure of a rung (``loss_gap_bf16`` ...),
+# added to the table when the case is registered.
+FIGURES = (
+    Figure("loss_gap_*", "lower", "nats/token", "held-out loss at this precision minus fp32",
+           floor=0.05, rel_floor=0.25,
+           primary=(Primary(arms="arms", why="low-precision training loses more against fp32"),)),
+    Figure("nonfinite_events_*", "lower", "count", "non-finite steps at this precision", kind="run", floor=0.5, quantum="count"),
+    Figure("nonfinite_unhandled_*", "lower", "count", "non-finite steps at this precision that its recipe did not "
+           "handle", kind="run", quantum="count", outcome=True),
+    Figure("diverged_*", "lower", "fraction of seeds", "the run at this precision diverged", kind="run",
+           floor=0.25, quantum="seed", outcome=True),
+    Figure("overflow_fraction_*", "lower", "fraction", "values beyond this precision's range", kind="run",
+           floor=0.001),
+    Figure("underflow_fraction_*", "lower", "fraction", "non-zero values flushed to zero at this precision",
+           kind="run", floor=0.001),
+    Figure("loss_scale_drops_*", "lower", "count", "loss-scale reductions at this precision", kind="run",
+           floor=2.0, rel_floor=0.5, quantum="count"),
+    Figure("loss_spike_score_*", "lower", "% of steps", "loss-spike score at this precision", kind="run",
+           floor=1.0, quantum="step_pct"),
+)
+
+# Its rows on the figures of every run: every rung trains to its end, so a job that judges only the ladder (a
+# team's first baseline often holds only the ladder) still sees its activations and logits.
+PRIMARY = (
+    Primary(figure="m_act_max", arms="arms", why=GREW),
+    Primary(figure="max_attn_logit", arms="arms", why=GREW),
+)
+
+
+CASE = StressCase("precision_ladder", run_precision_ladder, figures=FIGURES, primary=PRIMARY, rung=precision_rung, result=PrecisionLadder,
                   steps=rung_steps, title="precision ladder",
                   reported=lambda record: [f"loss_gap_{p}" for p in rungs_of(record)]
                   + ["m_act_mean", "f_attn_mean", "max_attn_logit"],

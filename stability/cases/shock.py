@@ -22,6 +22,7 @@ from stability.config import RunConfig, from_dict
 from stability.config.schedules import Shock as ShockSchedule
 from stability.config.schedules import warmup_cosine
 from stability.record import Status, set_case_result
+from stability.record.figures import SINGLE_STEP, Figure, Primary
 
 # ----------------------------------------------------------------------------- its results
 # record["results"]["shock"]: checked against these types where the case is registered
@@ -128,7 +129,28 @@ def the_loss_is_finite_before_the_shock_and_its_figures_defined(record, invarian
         require(not final["shock_recovered"] or arm["status"] != Status.DIVERGED, f"{where}: recovered and diverged")
 
 
-CASE = StressCase("shock", run_shock, result=Shock, title="LR shock", rerun=True,
+# ----------------------------------------------------------------------------- its figures
+# Its figures (``stability.record.figures.Figure``), added to the table when the case is registered. The peak
+# excess is paired at smoke only, chosen on smoke's own evidence after a held-out zoo entry was missed through
+# exactly this row (weight decay on the norm gains, z 231): its catch is in-sample.
+FIGURES = (
+    Figure("shock_peak_excess", "lower", "nats/token", "highest loss after the LR shock minus the pre-shock loss",
+           kind="run", floor=0.1, rel_floor=0.25,
+           primary=(Primary(arms="paired", presets=("smoke",), elsewhere=SINGLE_STEP,
+                            why="the LR shock throws the gated arm's loss further up than the reference arm's"),
+                    Primary(arms="arms", why="an LR shock throws the loss further up"))),
+    Figure("shock_recovery_steps", "lower", "steps", "steps until the smoothed loss is back at its pre-shock level",
+           kind="run", floor=3.0, rel_floor=0.25, quantum="step"),
+    Figure("shock_spikes", "lower", "count", "loss spikes after the LR shock", kind="run", floor=2.0,
+           rel_floor=0.5, quantum="count"),
+    Figure("shock_recovered", "higher", "fraction of seeds", "the loss came back to its pre-shock level",
+           kind="run", floor=0.25, quantum="seed"),
+    Figure("shock_step", None, "step", "step of the LR shock", kind="detail"),
+    Figure("shock_pre_loss", None, "nats/token", "mean loss of the steps up to the shock", kind="detail"),
+)
+
+
+CASE = StressCase("shock", run_shock, figures=FIGURES, result=Shock, title="LR shock", rerun=True,
                   reported=lambda record: ["shock_peak_excess", "shock_recovery_steps", "shock_spikes",
                                            "loss_spike_score", "m_act_mean", "f_attn_mean"],
                   checks=(the_shock_is_applied_as_configured,

@@ -36,25 +36,37 @@ from stability import config as cfg
 from stability.cases import batch_ramp, lr_ramp, lr_sweep, precision_ladder, shock, standard
 from stability.cases.case import CaseRun, StressCase, cpu_threads
 from stability.record import declare
+from stability.record import figures as fig
 
 __all__ = ["CASES", "CaseRun", "StressCase", "check_cases", "cpu_threads", "register", "run_case"]
 
-# every stress case, in the order `stability stress` runs them; ``register`` adds one. Each declares the type
-# of its results to the record (``declare``), so this process checks them.
-CASES: dict[str, StressCase] = {module.CASE.name: module.CASE for module in (
-    standard, lr_sweep, lr_ramp, batch_ramp, precision_ladder, shock)}
-for _case in CASES.values():
-    declare(_case.recorded)
+# every stress case, in the order `stability stress` runs them; ``register`` adds one
+CASES: dict[str, StressCase] = {}
 
 
 def register(case: StressCase) -> StressCase:
-    """Add ``case`` to ``CASES`` (a name not taken) and declare its result type to the record: ``stability
-    stress`` runs it after the others."""
+    """Add ``case`` to ``CASES`` (a name not taken; ``stability stress`` runs it after the others) and what it
+    declares to the tables the record and the check read: the type of its results (``declare``), its figures
+    and its primary rows (``stability.record.figures``), so every process that imports the registry checks its
+    results and judges its figures. ValueError, before anything is added, for a name taken or a figure
+    already in the table."""
     if case.name in CASES:
         raise ValueError(f"stress case {case.name!r} is registered already")
+    figures = case.declared_figures()
+    taken = [entry.name for entry in figures if entry.name in fig.FIGURES]
+    if taken:
+        raise ValueError(f"stress case {case.name!r} declares figure {taken[0]!r}, which the table holds already")
     declare(case.recorded)
+    for entry in figures:
+        fig.add(entry)
+    for row in case.declared_rows():
+        fig.register_primary(row)
     CASES[case.name] = case
     return case
+
+
+for _module in (standard, lr_sweep, lr_ramp, batch_ramp, precision_ladder, shock):
+    register(_module.CASE)
 
 
 def check_cases(names) -> tuple[str, ...]:

@@ -54,7 +54,10 @@ def load_extensions(args) -> None:
     """Import the installed extensions (entry points) and the ``plugins`` the command line names, before the
     command checks any name a registry defines (``stability stress NAME``, ``--quant NAME``). A command that
     judges or reports records (no config of its own) loads the ``plugins`` of the repository's settings in
-    the current directory too ([tool.stability]): what a record or a baseline names is never imported."""
+    the current directory too ([tool.stability]): what a record or a baseline names is never imported. The
+    built-in stress cases are registered first (their figures, rows and result types; no torch)."""
+    import stability.cases.stress  # noqa: F401  (registering the cases fills the tables every command reads)
+
     plugins = overrides_of(args).get("plugins") or ()
     if isinstance(plugins, str):
         plugins = [name for name in plugins.split(",") if name.strip()]

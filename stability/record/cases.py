@@ -7,10 +7,10 @@
 
 A case declares everything about itself in its own module (``stability.cases.lr_sweep`` ...), the type of its
 results included. Registering it (``stability.cases.stress``) declares that type here, so a process that
-trains cases checks their results against it. The record says the rest itself: its case under "stress"
-and the steps one run of it trains under "run_steps". A reader without torch (the check, the report), which
-never imports the cases, judges every record from what the record says and keeps its case's results
-unread (``stability.record.validate``). Imports no torch.
+that imports the registry (every command, the check, the pytest plugin) checks their results against it.
+The record says the rest itself: its case under "stress" and the steps one run of it trains under
+"run_steps". A reader that never imports the registry keeps its case's results unread
+(``stability.record.validate``). Imports no torch.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
 """The table of figures: every number the harness compares, with its direction, unit and meaning.
 
-One entry per figure (or per family: ``loss_gap_*`` is one entry for ``loss_gap_bf16``,
-``loss_gap_fp16`` ...). The run summary, the stress cases, the paired claims, the regression
-check and the report all read this table; nothing else defines a direction.
+One entry per figure (or per family: ``quant_*_kl`` is one entry for ``quant_nf4_kl``,
+``quant_int8_kl`` ...). The run summary, the stress cases, the paired claims, the regression
+check and the report all read this table; nothing else defines a direction. This module declares the
+figures of every run (training, probes, evaluation); a stress case declares the figures only it makes,
+and the primary rows it is judged by, in its own module (``stability.cases.lr_sweep`` ...), and
+registering it adds them here (``stability.cases.stress``, which the check and every command import), as
+an extension's probe or case does.
 
 Fields of a ``Figure``:
 
@@ -30,7 +34,8 @@ Fields of a ``Figure``:
   below its quantum, so a figure identical in every baseline run is not judged at zero width.
 * ``headline``: a column of the report's per-arm table (a family: each of its members an arm has).
 * ``primary``: the rows of the merge check's primary family the figure is judged in (``Primary``: the case,
-  the arms, the presets, why): only these can fail a job; every other judged figure is advisory.
+  the arms, the presets, why): only these can fail a job; every other judged figure is advisory. Only a
+  figure a case declares carries rows; the rows on the figures of every run are declared by the cases.
 
 Definitions follow docs/figures.md (and the papers cited there).
 """
@@ -52,11 +57,13 @@ class Primary:
     ``presets``: the scale presets where the row is primary (empty: every preset); elsewhere it is advisory,
     and the check says why (``elsewhere``).
 
-    A figure declares its own rows (``Figure(..., primary=(Primary("standard", arms="arms", why=...),))``: the
-    figure left out is the declaring one, or a member of its family); ``register_primary`` adds a row to a
-    figure declared elsewhere."""
+    A stress case declares the rows it is judged by, in its own module (``stability.cases.case.StressCase``):
+    on a figure it declares itself (``Figure(..., primary=(Primary(arms="arms", why=...),))``: the figure left
+    out is the declaring one, or a member of its family) or on a figure of every run (``StressCase(...,
+    primary=(Primary(figure="heldout_loss", ...),))``); the case's name left out is the declaring case's.
+    Registering the case adds them (``register_primary``)."""
 
-    case: str
+    case: str = ""
     figure: str = ""
     arms: str = "all"
     why: str = ""
@@ -149,9 +156,7 @@ def _table(*figures: Figure) -> dict[str, Figure]:
 FIGURES: dict[str, Figure] = _table(
     # the trained model, on the fixed held-out batches
     Figure("heldout_loss", "lower", "nats/token", "mean next-token cross-entropy on the held-out batches",
-           floor=0.02, rel_floor=0.005, headline=True,
-           primary=(Primary("standard", why="the trained model got worse, or the gate stopped helping"),
-                    Primary("batch_ramp", arms="arms", why="the model trained with growing batches got worse"))),
+           floor=0.02, rel_floor=0.005, headline=True),
     Figure("perplexity", "lower", "", "exp(heldout_loss)", floor=0.1, rel_floor=0.01),
     Figure("accuracy", "higher", "fraction", "next-token top-1 accuracy on the held-out batches", floor=0.005, quantum="token"),
     Figure("final_train_loss", "lower", "nats/token", "mean training loss of the last 10 steps",
@@ -175,14 +180,8 @@ FIGURES: dict[str, Figure] = _table(
            "step at which the arm diverged (the run length when it did not)", kind="run", floor=2.0,
            rel_floor=0.1, quantum="step"),
     Figure("steps_completed", None, "steps", "steps trained before the arm stopped", kind="run", quantum="step"),
-    # primary at smoke only, chosen on smoke's own evidence (its calibration stays clean, margin above 2000) to
-    # restore the power the family lost there against the all-rows rule: at ci a single-step maximum is
-    # heavy-tailed over rounding replicates; at smoke's 60 clipped steps it is not. Chosen after a held-out zoo entry
-    # was missed through exactly this row (RoPE's sine sign flipped, z 2e4): its catch is in-sample
     Figure("max_grad_norm", "lower", "L2 norm", "largest global gradient norm before clipping", kind="peak",
-           floor=0.5, rel_floor=0.5,
-           primary=(Primary("standard", arms="arms", presets=("smoke",), why="the largest gradient norm grew",
-                            elsewhere=SINGLE_STEP),)),
+           floor=0.5, rel_floor=0.5),
     Figure("update_spike_score", "lower", "% of steps",
            "steps whose optimiser update norm ||W_after - W_before|| is >= k std above the rolling mean",
            kind="peak", floor=2.0, quantum="step_pct"),
@@ -190,70 +189,32 @@ FIGURES: dict[str, Figure] = _table(
            floor=2.0, rel_floor=0.5, quantum="count"),
     Figure("max_update_norm", "lower", "L2 norm", "largest global optimiser update norm ||W_after - W_before||",
            kind="peak", floor=0.05, rel_floor=0.5),
-    # a loss or gradient spike the model recovers from. At ci the gradient excursion is heavy-tailed over rounding
-    # replicates: one replicate of five of the gated arm's seed 0 had an excursion of 29 (against 1.5-5.9), so a t
-    # statistic with 4 degrees of freedom is not valid in its tail there (13 of the ci baseline's 125 harmless
-    # arrangements failed at alpha 0.1 with it primary; docs/figures.md); primary at smoke (125 of 125 pass)
-    # and at full until its own baseline's calibration says otherwise
+    # a loss or gradient spike the model recovers from
     Figure("loss_excess_max", "lower", "nats/token", "largest excess of the training loss over the median of its "
-           "10 previous steps, after warmup", kind="peak", floor=0.05, rel_floor=0.5,
-           primary=(Primary("standard", arms="arms", why="a loss spike: the loss jumped above its running median"),)),
+           "10 previous steps, after warmup", kind="peak", floor=0.05, rel_floor=0.5),
     Figure("grad_norm_excursion", "lower", "ratio", "largest ratio of the gradient norm to the median of its 10 "
-           "previous steps, over the last half of the steps trained", kind="peak", floor=0.5, rel_floor=0.5,
-           primary=(Primary("standard", arms="arms", presets=("smoke", "full"), elsewhere=HEAVY_TAILED,
-                            why="a late gradient spike: the gradient norm jumped above its running median"),)),
+           "previous steps, over the last half of the steps trained", kind="peak", floor=0.5, rel_floor=0.5),
     # the trajectory summarised where rounding does not scramble it (stability.record.summary)
-    # the early horizon, judged either way: only a change of what the model computes moves it past its floor. The
-    # range test's rows watch the same model's early horizon under a second schedule (no warmup, the LR rising
-    # from its smallest value): a change of the arithmetic that makes the plain pair's early training look
-    # better can make this one worse
     Figure("early_loss", "lower", "nats/token", "mean training loss over the early horizon (the first tenth of "
-           "the planned steps)", kind="run", rel_floor=5e-4,
-           primary=(Primary("standard", arms="arms", either_way=True,
-                            why="the model computes something else: the loss over the early horizon moved"),
-                    Primary("lr_ramp", arms="arms", either_way=True,
-                            why="the model computes something else: the loss over the range test's early horizon "
-                                "moved"))),
-    # the plain pair's reference arm only: at ci the gated arm's early gradient norm has a second mode in seed 0
-    # (3 of 12 fresh rounding replicates ~1% above the 5 a baseline holds), so that row's p is not valid in the tail;
-    # the gated arm's early horizon stays watched by its early loss and the range test's rows
+           "the planned steps)", kind="run", rel_floor=5e-4),
     Figure("early_grad_norm", "lower", "L2 norm", "mean global gradient norm (before clipping) over the early "
-           "horizon", kind="run", rel_floor=5e-4,
-           primary=(Primary("standard", arms="reference", either_way=True,
-                            why="the model computes something else: the gradient norm over the early horizon moved"),
-                    Primary("lr_ramp", arms="arms", either_way=True,
-                            why="the model computes something else: the gradient norm over the range test's early "
-                                "horizon moved"))),
+           "horizon", kind="run", rel_floor=5e-4),
     Figure("late_loss", "lower", "nats/token", "mean training loss over the last quarter of the steps trained",
            kind="peak", floor=0.02, rel_floor=0.005),
     Figure("late_grad_norm", "lower", "L2 norm", "median global gradient norm over the last quarter of the steps "
-           "trained", kind="peak", rel_floor=0.05,
-           primary=(Primary("standard", arms="arms", why="gradients grew late in training"),)),
+           "trained", kind="peak", rel_floor=0.05),
     # heavy probes of the final model (probe batch, explicit attention path)
     Figure("m_act_mean", "lower", "|activation|",
            "max |value| of each block's residual output, mean over layers (Qiu et al. Table 4)", floor=1.0,
            rel_floor=0.1, headline=True),
-    # under each stress that trains to its end too: a job that judges one case (a team's first baseline often
-    # holds only the ladder) still sees its activations and logits
     Figure("m_act_max", "lower", "|activation|", "max |value| of any block's residual output", floor=1.0,
-           rel_floor=0.1,
-           primary=(Primary("standard", why="massive activations grew (Qiu et al. Table 4)"),
-                    Primary("precision_ladder", arms="arms", why=GREW), Primary("batch_ramp", arms="arms", why=GREW))),
-    # primary where an attention sink forms: at ci the reference arm's sink rate is 0.24 (up to half the heads of a
-    # run); at smoke no head is a sink (sink rate 0 in every baseline run, F-Attn 0.12, near the uniform share),
-    # so a row there would watch nothing (docs/figures.md, the first-token share)
+           rel_floor=0.1),
     Figure("f_attn_mean", "lower", "probability",
-           "attention on position 0 from query positions >= 1, mean over heads and layers", floor=0.02, headline=True,
-           primary=(Primary("standard", arms="arms", presets=("ci", "full"),
-                            why="the attention sink grew: more attention on the first token (Qiu et al. 2025: 46.7% "
-                                "-> 4.8%)",
-                            elsewhere="no attention sink forms at this preset (sink rate 0 in every baseline run)"),)),
+           "attention on position 0 from query positions >= 1, mean over heads and layers", floor=0.02, headline=True),
     Figure("sink_rate_mean", "lower", "fraction of heads",
            "heads whose mean attention on position 0 exceeds 0.3 (Gu et al. 2025)", floor=0.1, quantum="head", headline=True),
     Figure("max_attn_logit", "lower", "logit", "largest q.k/sqrt(d) of any head and layer (Wortsman et al. 2023)",
-           floor=0.5, rel_floor=0.1, headline=True,
-           primary=(Primary("standard", why="attention logits grew (Wortsman et al. 2023)"),
-                    Primary("precision_ladder", arms="arms", why=GREW), Primary("batch_ramp", arms="arms", why=GREW))),
+           floor=0.5, rel_floor=0.1, headline=True),
     Figure("logit_max", "lower", "logit", "largest |logit| of the LM head", floor=0.5, rel_floor=0.1),
     Figure("log_z_mean", None, "nats", "mean log-partition of the LM head"),
     Figure("gate_score_mean", None, "gate value", "mean gate value over layers (Qiu et al.: 0.116)", headline=True),
@@ -262,91 +223,18 @@ FIGURES: dict[str, Figure] = _table(
     Figure("underflow_fraction", "lower", "fraction", "non-zero Linear inputs flushed to zero", floor=0.001),
     Figure("loss_scale_drops", "lower", "count", "fp16 loss-scale reductions", kind="run", floor=2.0,
            rel_floor=0.5, quantum="count"),
-    # the stress cases (stability.cases.stress)
-    Figure("lr_sensitivity", "lower", "nats/token",
-           "mean over the LR grid of min(L, L_init) - min L; a diverged run counts L_init (Wortsman et al.)",
-           kind="run", floor=0.02, rel_floor=0.1,
-           primary=(Primary("lr_sweep", why="the loss depends more on the learning rate (Wortsman et al. 2023)"),)),
-    Figure("critical_lr", "higher", "learning rate", "smallest swept peak LR at which the arm diverged",
-           kind="run", rel_floor=0.5),
-    Figure("peak_lr", None, "learning rate", "peak LR of the reference run of a sweep", kind="run"),
-    # not primary: the smallest drop that fails a job alone is 130-146% of its mean at ci and 265-540% at smoke
-    # (stability baseline calibrate, docs/figures.md): a learning rate cannot lose that much, so the row counted
-    # in m and guarded nothing; the range test stays watched by its early rows and its outcomes
-    Figure("ramp_divergence_lr", "higher", "learning rate",
-           "LR of the update after which the LR range test started to diverge", kind="run", rel_floor=0.3),
-    Figure("ramp_divergence_step", "higher", "step", "step at which the LR range test started to diverge",
-           kind="run", floor=2.0, rel_floor=0.05, quantum="step"),
-    Figure("ramp_best_lr", None, "learning rate", "LR of the update before the lowest smoothed ramp loss",
-           kind="run"),
-    Figure("ramp_spikes", "lower", "count", "loss spikes before the ramp diverged", kind="run", floor=2.0,
-           rel_floor=0.5, quantum="count"),
-    Figure("ramp_grad_spikes", "lower", "count", "gradient-norm spikes before the ramp diverged", kind="run",
-           floor=2.0, rel_floor=0.5, quantum="count"),
-    Figure("tokens_seen", "higher", "tokens", "tokens trained before the batch ramp stopped", kind="run",
-           rel_floor=0.05, quantum="batch"),
-    # paired at smoke only, chosen on smoke's own evidence after a held-out zoo entry was missed through exactly
-    # this row (weight decay on the norm gains, z 231): its catch is in-sample
-    Figure("shock_peak_excess", "lower", "nats/token", "highest loss after the LR shock minus the pre-shock loss",
-           kind="run", floor=0.1, rel_floor=0.25,
-           primary=(Primary("shock", arms="paired", presets=("smoke",), elsewhere=SINGLE_STEP,
-                            why="the LR shock throws the gated arm's loss further up than the reference arm's"),
-                    Primary("shock", arms="arms", why="an LR shock throws the loss further up"))),
-    Figure("shock_recovery_steps", "lower", "steps", "steps until the smoothed loss is back at its pre-shock level",
-           kind="run", floor=3.0, rel_floor=0.25, quantum="step"),
-    Figure("shock_spikes", "lower", "count", "loss spikes after the LR shock", kind="run", floor=2.0,
-           rel_floor=0.5, quantum="count"),
-    Figure("shock_recovered", "higher", "fraction of seeds", "the loss came back to its pre-shock level",
-           kind="run", floor=0.25, quantum="seed"),
+    # the counts behind the spike scores
     Figure("loss_spikes", None, "count", "steps flagged by the loss-spike score", kind="detail", quantum="count"),
     Figure("grad_spikes", None, "count", "steps flagged by the gradient-norm spike score", kind="detail",
            quantum="count"),
-    Figure("critical_lr_censored", None, "flag", "no swept LR diverged: critical_lr is one grid step above the "
-           "largest LR", kind="detail"),
-    Figure("best_lr", None, "learning rate", "swept peak LR with the lowest held-out loss", kind="detail"),
-    Figure("best_lr_loss", None, "nats/token", "held-out loss at best_lr", kind="detail"),
-    Figure("loss_init", None, "nats/token", "loss at step 0 (a diverged sweep run counts it)", kind="detail"),
-    Figure("ramp_censored", None, "flag", "the LR range test never diverged (ramp_divergence_lr is the end LR)",
-           kind="detail"),
-    Figure("ramp_best_loss", None, "nats/token", "lowest smoothed loss of the LR range test", kind="detail"),
-    Figure("shock_step", None, "step", "step of the LR shock", kind="detail"),
-    Figure("shock_pre_loss", None, "nats/token", "mean loss of the steps up to the shock", kind="detail"),
-    Figure("final_batch_size", None, "sequences", "batch size at the end of the batch ramp", kind="detail"),
-    # families: the precision ladder per precision, post-training quantization per scheme
-    Figure("loss_gap_*", "lower", "nats/token", "held-out loss at this precision minus fp32",
-           floor=0.05, rel_floor=0.25,
-           primary=(Primary("precision_ladder", arms="arms", why="low-precision training loses more against fp32"),)),
-    Figure("nonfinite_events_*", "lower", "count", "non-finite steps at this precision", kind="run", floor=0.5, quantum="count"),
-    Figure("nonfinite_unhandled_*", "lower", "count", "non-finite steps at this precision that its recipe did not "
-           "handle", kind="run", quantum="count", outcome=True),
-    Figure("diverged_*", "lower", "fraction of seeds", "the run at this precision diverged", kind="run",
-           floor=0.25, quantum="seed", outcome=True),
-    Figure("overflow_fraction_*", "lower", "fraction", "values beyond this precision's range", kind="run",
-           floor=0.001),
-    Figure("underflow_fraction_*", "lower", "fraction", "non-zero values flushed to zero at this precision",
-           kind="run", floor=0.001),
-    Figure("loss_scale_drops_*", "lower", "count", "loss-scale reductions at this precision", kind="run",
-           floor=2.0, rel_floor=0.5, quantum="count"),
-    Figure("loss_spike_score_*", "lower", "% of steps", "loss-spike score at this precision", kind="run",
-           floor=1.0, quantum="step_pct"),
+    # post-training quantization, per scheme (stability.evaluate.quantize)
     Figure("quant_*_damage_loss", "lower", "nats/token", "held-out loss after quantization minus full precision",
            floor=0.02, rel_floor=0.25),
     Figure("quant_*_damage_accuracy", "higher", "fraction", "accuracy after quantization minus full precision",
            floor=0.01, rel_floor=0.25, quantum="token"),
-    # the damage of post-training quantization (KL of the next-token distributions, never negative) under
-    # per-tensor W8A8, which an outlier feature breaks (Bondarenko et al. 2023), and under 4-bit weights. At ci
-    # W8A8 is heavy-tailed over rounding replicates: one replicate of five of the gated arm's seed 0 lost 30x more (KL
-    # 0.032 against 0.0005-0.003), and 9 of the ci baseline's 125 harmless arrangements failed at alpha 0.01
-    # with it primary (docs/figures.md); primary at smoke (clean there) and at full until its own baseline's
-    # calibration says otherwise
+    # the damage of post-training quantization (KL of the next-token distributions, never negative)
     Figure("quant_*_kl", "lower", "nats", "KL(full || quantized) of the next-token distributions", floor=1e-3,
-           rel_floor=0.5,
-           primary=(Primary("standard", "quant_w8a8-tensor_kl", arms="arms", presets=("smoke", "full"),
-                            elsewhere=HEAVY_TAILED,
-                            why="the trained model loses more to int8 weights and activations (outlier features, "
-                                "Bondarenko et al. 2023)"),
-                    Primary("standard", "quant_nf4_kl", arms="arms", why="the trained model loses more to 4-bit "
-                                                                        "weights"))),
+           rel_floor=0.5),
     # the length-extrapolation probe per RoPE and length factor: extrap_<figure>_<plain|ntk>_x<factor>
     Figure("extrap_loss_*", "lower", "nats/token", "held-out loss at this multiple of the training context",
            floor=0.02, rel_floor=0.005),
@@ -360,11 +248,19 @@ FIGURES: dict[str, Figure] = _table(
 )
 
 
+ADDED_PRIMARY: list[Primary] = []   # every row declared (``add``, ``register_primary``), in the order declared
+
+
 def add(entry: Figure) -> Figure:
-    """Add a figure to the table (a name not in it yet): its direction, unit and meaning for every reader."""
+    """Add a figure to the table (a name not in it yet): its direction, unit and meaning for every reader, and
+    its primary rows to the family after those declared before (each must name its case)."""
     if entry.name in FIGURES:
         raise ValueError(f"figure {entry.name!r} is in the table already")
+    rows = entry.rows()
+    for row in rows:
+        _check_row(row)
     FIGURES[entry.name] = entry
+    ADDED_PRIMARY.extend(rows)
     return entry
 
 
@@ -423,29 +319,36 @@ def quantum(name: str, config: dict, steps: int) -> float:
     return 100.0 / max(1, steps)   # "step_pct"
 
 
-ADDED_PRIMARY: list[Primary] = []   # the rows extensions declared (``register_primary``), in the order declared
-
 
 def register_primary(entry: Primary) -> Primary:
     """Declare a row primary: the figure ``entry.figure`` of the case ``entry.case`` joins the family the merge
-    check fails a job through, after the rows the figures declare. An extension calls it for a figure declared
-    elsewhere (a built-in figure in a case of its own; a figure it declares itself can say ``primary=`` instead).
-    A baseline made or calibrated before records another family: it is stale until calibrated again
-    (``stability.check.coverage``)."""
+    check fails a job through, after the rows the figures declare. Registering a case calls it for the rows the
+    case declares on figures declared elsewhere (``StressCase(..., primary=...)``); an extension may call it
+    for a row on a case it does not declare. A baseline made or calibrated before records another family: it is
+    stale until calibrated again (``stability.check.coverage``)."""
     if not judged_not_outcome(figure(entry.figure)):
         raise ValueError(f"primary row {entry.case}/{entry.figure}: expected a judged figure of the table that "
                          f"is not an outcome (outcomes are judged seed by seed)")
-    key = (entry.case, entry.figure, entry.arms)
-    if any((p.case, p.figure, p.arms) == key for p in primary_rows()):
-        raise ValueError(f"primary row {entry.case}/{entry.figure}[{entry.arms}] is declared already")
+    _check_row(entry)
     ADDED_PRIMARY.append(entry)
     return entry
 
 
+def _check_row(entry: Primary) -> None:
+    """ValueError for a row that names no case, or one declared already (the same case, figure and arms)."""
+    if not entry.case:
+        raise ValueError(f"primary row on {entry.figure!r}: expected the name of the case it judges")
+    key = (entry.case, entry.figure, entry.arms)
+    if any((p.case, p.figure, p.arms) == key for p in primary_rows()):
+        raise ValueError(f"primary row {entry.case}/{entry.figure}[{entry.arms}] is declared already")
+
+
 def primary_rows() -> tuple[Primary, ...]:
-    """The primary family of this process: the rows each figure of the table declares (in table order), then
-    those extensions added with ``register_primary``."""
-    return (*(row for entry in FIGURES.values() for row in entry.rows()), *ADDED_PRIMARY)
+    """The primary family of this process, in the order declared: the rows of each figure added to the table
+    and each row registered (``add``, ``register_primary``: registering the built-in cases declares theirs,
+    case by case), then those of a figure placed in the table without ``add``."""
+    return (*ADDED_PRIMARY,
+            *(row for entry in FIGURES.values() for row in entry.rows() if row not in ADDED_PRIMARY))
 
 
 def primary_family() -> list[dict]:

@@ -17,10 +17,10 @@ or a case result the table does not know is taken to be theirs and kept unread (
 names them); readers judge the figures they know, and a check whose baseline judges a figure this
 process does not know fails closed, naming the extension to load.
 
-A case's own results (``results[<case>]``) are checked against the type its case declares in its module
-when this process registered the case (a process that trains: ``stability.cases.stress``). A reader that
-never imports the cases (the check and the report run without torch) checks that they are an object and
-keeps them unread; the results of any other case are an error.
+A case's own results (``results[<case>]``) and its own figures are checked against what its case declares
+in its module when this process registered the case (``stability.cases.stress``: every command, the check
+and the pytest plugin import it). A reader that never imports the registry checks that the results are an
+object and keeps them, and a figure the table lacks, unread; the results of any other case are an error.
 """
 
 from __future__ import annotations
@@ -68,12 +68,15 @@ def validate_record(record, where: str) -> CaseRecord:
                           f"{type(arms).__name__ if not isinstance(arms, list) else 'a list holding non-objects'}")
     if not isinstance(record["config"], dict):
         raise RecordError(f"{where}: config = {_show(record['config'])}: expected an object (the resolved config)")
-    foreign = foreign_extensions(record)
+    extension = foreign_extensions(record)
+    own = case_name(record) if isinstance(record.get("stress"), (str, type(None))) else None  # else _entry says
+    # a figure the table lacks, in a record of a case this process did not register (a reader that imports no
+    # case), is taken to be that case's: kept, unread
+    foreign = extension or (() if own is None or is_declared(own) else (f"case {own}",))
     _entry({k: v for k, v in record.items() if not k.startswith("_")}, CaseRecord, "", where, foreign)
     results = record.get("results") or {}
     if not isinstance(results, dict):
         raise RecordError(f"{where}: results = {_show(results)}: expected an object (case name -> its results)")
-    own = case_name(record)
     slots = [(f"results.{case}", case, result) for case, result in results.items()]
     slots += [(case, case, record[case]) for case in RESULTS_BEFORE_THE_SLOT if case in record]
     for path, case, result in slots:
@@ -84,7 +87,7 @@ def validate_record(record, where: str) -> CaseRecord:
         try:
             kind = result_type(case)
         except RecordError as error:
-            if foreign:
+            if extension:
                 continue      # the results of a case an extension this process lacks registered: kept, unread
             raise RecordError(f"{where}: {path}: {error}") from None
         _check(result, kind, path, where, foreign)
