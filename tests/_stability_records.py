@@ -94,7 +94,7 @@ def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2)
     for seed in seeds:
         for arm in config.arm_names:
             arms.append(arm_record(arm, seed, lr=config.run.optim.lr, quant=quant))
-            if lrs:   # stability.cases.lr_sweep.run_sweep layout: reference runs in arms, the grid under "lr_sweep"
+            if lrs:   # stability.cases.lr_sweep.run_sweep layout: configured runs in arms, the grid under "lr_sweep"
                 critical = 0.1 if arm == "reference" else 0.3
                 losses = [None if lr >= critical else 3.2 + abs(math.log10(lr / 3e-3)) / 5 for lr in lrs]
                 per_arm.append({"arm": arm, "seed": seed, "lrs": list(lrs), "final_loss": losses,

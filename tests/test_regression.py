@@ -258,7 +258,7 @@ def test_an_early_horizon_row_fails_the_job_when_it_moves_either_way(record):
 
 
 def test_the_same_runs_judged_in_two_cases_count_once(record, baseline):
-    """A second case holding the same runs (the sweep's reference runs are the plain pair's) gives rows
+    """A second case holding the same runs (the sweep's configured runs are the plain pair's) gives rows
     with the same values: they are marked duplicate and leave the family; a primary row keeps the
     judgement."""
     twin = {**copy.deepcopy(record), "name": "twin", "id": "twin"}

@@ -14,7 +14,7 @@ snapshots, which the check never reads), which stress tests and which kernel ste
 Judging (also ``--rejudge``, which trains nothing) applies two rules to the kept records against the
 committed baseline (``reports/baselines/<scale>-cpu.json``): the check as it is (``stability check``:
 replicate noise, Holm at alpha) and the earlier seed-spread rule (``validation/seed_spread_rule.py``,
-on the baseline's reference runs). A harmful entry is *caught* when the job fails (a stress test, the
+on the baseline's unperturbed runs). A harmful entry is *caught* when the job fails (a stress test, the
 kernel step or the check); a harmless one is *flagged* when it fails. The table, first entries and
 held-out entries apart, goes to ``reports/zoo-<scale>.md``. Nothing is asserted here; tests/test_zoo.py
 checks a few entries of each kind.

@@ -8,7 +8,7 @@ figure regressed when it moved in its worse direction by more than its band, eve
 family-wise control); a seed whose baseline arm completed and whose arm now diverged regressed.
 
 ``judge(records, baseline)`` applies it to a replicate baseline (schema 3) by reading only its
-reference runs (replicate 0), as the baselines of that rule held them. Used by validation/regression_zoo.py
+unperturbed runs (replicate 0), as the baselines of that rule held them. Used by validation/regression_zoo.py
 and validation/power_curve.py for their "before" columns.
 """
 
@@ -55,7 +55,7 @@ def compare(base: dict, cur: dict, name: str) -> str:
 
 
 def _reference(arm: dict) -> dict:
-    """A baseline arm reduced to its reference runs (replicate 0): seed -> value."""
+    """A baseline arm reduced to its unperturbed runs (replicate 0): seed -> value."""
     def first(per_seed):
         return {s: runs["0"] for s, runs in per_seed.items() if "0" in runs}
     return {"status": first(arm["status"]), "diverged_at_step": first(arm["diverged_at_step"]),

@@ -10,7 +10,7 @@ paired over seeds. On the CPU no preset shows an LR-sensitivity or critical-LR d
   loss after training at peak LR ``eta``, a diverged (or failed) run counting as ``L_init`` (the
   loss at step 0, the same for every LR of an arm and seed).
 
-The ``arms`` entries of the record are the runs at the grid LR nearest ``optim.lr`` (the reference runs);
+The ``arms`` entries of the record are the runs at the grid LR nearest ``optim.lr`` (the configured runs);
 the other runs are summarised in ``record["results"]["lr_sweep"]``.
 """
 
@@ -170,7 +170,7 @@ FIGURES = (
            primary=(Primary(why="the loss depends more on the learning rate (Wortsman et al. 2023)"),)),
     Figure("critical_lr", "higher", "learning rate", "smallest swept peak LR at which the arm diverged",
            kind="run", rel_floor=0.5),
-    Figure("peak_lr", None, "learning rate", "peak LR of the reference run of a sweep", kind="run"),
+    Figure("peak_lr", None, "learning rate", "peak LR of the configured run of a sweep", kind="run"),
     Figure("critical_lr_censored", None, "flag", "no swept LR diverged: critical_lr is one grid step above the "
            "largest LR", kind="detail"),
     Figure("best_lr", None, "learning rate", "swept peak LR with the lowest held-out loss", kind="detail"),

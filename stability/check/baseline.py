@@ -1,10 +1,10 @@
-"""A regression baseline: every seed's reference run and rounding replicates of the stress cases.
+"""A regression baseline: every seed's unperturbed run and rounding replicates of the stress cases.
 
     baseline = make_baseline(records)          # from the records of one run directory (one preset, device)
     write_baseline(baseline, path); load_baseline(path)
 
 A baseline (``reports/baselines/<preset>-<device>.json``) holds, per stress case (its key
-``<preset>/<name>[-<schedule>]``), arm, seed and judged figure, the value of the seed's reference run
+``<preset>/<name>[-<schedule>]``), arm, seed and judged figure, the value of the seed's unperturbed run
 (replicate 0) and of its *replicates*: runs of the same code, config and seed whose initial parameters differ
 by one rounding step (``run.replicate``; ``stability.model.rounding``). Training is chaotic, so a
 harmless change of rounding moves a figure about as much as the replicates differ: their spread is the
@@ -153,7 +153,7 @@ def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int
                   min_replicates: int = MIN_REPLICATES, allow_dirty: bool = False,
                   invariants: list[dict] | None = None) -> dict:
     """A baseline document from the regression records of one preset and device, holding every seed's
-    reference run and replicates, and the commit that trained them (``commit`` overrides it); RecordError
+    unperturbed run and replicates, and the commit that trained them (``commit`` overrides it); RecordError
     otherwise (too few seeds or replicates, records of several commits, of a tree with uncommitted changes
     unless ``allow_dirty``, unfinished records). ``invariants``: the model invariants the suites recorded in
     the baseline's run (``stability.record.invariants``), kept with it: which held for this model (None: the
@@ -494,7 +494,7 @@ def validate_baseline(baseline, where_: str) -> dict:
     version = baseline.get("schema_version")
     if version != BASELINE_SCHEMA_VERSION:
         raise RecordError(f"{where_} has schema_version={version!r}: this version of stability reads baseline "
-                          f"schema_version={BASELINE_SCHEMA_VERSION} (the reference runs, their rounding "
+                          f"schema_version={BASELINE_SCHEMA_VERSION} (the unperturbed runs, their rounding "
                           f"replicates and the calibration, the reference arm named {REFERENCE_ARM!r}); make it "
                           f"again with `stability baseline make`")
     for key in REQUIRED_TOP_KEYS:
@@ -516,7 +516,7 @@ def validate_baseline(baseline, where_: str) -> dict:
     if not isinstance(replicates, list) or not replicates or not all(_is_whole(r) and r >= 0 for r in replicates) \
             or len(set(replicates)) != len(replicates):
         raise RecordError(f"{where_}: replicates = {_short(replicates)}: expected a non-empty list of distinct whole "
-                          f"numbers >= 0 (0 the reference runs)")
+                          f"numbers >= 0 (0 the unperturbed runs)")
     remade = baseline.get("cases_remade", [])
     if not isinstance(remade, list) or not all(isinstance(name, str) for name in remade):
         raise RecordError(f"{where_}: cases_remade = {_short(remade)}: expected a list of stress case names")

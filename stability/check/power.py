@@ -13,7 +13,7 @@ fails the job by itself is
 
 with ``floor`` the larger of the figure's floor and its relative floor times the baseline mean, and ``se``
 the standard error of a job's mean difference over the baseline's seeds (its replicate noise). The rows are
-computed with the baseline's own reference runs playing the job (``se`` does not depend on the job's values).
+computed with the baseline's own unperturbed runs playing the job (``se`` does not depend on the job's values).
 
 A row *cannot fail alone* when that move is out of the figure's reach: a figure whose better direction is
 "higher" and whose values are not negative (a learning rate, a step, an accuracy) cannot drop by more than

@@ -1,7 +1,7 @@
 """The merge check: the records of one job against a recorded baseline -> one verdict, an exit code.
 
 A baseline (``stability.check.baseline``) holds, per stress case, arm, seed and judged figure, the values
-of the seed's reference run and of its rounding replicates; their spread is the noise a harmless change
+of the seed's unperturbed run and of its rounding replicates; their spread is the noise a harmless change
 has to be told from. ``check(records, baseline)`` judges the job in three parts:
 
 1. **Fail closed.** What cannot be judged fails the job with exit 2 and the reason: a record left
@@ -304,7 +304,7 @@ class CheckResult:
     preset: str | None = None
     device: str | None = None
     alpha: float = DEFAULT_ALPHA
-    replicates: list[int] = field(default_factory=list)   # the baseline's: 0 the reference runs
+    replicates: list[int] = field(default_factory=list)   # the baseline's: 0 the unperturbed runs
     calibration: dict | None = None
     suite_failures: list[str] = field(default_factory=list)   # tests of the job's suites that failed
     signatures: dict[int, str] = field(default_factory=dict, repr=False)   # id(row) -> its values as text
@@ -641,7 +641,7 @@ def _add_row(result: CheckResult, key: str, stress: str, arm: str, name: str, ba
 
 def mark_duplicates(rows: list[Row], values: dict[int, str]) -> None:
     """A row whose values (every baseline run and the job's) repeat another row's of the same arm and
-    figure is the same runs judged twice (the sweep's reference runs are the plain pair's): tier
+    figure is the same runs judged twice (the sweep's configured runs are the plain pair's): tier
     "duplicate", left out of the family; a primary row keeps the judgement. ``values``: id(row) -> a
     canonical text of its values, or "" for a row that cannot be told apart from a constant."""
     seen: dict[tuple[str, str, str], Row] = {}

@@ -453,13 +453,13 @@ class RunConfig:
     steps: int = 200
     seed: int = 0
     device: str = "cpu"
-    replicate: int = 0  # 0: the reference run; r >= 1: rounding replicate r (stability.model.rounding)
+    replicate: int = 0  # 0: the unperturbed run; r >= 1: rounding replicate r (stability.model.rounding)
 
     def __post_init__(self) -> None:
         check(isinstance(self.steps, int) and self.steps > 0, "steps", self.steps, "a positive integer")
         check(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed, "a non-negative integer")
         check(isinstance(self.replicate, int) and not isinstance(self.replicate, bool) and self.replicate >= 0,
-              "replicate", self.replicate, "a non-negative integer (0: the reference run, r: rounding replicate r)")
+              "replicate", self.replicate, "a non-negative integer (0: the unperturbed run, r: rounding replicate r)")
         check(self.device == "cpu" or self.device.startswith("cuda"), "device", self.device,
               "'cpu' or 'cuda[:N]'")
         if self.fault.kind in ("nan", "inf"):

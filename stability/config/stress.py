@@ -12,7 +12,7 @@ from stability.config.schedules import BatchRamp, ExponentialRamp, Shock
 
 # the precision ladder's rungs unless stress.precisions says otherwise: every training format the harness
 # ships (stability.precision.FORMATS), fp32 first
-REFERENCE_PRECISION = "fp32"   # the precision ladder's reference rung: every other rung is measured against it
+REFERENCE_PRECISION = "fp32"   # the precision ladder's fp32 rung: every other rung is measured against it
 LADDER = (REFERENCE_PRECISION, "bf16", "fp16", "fp8", "mxfp8", "mxfp4")
 
 # The schedules' settings by the flat names they had before they were sub-configs (stress.ramp_end_lr is

@@ -34,7 +34,7 @@ def draw_seed(seed: int, replicate: int, name: str) -> int:
 @torch.no_grad()
 def perturb_rounding(model: nn.Module, seed: int, replicate: int) -> nn.Module:
     """Multiply each parameter of ``model`` in place by ``1 + u * 2^-23``, u in {-1, 0, 1} uniform per
-    element, drawn for (``seed``, ``replicate``, parameter name). Replicate 0 (the reference run) leaves
+    element, drawn for (``seed``, ``replicate``, parameter name). Replicate 0 (the unperturbed run) leaves
     the model untouched. Returns ``model``."""
     if replicate == 0:
         return model

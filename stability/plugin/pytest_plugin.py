@@ -84,7 +84,7 @@ OPTIONS = {
                    "help": "also train R rounding replicates of every stress case into the run directory (what a "
                            "regression baseline is made of: stability baseline make)"},
     "replicate": {"type": int, "default": 0, "metavar": "N",
-                  "help": "train every run as rounding replicate N (0: the reference runs; stability.model.rounding)"},
+                  "help": "train every run as rounding replicate N (0: the unperturbed runs; stability.model.rounding)"},
     "cases": {"default": None, "metavar": "NAMES",
               "help": "comma-separated stress cases to run: the suites of the others, and the stress tests of no "
                       "case, are deselected (stability baseline make --cases: a baseline remade case by case)"},
@@ -426,7 +426,7 @@ def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig
     MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
     overrides return the same record (``.records`` holds all). With ``--replicates R`` the case's R
     rounding replicates are trained and recorded too (not tracked, no replay bundles, no per-step files once
-    a run has ended: their figures are in their records); the tests see the reference. Each reference run's
+    a run has ended: their figures are in their records); the tests see the reference. Each unperturbed run's
     per-step file is gzipped when it ends; the progress goes to stderr (``progress_display``)."""
     from stability.cases.pipeline import run_recorded
     from stability.session.session import Session
@@ -488,7 +488,7 @@ def progress_display(config: pytest.Config, replicate: int, replicates: int):
     """What the stress runs of a test show (``stability.session.progress``): on a terminal, without
     pytest-xdist, the case's and the run's bars; elsewhere (a CI log, xdist workers) one line per run when it
     ends (and one every half minute of a long run) with its step, loss, rate and the ETA of the case.
-    ``replicate``: the rounding replicate (0: the reference runs), named in each line when there are replicates."""
+    ``replicate``: the rounding replicate (0: the unperturbed runs), named in each line when there are replicates."""
     from stability.session.progress import Progress
 
     stream = _Uncaptured(config)

@@ -225,7 +225,7 @@ def set_corpus(record: CaseRecord, info: dict) -> None:
 
 
 def add_arm(record: CaseRecord, arm: ArmRecord) -> None:
-    """A finished run into the case's arms (of a multi-run case: its reference run)."""
+    """A finished run into the case's arms (of a multi-run case: its configured run)."""
     record["arms"].append(arm)
 
 

@@ -45,7 +45,7 @@ FIELDS_ABOUT = {
     "run.checkpoint.": "keeping",      # checkpoints and replay bundles: never change a figure
     "seeds": "seeding",                # the seeds of the initialisation and data order
     "run.seed": "seeding",
-    "run.replicate": "seeding",        # the rounding replicate (0: the reference runs)
+    "run.replicate": "seeding",        # the rounding replicate (0: the unperturbed runs)
     "replicates": "seeding",           # how many rounding replicates a baseline takes
     "run.device": "place",             # where the run trains ("cuda:1": its kind is compared by the check)
     "quant_schemes": "evaluation",     # what is measured after training (the plain pair's default: every scheme)
@@ -110,7 +110,7 @@ def config_diff(expected: dict, actual: dict, limit: int = 4, names: tuple[str, 
 
 
 def record_replicate(record: CaseRecord) -> int:
-    """The rounding replicate a record's runs were trained under: ``run.replicate`` (0: the reference runs)."""
+    """The rounding replicate a record's runs were trained under: ``run.replicate`` (0: the unperturbed runs)."""
     return int(((record.get("config") or {}).get("run") or {}).get("replicate", 0) or 0)
 
 

@@ -490,7 +490,7 @@ class CaseRecord(TypedDict, total=False):
     env: Env
     config: Required[dict[str, Any]]  # the resolved ExperimentConfig (its own schema: stability.config)
     corpus: CorpusInfo
-    arms: Required[list[ArmRecord]]   # one per arm and seed; of a multi-run case, the reference runs
+    arms: Required[list[ArmRecord]]   # one per arm and seed; of a multi-run case, the configured runs
     paired: dict[str, dict[FigureName, PairedFigure]]   # per treatment arm, per figure
     timing: CaseTiming
     # the case's own results, under its name, of the type its case declares in its module (stability.cases)

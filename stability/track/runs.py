@@ -532,7 +532,7 @@ def _create_experiment(client, uri: str, name: str) -> str:
 def fetch_records(branch: str, tracking_uri: str | None = None, preset: str | None = None,
                   max_results: int = 500) -> list[dict]:
     """The JSON records of the latest parent run per case (name + schedule) and rounding replicate
-    (``run.replicate``) tagged git.branch=BRANCH: a baseline's reference runs and their replicates."""
+    (``run.replicate``) tagged git.branch=BRANCH: a baseline's unperturbed runs and their replicates."""
     from mlflow.entities import ViewType
 
     from stability.record import read_record
