@@ -85,9 +85,10 @@ def reference_index(lrs: tuple[float, ...], lr: float) -> int:
 def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, session=None, runner=None) -> dict:
     """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
 
-    ``record["results"]["lr_sweep"]``: the grid, the reference LR, per arm and seed the final loss per LR and the
-    sweep figures, and a compact summary of every run. The ``arms`` entries are the runs at the grid
-    LR nearest ``optim.lr``, with ``lr_sensitivity``, ``critical_lr`` ... added to ``final``."""
+    ``record["results"]["lr_sweep"]``: the grid, the grid LR nearest ``optim.lr`` (``reference_lr``), per arm
+    and seed the final loss per LR and the sweep figures, and a compact summary of every run. The ``arms``
+    entries are the configured runs (at that LR), with ``lr_sensitivity``, ``critical_lr`` ... added to
+    ``final``."""
     if lrs is not None:
         config = replace(config, stress=replace(config.stress, sweep_lrs=tuple(float(v) for v in lrs)))
     grid = config.stress.sweep_lrs

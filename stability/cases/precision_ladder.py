@@ -1,4 +1,4 @@
-"""The precision ladder (``precision_ladder``): the same run (reference LR, the plain schedule) in fp32,
+"""The precision ladder (``precision_ladder``): the same run (the configured LR, the plain schedule) in fp32,
 bf16, fp16 with torch.amp.GradScaler, fp8 through torchao's float8 training (the configured recipe,
 "tensorwise" by default) and the MX formats mxfp8 and mxfp4 (mxfp8 with e2m1 weights) through torchao's MX
 matmul, emulated on the CPU; the loss gap to fp32, non-finite events, loss-scale drops and overflow /
@@ -31,7 +31,7 @@ class PrecisionLadder(TypedDict, total=False):
     runs: list[RunSummary]
 
 
-# Stated tolerance, nats per token, on the held-out loss at the reference LR: the systematic gap of a
+# Stated tolerance, nats per token, on the held-out loss at the configured LR: the systematic gap of a
 # rung, |mean over seeds of (loss(p) - loss(fp32))|, must stay within MAX_MEAN_LOSS_GAP, and no
 # single seed may move by more than MAX_SEED_LOSS_GAP. Measured: smoke (20 steps, 3 seeds) |gap| <= 0.004 on
 # every rung (mxfp4 included); earlier, smoke at 60 steps and 1 seed: |gap| <= 0.035;
@@ -72,7 +72,7 @@ def rung_steps(config: cfg.ExperimentConfig) -> int:
 
 
 def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """The same run (reference LR, Standard schedule) at every precision of ``stress.precisions``.
+    """The same run (the configured LR, Standard schedule) at every precision of ``stress.precisions``.
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
     ``nonfinite_events_<p>``, ``nonfinite_unhandled_<p>``, ``diverged_<p>``, ``overflow_fraction_<p>``, ``underflow_fraction_<p>``,
@@ -178,7 +178,7 @@ def fp32_is_finite_and_learns(record, invariant):
 
 
 def each_rung_stays_within_its_loss_gap_of_fp32(record, invariant):
-    """At the reference LR each rung trains without divergence or non-finite events other than the gradient
+    """At the configured LR each rung trains without divergence or non-finite events other than the gradient
     overflows fp16's loss scaler skips, and its held-out loss stays within the stated gap of fp32 (module
     constants), per arm: model invariants (a model whose fp16 run is cut short by its loss scaler breaks
     them; the baseline says whether this model did)."""
