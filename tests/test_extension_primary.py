@@ -228,3 +228,54 @@ def test_the_settings_accept_a_case_an_extension_registered_and_the_suites_train
     unknown = pytest_in(root, "--co", "-q", "--pyargs", "stability.suites", "-m", "stress", "-p", "no:xdist", env=env)
     assert unknown.returncode == 4 and "unknown stress case(s) ['toy_case']" in unknown.stderr, unknown.stderr
 
+
+
+CASE_WITH_A_FIGURE = '''
+from stability.cases.stress import CaseRun, StressCase, register
+from stability.config.schedules import Standard
+from stability.record.figures import Figure, Primary
+
+
+def run_toy(case, config, session=None, runner=None):
+    run = CaseRun(case, config, "toy_peak_case", "the plain pair, its peak loss a figure of its own", session, runner)
+    run.train_each_arm(Standard(), lambda _run, arm: ({"toy_case_peak": max(arm["series"]["loss"])}, {}))
+    return run.finish()
+
+
+register(StressCase("toy_peak_case", run_toy, figures=(Figure(
+    "toy_case_peak", "lower", "nats/token", "the highest training loss of the run", kind="run", floor=0.05,
+    rel_floor=0.05, primary=(Primary(arms="arms", why="the loss peaked higher"),)),)))
+'''
+
+
+def test_an_extension_case_declares_its_figure_and_row_in_one_file_and_the_check_fails_a_job_through_it(tmp_path):
+    """One file of a team's own: a case whose figure declares its primary row (the case's name left out). With
+    the file loaded by the repository's settings, the check judges the figure in that case's row and fails a
+    job whose figure rose (exit 1, REGRESSED, primary); the unchanged job passes."""
+    (tmp_path / "toy_peak_ext.py").write_text(CASE_WITH_A_FIGURE)
+    (tmp_path / "pyproject.toml").write_text('[tool.stability]\nplugins = ["toy_peak_ext"]\n')
+    record = {**pair_record(seeds=(0, 1, 2)), "stress": "toy_peak_case"}
+    for arm in record["arms"]:
+        arm["final"]["toy_case_peak"] = 4.0 + 0.01 * arm["seed"]
+    record["paired"] = paired_summary(record["arms"])
+    for folder, entries in (("base", with_replicates(record)), ("same", [record]),
+                            ("worse", [edited(record, "gated", "toy_case_peak", factor=1.5)])):
+        (tmp_path / folder).mkdir()
+        for number, entry in enumerate(entries):
+            (tmp_path / folder / f"record-{number}.json").write_text(json.dumps(entry))
+
+    def stability(*args):
+        return subprocess.run([sys.executable, "-m", "stability.cli", *args], cwd=tmp_path, capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=600,
+                              check=False)
+
+    made = stability("baseline", "update", "base", "--out", "baseline.json")
+    assert made.returncode == 0, made.stderr
+    same = stability("check", "--baseline", "baseline.json", "same", "--expect-commit", "any")
+    assert same.returncode == 0, same.stdout + same.stderr
+    worse = stability("check", "--baseline", "baseline.json", "worse", "--expect-commit", "any", "--json", "v.json")
+    assert worse.returncode == 1, worse.stdout + worse.stderr
+    assert any("toy_case_peak" in line and "primary" in line and "REGRESSED" in line
+               for line in worse.stdout.splitlines()), worse.stdout
+    family = json.loads((tmp_path / "v.json").read_text())["primary_family"]
+    assert {"case": "toy_peak_case", "figure": "toy_case_peak", "arms": "arms"}.items() <= family[-1].items()
