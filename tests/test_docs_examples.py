@@ -121,7 +121,7 @@ def test_the_zoo_reports_are_what_the_check_says_of_the_kept_jobs_and_merge_gate
 
     out = tmp_path / f"zoo-{scale}.md"
     done = subprocess.run([sys.executable, "-m", "validation.regression_zoo", "--scale", scale, "--rejudge",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+                           "--out", str(out), "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     committed = (ROOT / "reports" / f"zoo-{scale}.md").read_text()
     assert out.read_text() == committed, (f"reports/zoo-{scale}.md is stale: run python -m "
