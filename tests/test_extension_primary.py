@@ -150,23 +150,33 @@ if PRIMARY:
 '''
 
 
+def write_jobs(folder, record: dict, figure: str) -> None:
+    """Under ``folder``: base/ (the record and its rounding replicates), same/ (the record) and worse/ (the
+    gated arm's ``figure`` x1.5), one JSON file per record."""
+    for name, entries in (("base", with_replicates(record)), ("same", [record]),
+                          ("worse", [edited(record, "gated", figure, factor=1.5)])):
+        (folder / name).mkdir()
+        for number, entry in enumerate(entries):
+            (folder / name / f"record-{number}.json").write_text(json.dumps(entry))
+
+
+def command_in(folder):
+    """``stability(*args)``: the command run in ``folder``, with only ``folder`` on PYTHONPATH."""
+    def stability(*args):
+        return subprocess.run([sys.executable, "-m", "stability.cli", *args], cwd=folder, capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(folder)}, timeout=600,
+                              check=False)
+    return stability
+
+
 def test_the_command_loads_the_extension_before_it_judges(tmp_path, record):
     """`stability check` in a repository whose [tool.stability] names the extension: the row declared there
     fails the job (exit 1, REGRESSED); the baseline made before it was declared is stale (exit 2)."""
     for name, primary in (("toy_ext", True), ("toy_ext_plain", False)):
         (tmp_path / f"{name}.py").write_text(EXTENSION.replace("if PRIMARY:", f"if {primary}:"))
     settings = tmp_path / "pyproject.toml"
-    for folder, entries in (("base", with_replicates(record)), ("same", [record]),
-                            ("worse", [edited(record, "gated", TOY.name, factor=1.5)])):
-        (tmp_path / folder).mkdir()
-        for number, entry in enumerate(entries):
-            (tmp_path / folder / f"record-{number}.json").write_text(json.dumps(entry))
-
-    def stability(*args):
-        return subprocess.run([sys.executable, "-m", "stability.cli", *args], cwd=tmp_path, capture_output=True,
-                              text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=600,
-                              check=False)
-
+    write_jobs(tmp_path, record, TOY.name)
+    stability = command_in(tmp_path)
     settings.write_text('[tool.stability]\nplugins = ["toy_ext_plain"]\n')
     made = stability("baseline", "update", "base", "--out", "before.json")
     assert made.returncode == 0, made.stderr
@@ -258,17 +268,8 @@ def test_an_extension_case_declares_its_figure_and_row_in_one_file_and_the_check
     for arm in record["arms"]:
         arm["final"]["toy_case_peak"] = 4.0 + 0.01 * arm["seed"]
     record["paired"] = paired_summary(record["arms"])
-    for folder, entries in (("base", with_replicates(record)), ("same", [record]),
-                            ("worse", [edited(record, "gated", "toy_case_peak", factor=1.5)])):
-        (tmp_path / folder).mkdir()
-        for number, entry in enumerate(entries):
-            (tmp_path / folder / f"record-{number}.json").write_text(json.dumps(entry))
-
-    def stability(*args):
-        return subprocess.run([sys.executable, "-m", "stability.cli", *args], cwd=tmp_path, capture_output=True,
-                              text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=600,
-                              check=False)
-
+    write_jobs(tmp_path, record, "toy_case_peak")
+    stability = command_in(tmp_path)
     made = stability("baseline", "update", "base", "--out", "baseline.json")
     assert made.returncode == 0, made.stderr
     same = stability("check", "--baseline", "baseline.json", "same", "--expect-commit", "any")
