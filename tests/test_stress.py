@@ -247,7 +247,7 @@ def test_a_case_adds_its_figures_and_rows_when_registered_and_is_refused_whole(m
     assert "toy2" not in stress.CASES and not record_cases.is_declared("toy2")
     unjudged = stress.StressCase("toy3", train, figures=(fig.Figure("toy3_peak", "lower", "", ""),),
                                  primary=(fig.Primary(figure="steps_completed"),))
-    with pytest.raises(ValueError, match="declares a primary row on 'steps_completed': expected a judged figure"):
+    with pytest.raises(ValueError, match="primary row toy3/steps_completed: expected a judged figure"):
         stress.register(unjudged)
     assert "toy3" not in stress.CASES and fig.figure("toy3_peak") is None
     with pytest.raises(ValueError, match="expected the name of the case it judges"):

@@ -49,17 +49,15 @@ def register(case: StressCase) -> StressCase:
     declares to the tables the record and the check read: the type of its results (``declare``), its figures
     and its primary rows (``stability.record.figures``), so every process that imports the registry checks its
     results and judges its figures. ValueError, before anything is added, for a name taken, a figure already
-    in the table or a row on a figure the table cannot judge."""
+    in the table or a row ``register_primary`` would refuse."""
     if case.name in CASES:
         raise ValueError(f"stress case {case.name!r} is registered already")
     figures = case.declared_figures()
     taken = [entry.name for entry in figures if entry.name in fig.FIGURES]
     if taken:
         raise ValueError(f"stress case {case.name!r} declares figure {taken[0]!r}, which the table holds already")
-    unjudged = [row.figure for row in case.declared_rows() if not fig.judged_not_outcome(fig.figure(row.figure))]
-    if unjudged:
-        raise ValueError(f"stress case {case.name!r} declares a primary row on {unjudged[0]!r}: expected a judged "
-                         f"figure of the table that is not an outcome")
+    for row in case.declared_rows():
+        fig.check_primary(row)
     declare(case.recorded)
     for entry in figures:
         fig.add(entry)

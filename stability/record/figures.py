@@ -322,16 +322,22 @@ def quantum(name: str, config: dict, steps: int) -> float:
 
 def register_primary(entry: Primary) -> Primary:
     """Declare a row primary: the figure ``entry.figure`` of the case ``entry.case`` joins the family the merge
-    check fails a job through, after the rows the figures declare. Registering a case calls it for the rows the
+    check fails a job through, after the rows declared before. Registering a case calls it for the rows the
     case declares on figures declared elsewhere (``StressCase(..., primary=...)``); an extension may call it
     for a row on a case it does not declare. A baseline made or calibrated before records another family: it is
     stale until calibrated again (``stability.check.coverage``)."""
+    check_primary(entry)
+    ADDED_PRIMARY.append(entry)
+    return entry
+
+
+def check_primary(entry: Primary) -> None:
+    """ValueError for a row ``register_primary`` refuses: on a figure the table cannot judge (unknown, never
+    judged, or an outcome), naming no case, or declared already."""
     if not judged_not_outcome(figure(entry.figure)):
         raise ValueError(f"primary row {entry.case}/{entry.figure}: expected a judged figure of the table that "
                          f"is not an outcome (outcomes are judged seed by seed)")
     _check_row(entry)
-    ADDED_PRIMARY.append(entry)
-    return entry
 
 
 def _check_row(entry: Primary) -> None:
