@@ -5,7 +5,8 @@
 In order: the step's LR and batch, forward and backward (z-loss added to what is differentiated, not
 to the logged loss), the global loss and gradient norms in one host sync (``reducer.step_figures``),
 a non-finite step localised before the update can spread it, the loss and gradient spikes, a replay
-bundle of a flagged step (the state before its update), clipping, the optimiser step (skipped by the
+bundle of a flagged step (the state before its update), clipping, a rounding replicate's perturbation of
+the gradients, the optimiser step (skipped by the
 precision policy on non-finite gradients) and the norms of what it changed. The row holds the values
 of ``stability.record.SERIES_KEYS`` and is appended to the record's series.
 """
@@ -22,6 +23,7 @@ import torch
 from stability.config import RunConfig
 from stability.data import Corpus, get_batch
 from stability.model.lm import next_token_loss, z_loss
+from stability.model.rounding import StepRounding
 from stability.precision import PrecisionPolicy
 from stability.record import add_event, append_step, note_skipped
 from stability.train import probes
@@ -36,6 +38,7 @@ class Parts:
     forward: what the step calls (the model, or its DDP wrapper). reducer: ``stability.train.reducer``.
     grad_norms / update_norms: ``probes.GradNorms`` / ``probes.UpdateNorms`` over ``probes.layer_groups``.
     probe_x: the heavy probes' fixed batch (batch, context). held_out: the evaluation batches [(x, y)].
+    rounding: a rounding replicate's per-step perturbation of the gradients (``stability.model.rounding``).
     """
 
     run: RunConfig
@@ -52,6 +55,7 @@ class Parts:
     update_norms: probes.UpdateNorms
     probe_x: torch.Tensor
     held_out: list
+    rounding: StepRounding
 
 
 def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
@@ -89,6 +93,7 @@ def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
     if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:
         torch._foreach_mul_([probes.local(p.grad) for p in model.parameters() if p.grad is not None],
                             run.optim.grad_clip / (grad_norm + 1e-6))
+    parts.rounding.apply(step)   # a rounding replicate: every gradient moved by one rounding step
     parts.update_norms.before()
     stepped = policy.step(optimizer, grads_finite)
     optimizer.zero_grad(set_to_none=True)

@@ -39,7 +39,7 @@ from stability.config import RunConfig
 from stability.config.schedules import Standard
 from stability.data import Corpus, eval_batches, load_corpus, probe_batch
 from stability.model.build import build_model
-from stability.model.rounding import perturb_rounding
+from stability.model.rounding import StepRounding, perturb_rounding, run_identity
 from stability.precision import PrecisionPolicy
 from stability.record import (
     USABLE,
@@ -124,7 +124,8 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     DDP), every figure global; checkpoints and replay bundles are single-process only and left out."""
     reducer = reducer_for(run)        # ConfigError when the run cannot train across the processes
     hooks = reducer.supported(hooks or ArmHooks())
-    parts = build(run, faults.with_lr_spike(schedule or Standard(), run), corpus, reducer)
+    schedule = schedule or Standard()
+    parts = build(run, faults.with_lr_spike(schedule, run), corpus, reducer, run_identity(run, schedule.name, arm))
     state = TrainState(record=new_record(parts, arm), monitor=Monitor(run.probes))
     fault_hooks = faults.install(parts.model, parts.forward, run, lambda: state.step, reducer.rank, reducer.size)
     resume = hooks.checkpoints.resume_state
@@ -170,13 +171,14 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     return record
 
 
-def build(run: RunConfig, schedule, corpus: Corpus | None, reducer) -> Parts:
+def build(run: RunConfig, schedule, corpus: Corpus | None, reducer, identity: str = "") -> Parts:
     """What the arm trains with. The seed is set first: every rank (and every resumed call) builds the same
-    values, then ``reducer.wrap`` shards them under torchrun."""
+    values, then ``reducer.wrap`` shards them under torchrun. ``identity``: what a rounding replicate's draws
+    are keyed on (``stability.model.rounding.run_identity``)."""
     device = torch.device(run.device)
     corpus = corpus or load_corpus(run.data, run.model.vocab_size, run.model.context)
     torch.manual_seed(run.seed)
-    model = perturb_rounding(build_model(run.model, run.seed), run.seed, run.replicate).to(device)
+    model = perturb_rounding(build_model(run.model, run.seed), identity, run.replicate).to(device)
     policy = PrecisionPolicy(run.precision, run.device)
     model = policy.prepare(model)
     policy.watch(model)  # counts overflow/underflow on the device (the own fp8 counts in its casts)
@@ -188,8 +190,9 @@ def build(run: RunConfig, schedule, corpus: Corpus | None, reducer) -> Parts:
     probe_x, _ = probe_batch(corpus, cfg_p.probe_batch_size, run.model.context, run.data.bos, device)
     held_out = eval_batches(corpus, cfg_p.eval_batches, run.data.batch_size, run.model.context, run.data.bos,
                             device)
+    rounding = StepRounding(model, identity, run.replicate, probes.local)
     return Parts(run, schedule, corpus, device, model, forward, policy, optimizer, reducer, groups, grad_norms,
-                 update_norms, probe_x, held_out)
+                 update_norms, probe_x, held_out, rounding)
 
 
 def new_record(parts: Parts, arm: str) -> dict:
