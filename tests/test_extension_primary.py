@@ -64,7 +64,7 @@ def test_a_declared_row_joins_the_primary_family_after_the_built_in_ones(table):
     assert fig.primary_rows() == (*declared, row)
     assert reg.in_primary_family("standard", "gated", TOY.name) is row
     assert reg.in_primary_family("standard", "gated-reference", TOY.name) is None   # arms="arms": no paired row
-    assert fig.primary_family()[-1] == {"case": "standard", "figure": TOY.name, "arms": "arms", "either_way": False}
+    assert fig.primary_family()[-1] == {"case": "standard", "figure": TOY.name, "arms": "arms", "floor_only": False}
     with pytest.raises(ValueError, match=r"primary row standard/toy_spread_mean\[arms\] is declared already"):
         fig.register_primary(row)
     with pytest.raises(ValueError, match="expected a judged figure of the table"):

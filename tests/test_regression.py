@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 from _stability_records import diverged_run, edited, pair_record, replicate, with_replicates
@@ -16,6 +17,7 @@ from stability.check import calibration as cal
 from stability.check import regression as reg
 from stability.cli import main
 from stability.record import RecordError, paired_summary
+from stability.record import figures as fig
 from stability.record.stats import holm, t_upper_tail
 
 
@@ -55,7 +57,8 @@ def _base(values: dict[str, list[float]]) -> dict:
 # ----------------------------------------------------------------------------- the baseline
 
 def test_baseline_holds_every_seeds_reference_and_replicates(record, baseline):
-    assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 5
+    assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 6
+    assert baseline["noise"] == baselines.NOISE and "every step's gradients" in baseline["noise"]
     assert (baseline["preset"], baseline["device"], baseline["commit"]) == ("smoke", "cpu", "abc123")
     assert baseline["replicates"] == [0, 1, 2, 3, 4]
     gated = baseline["cases"]["smoke/standard"]["arms"]["gated"]
@@ -226,26 +229,27 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
     advisory = reg.check([edited(record, "reference", "f_attn_mean", add=0.3)], baseline)
     row = _row(advisory, "reference", "f_attn_mean")
     assert advisory.exit_code == 0 and row.tier == "advisory" and row.verdict == "worse" and row.z > 5
-    assert f"{advisory.judged} primary rows, {advisory.advisory} advisory rows" in advisory.method()
+    assert f"over {advisory.hypotheses} hypotheses of {advisory.judged} primary rows" in advisory.method()
+    assert f"{advisory.advisory} advisory rows never fail the job" in advisory.method()
+    assert advisory.hypotheses == 2 * advisory.judged   # worse by its floor, and moved either way
     assert 0 < advisory.judged < 20 < advisory.advisory
 
 
-def test_an_early_horizon_row_fails_the_job_when_it_moves_either_way(record):
-    """The early horizon is primary either way: a move past its floor in the good direction is the model
-    computing something else (exit 3, "changed", its own verdict, naming the row and how to accept it), judged
-    two-sided; a regression beside it makes the job REGRESSED (exit 1);
-    the same move of a one-sided primary row (held-out loss) is an improvement that passes."""
+def test_a_primary_row_that_moves_beyond_its_noise_either_way_changes_the_job(record):
+    """Every primary row is judged both ways: a move beyond its rounding noise in the good direction, or in the
+    bad one under its floor, is the code computing something else (exit 3, "changed", naming the row, its
+    direction and how to accept it); worse by more than the floor is REGRESSED (exit 1), which wins over a
+    change beside it; a move inside the noise passes."""
     with_early = copy.deepcopy(record)
     for entry in with_early["arms"]:
         entry["final"]["early_loss"] = 3.0 + 0.01 * entry["seed"]
     made = baselines.make_baseline(with_replicates(with_early))
-    assert reg.in_primary_family("standard", "gated", "early_loss").either_way
     lower = reg.check([edited(with_early, "gated", "early_loss", add=-0.5)], made)
     row = _row(lower, "gated", "early_loss")
-    assert lower.exit_code == 3 and row.verdict == "changed" and row.p_judged == pytest.approx(2 * row.p_improved)
+    assert lower.exit_code == 3 and row.verdict == "changed" and row.p_judged == row.p_change < 1e-6
     assert lower.verdict == "CHANGED" and lower.summary_line().startswith("stability check: CHANGED (exit 3)")
-    assert any(line.startswith("changed: smoke/standard gated early_loss moved by -0.4999 in its good direction")
-               and "stability baseline make" in line for line in lower.failure_lines())
+    assert any(line.startswith("changed: smoke/standard gated early_loss moved by -0.4999 (better), beyond its "
+                               "rounding noise") and "stability baseline make" in line for line in lower.failure_lines())
     assert "CHANGED" in lower.table() and "**CHANGED**" in lower.markdown()
     both = reg.check([edited(edited(with_early, "gated", "early_loss", add=-0.5), "gated", "m_act_max", factor=5.0)],
                      made)
@@ -254,7 +258,27 @@ def test_an_early_horizon_row_fails_the_job_when_it_moves_either_way(record):
     assert higher.exit_code == 1 and _row(higher, "gated", "early_loss").verdict == "regressed"
     assert reg.check([with_early], made).exit_code == 0
     better = reg.check([edited(with_early, "gated", "heldout_loss", add=-0.3)], made)
-    assert better.exit_code == 0 and _row(better, "gated", "heldout_loss").verdict == "improved"
+    assert better.exit_code == 3 and _row(better, "gated", "heldout_loss").verdict == "changed"
+    under = reg.check([edited(with_early, "gated", "heldout_loss", add=0.018)], made)   # floor 0.02
+    assert under.exit_code == 3 and any("(worse, under its floor)" in line for line in under.failure_lines())
+    inside = reg.check([edited(with_early, "gated", "heldout_loss", add=1e-5)], made)   # noise ~1e-3
+    assert inside.exit_code == 0
+
+
+def test_a_row_declared_floor_only_is_judged_by_its_floor_alone(record, monkeypatch):
+    """A primary row declared ``floor_only`` (its harmless spread heavier-tailed than its replicates show) has
+    one hypothesis, worse by more than its floor: a move under the floor passes, one past it regresses."""
+    declared = [replace(row, floor_only="measured: heavy-tailed") if (row.case, row.figure) == ("standard",
+                "heldout_loss") else row for row in fig.ADDED_PRIMARY]
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", declared)
+    made = baselines.make_baseline(with_replicates(record))
+    under = reg.check([edited(record, "gated", "heldout_loss", add=0.01)], made)
+    row = _row(under, "gated", "heldout_loss")
+    assert row.floor_only and row.hypotheses == [("regressed", row.p)] and under.exit_code == 0
+    assert under.hypotheses == 2 * under.judged - sum(r.floor_only for r in under.primary)
+    assert reg.check([edited(record, "gated", "heldout_loss", add=0.3)], made).exit_code == 1
+    assert {"case": "standard", "figure": "heldout_loss", "floor_only": True}.items() <= \
+        next(r for r in fig.primary_family() if r["figure"] == "heldout_loss").items()
 
 
 def test_the_same_runs_judged_in_two_cases_count_once(record, baseline):
@@ -538,7 +562,7 @@ def test_tolerances_override_floors_and_reject_unknown_names(tmp_path, record, b
     worse = edited(record, "gated", "heldout_loss", add=0.05)
     assert _row(reg.check([worse], baseline), "gated", "heldout_loss").verdict == "regressed"
     relaxed = reg.check([worse], baseline, tolerances={"heldout_loss": {"floor": 0.1}})
-    assert _row(relaxed, "gated", "heldout_loss").verdict == "ok"
+    assert _row(relaxed, "gated", "heldout_loss").verdict == "changed"   # under the floor, beyond the noise
     for bad in ({"bogus": {"floor": 1}}, {"heldout_loss": {"k": 3}}, {"heldout_loss": {"floor": -1}}):
         with pytest.raises(RecordError):
             reg.resolve_tolerances(bad)
@@ -594,12 +618,13 @@ def test_cli_check_states_its_false_alarm_rate_and_the_evidence(tmp_path, record
     assert "125 arrangements" in capsys.readouterr().out
     assert main(["check", "--baseline", str(tmp_path / "b.json"), paths[0]]) == 0
     out = capsys.readouterr().out
-    assert "PASS" in out and "false-alarm rate alpha = 0.01" in out
+    assert "PASS" in out and "Holm at alpha = 0.01" in out
+    assert "false-alarm rate of this job: not measured (the baseline records no null jobs)" in out
     worse = _write(tmp_path / "worse.json", edited(record, "reference", "max_attn_logit", add=3.0))
     assert main(["check", "--baseline", str(tmp_path / "b.json"), worse, "--alpha", "0.05",
                  "--json", str(tmp_path / "c.json")]) == 1
     out = capsys.readouterr().out
-    assert "alpha = 0.05" in out and "regressed: smoke/standard reference max_attn_logit (z " in out
+    assert "alpha = 0.05" in out and "regressed: smoke/standard reference max_attn_logit worse by more than" in out
     header = next(line for line in out.splitlines() if line.startswith("case"))
     assert all(word in header.split() for word in ("tier", "floor", "noise", "z", "p"))
     document = json.loads((tmp_path / "c.json").read_text())
@@ -998,3 +1023,46 @@ def test_the_first_token_share_is_primary_where_a_sink_forms_and_advisory_at_smo
         assert {r.tier for r in result.rows if r.figure == "f_attn_mean" and "-" not in r.arm} == {tier}
         said = [n for n in result.notes if "standard f_attn_mean is advisory at smoke" in n]
         assert bool(said) == (preset == "smoke") and all("no attention sink forms" in n for n in said)
+
+
+# ----------------------------------------------------------------------------- a change of settings, judged
+
+def _with_config(record: dict, section: str, field: str, value) -> dict:
+    changed = copy.deepcopy(record)
+    changed["config"]["run"][section][field] = value
+    return changed
+
+
+def test_a_changed_setting_is_judged_and_the_job_is_changed_naming_it(record, baseline):
+    """AdamW's beta2 0.95 -> 0.999 in the job: the rows and outcomes are judged as usual, the setting is named
+    with both values, and the job is CHANGED (exit 3), never refused; a regression beside it makes it REGRESSED,
+    the setting still listed; a changed model width makes the runs other runs: exit 2 naming the field."""
+    betas = _with_config(record, "optim", "betas", [0.9, 0.999])
+    result = reg.check([betas], baseline)
+    assert result.exit_code == 3 and result.verdict == "CHANGED" and not result.errors
+    assert len(result.settings) == 1 and "run.optim.betas: baseline [0.9, 0.95], job [0.9, 0.999]" in result.settings[0]
+    assert any(line.startswith("changed: case smoke/standard: 1 setting(s) differ") for line in result.failure_lines())
+    assert result.judged > 0 and all(row.p is not None for row in result.primary)
+    worse = reg.check([edited(betas, "gated", "heldout_loss", add=0.3)], baseline)
+    assert worse.exit_code == 1 and worse.settings and _row(worse, "gated", "heldout_loss").verdict == "regressed"
+    wider = reg.check([_with_config(record, "model", "d_model", 128)], baseline)
+    assert wider.exit_code == 2 and not wider.rows and "run.model.d_model: baseline 64, job 128" in wider.errors[0]
+    assert "cannot be compared" in wider.errors[0]
+
+
+def test_the_check_states_one_rate_for_the_job_and_what_it_rests_on(record, baseline):
+    """With the baseline's null jobs recorded, the job's false-alarm rate is their 95% upper bound (0 of 150:
+    1.98%), printed with the rows' Holm, the outcome cells and the invariants it covers; without, it says the
+    rate was not measured."""
+    measured = {**baseline, "null_jobs": cal.null_job_evidence(150, 0, "abc", list(range(20, 170)), 31.0)}
+    result = reg.check([record], measured)
+    assert result.rate() == pytest.approx(0.0198, abs=1e-4) and result.to_dict()["rate"] == result.rate()
+    lines = result.rate_lines()
+    assert lines[0].startswith("false-alarm rate of this job (rows, outcomes and invariants together): at most 2.0% "
+                               "at 95% confidence: 0 of 150 null jobs failed")
+    assert f"by Holm over {result.hypotheses} hypotheses" in lines[1]
+    cells, runs = result.clean_cells
+    assert cells > 0 and runs == 5 * cells and f"outcomes: {cells} cells" in lines[2]
+    assert lines[0] in result.table() and reg.check([record], baseline).rate() is None
+    with pytest.raises(RecordError, match="null_jobs.failed = 151 is more than"):
+        baselines.validate_baseline({**measured, "null_jobs": {**measured["null_jobs"], "failed": 151}}, "b")

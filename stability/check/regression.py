@@ -2,43 +2,54 @@
 
 A baseline (``stability.check.baseline``) holds, per stress case, arm, seed and judged figure, the values
 of the seed's unperturbed run and of its rounding replicates; their spread is the noise a harmless change
-has to be told from. ``check(records, baseline)`` judges the job in three parts:
+has to be told from. ``check(records, baseline)`` judges the job in four parts:
 
 1. **Fail closed.** What cannot be judged fails the job with exit 2 and the reason: a record left
    unfinished (status "running" or "killed"), a case, arm or seed the baseline judged and the job lacks
    (``cases`` narrows the baseline's cases on purpose, and the verdict says so), a job of other seeds
-   than the baseline's (each seed is paired with its own baseline runs), another preset, device or
-   config, a figure value that is not a number.
+   than the baseline's (each seed is paired with its own baseline runs), another preset or device, runs
+   that cannot be compared (part 4), a figure value that is not a number.
 2. **Outcomes, seed by seed.** A figure the table marks as an *outcome* (the run diverged, met a
-   non-finite value its precision recipe did not handle: ``Figure.outcome``) not clean in a run of the
-   job is judged by rank against the n baseline runs of that seed that report it: k of them not clean
-   (a run that diverged counts as not clean for every outcome: a non-finite value on the way to a
-   divergence is part of it), p = (k + 1) / (n + 1) that one more replicate would be, and the run
-   fails the job when p <= ``OUTCOME_P`` (1/6: with the committed 5 replicates, where every baseline run
-   of the seed was clean), with one line naming case, arm, seed, what happened (the divergence step), k,
-   n and p; above it, a note says the same and that it does not fail the job. A figure finite in every baseline
-   run of a seed that is non-finite or absent in the job's run of that seed (when that run should report
-   it) fails the same way: a NaN is a result, and the result is a regression.
+   non-finite value its precision recipe did not handle, or did not apply what its case says it applies:
+   ``Figure.outcome``) not clean in a run of the job is judged against the n baseline runs of that seed that
+   report it: k of them not clean (a run that diverged counts as not clean for every outcome: a non-finite
+   value on the way to a divergence is part of it). The run fails the job where k = 0, every baseline run of
+   the seed clean, with one line naming case, arm, seed, what happened (the divergence step), k and n; where
+   k > 0 the replicates already showed it, and a note says so with its rank p = (k + 1) / (n + 1), not failing
+   the job. A figure finite in every baseline run of a seed that is non-finite or absent in the job's run of
+   that seed (when that run should report it) fails the same way: a NaN is a result, and the result is a
+   regression.
 3. **Rows.** Every other judged figure of every case and arm, and the paired difference ``<arm> -
    reference`` of each treatment arm, is a row: ``delta = mean_s(current_s - m_s)`` over the seeds, where
    ``m_s`` and ``v_s`` are the mean and variance of seed s's baseline runs (never below the figure's
    resolution squared), standard error ``sqrt(sum_s v_s (1 + 1/n_s)) / n``, degrees of freedom by
-   ``DOF_RULE`` (the fewest of any seed), and the p-value of "worse by more than the floor" (``floor = max(floor, rel_floor *
-   |baseline|)``, the figure table). Rows of the *primary family* (``stability.record.figures.primary_rows()``)
-   are judged together by Holm's step-down procedure at ``alpha`` (default 1%): the chance that a
-   harmless change fails the job through them is at most alpha whatever their dependence. An *either-way*
-   row (the early horizon, ``Primary.either_way``) enters with its two-sided p, and a rejection in its good
-   direction is "changed": the model computes something else than the baseline's, which fails the job too. Every other
-   row is *advisory*: printed with its z and p, never failing the job. A row whose runs are the same runs
-   as an earlier row's (identical values in the baseline and in the job) is judged once.
+   ``DOF_RULE`` (the fewest of any seed). Each row of the *primary family*
+   (``stability.record.figures.primary_rows()``) is two hypotheses: *regressed*, the p-value of "worse by
+   more than the floor" (``floor = max(floor, rel_floor * |baseline|)``, the figure table), and *changed*,
+   the two-sided p-value of "moved at all" (no floor), left out for a row declared ``floor_only`` (its
+   harmless spread is heavier-tailed than its replicates show). All of them are judged together by Holm's
+   step-down procedure at ``alpha`` (default 1%): the chance that a harmless change fails the job through
+   them is at most alpha whatever their dependence. A rejected *regressed* fails the job (exit 1); a
+   rejected *changed* alone makes it CHANGED (exit 3): the code computes something else than the baseline's,
+   better or worse, and a change meant to do so comes with its baseline. Every other row is *advisory*:
+   printed with its z and p, never failing the job. A row whose runs are the same runs as an earlier row's
+   (identical values in the baseline and in the job) is judged once.
+4. **Settings.** A case whose config differs from the baseline's in a setting (the optimiser, the precision
+   recipe, the gate, a stress schedule's knobs: ``stability.record.setting_changes``) is judged like any
+   other, its settings listed, and the job is CHANGED at least (REGRESSED where a row or outcome is); a case
+   whose runs cannot be compared (another model shape, data, run length or set of runs) is unusable input.
 
-Exit codes: 0 nothing regressed; 1 an outcome, a primary row or a test of the job regressed, whatever else
-is wrong with the job (the other problems are listed beside it); 3 a primary row changed (moved past its
-floor in its good direction) and nothing regressed; 2 the inputs cannot be judged.
+Exit codes: 0 nothing regressed or changed; 1 an outcome, a primary row or a test of the job regressed,
+whatever else is wrong with the job (the other problems are listed beside it); 3 a primary row or a setting
+changed and nothing regressed; 2 the inputs cannot be judged.
 Seeds whose baseline runs did not all end the same way (some completed, some diverged) have their outcomes
-judged by the rank rule above like any seed, and their other figures by an explicit rule, stated in the
+judged by the rule above like any seed, and their other figures by an explicit rule, stated in the
 verdict's notes: the evaluation and peak figures of such a seed are judged against its completed runs when
 the job's run completed, and left out when it diverged too.
+
+The job's false-alarm rate, rows, outcomes and invariants together, is what the baseline's null jobs measured
+(harmless jobs: the baseline's code with every run a fresh rounding replicate, ``null_jobs`` in the baseline);
+the check prints it with what it rests on (``CheckResult.rate_lines``).
 
 This module reads JSON only: no torch, no MLflow.
 """
@@ -68,11 +79,12 @@ from stability.record import (
     config_diff,
     config_fingerprint,
     record_device,
+    setting_changes,
     where,
 )
 from stability.record import figures as fig
 from stability.record.io import check_size
-from stability.record.stats import holm, t_upper_tail
+from stability.record.stats import binomial_upper_bound, holm, t_upper_tail
 from stability.report.tables import fmt, markdown_text, text_table
 
 DEFAULT_ALPHA = 0.01
@@ -83,23 +95,17 @@ noisier than the others) or "welch" (Welch-Satterthwaite over the seeds' varianc
 p in the tail when one seed dominates the variance). Chosen by calibration on the committed ci baseline: with
 Welch the closest of 125 arrangements came within 6.5x of failing (one chaotic seed's early gradient norm),
 with "min" within 15x; the power of the early-horizon rows (z in the thousands) does not depend on it."""
-OUTCOME_P = 1 / 6
-"""The threshold of the per-seed outcome rule. Under a harmless change the job's run of a seed is one more
-replicate of that seed, exchangeable with its n baseline replicates; if k of them are not clean for an outcome
-figure, the chance that one more replicate is not clean by rank is p = (k + 1) / (n + 1), exactly (a
-permutation p-value, ``outcome_p``). The job's run, not clean, fails the job when p <= OUTCOME_P. 1/6 is the p
-of k = 0 among the committed baselines' n = 5 replicates (the reference + 4 more): the rule fails a new
-divergence where every baseline replicate of the seed was clean, as it always did, and fails none that a
-replicate of the seed already showed (1 of 5: p 1/3, a note); a baseline of more replicates fails a divergence
-some of them showed, when they are rare enough (1 of 11: p 1/6). So high a threshold per seed and figure is
-sound because rounding replicates rarely flip an outcome: a seed's outcome is clean in every replicate, or not
-clean in every replicate (a case that expects divergence); a flip is a change, not rounding noise. That
-premise is measured, not assumed: the calibration (``stability.check.calibration``) judges every arrangement
-of the baseline's replicates with this rule, ranking the replicate that plays the change among the baseline's
-full n replicates (``held_out``), so an arrangement in which a replicate that flipped an outcome plays the
-change fails; the curve is the false-alarm rate of the whole job, outcomes included, and a baseline whose
-replicates flip an outcome is refused (its curve crosses the diagonal)."""
-METHOD = "Holm over the primary family; outcomes per seed; noise from rounding replicates"
+OUTCOME_RULE = "fails where every baseline run of the seed was clean (k = 0)"
+"""The per-seed outcome rule. Under a harmless change the job's run of a seed is one more replicate of that seed,
+exchangeable with its n baseline replicates; if k of them are not clean for an outcome figure, the chance that
+one more replicate is not clean by rank is p = (k + 1) / (n + 1), exactly (a permutation p-value,
+``outcome_p``). A run not clean fails the job only where k = 0: a flip that no replicate of the seed showed.
+Where k > 0 the replicates already showed it: a note with its p. Its share of the job's false-alarm rate is the
+chance that a harmless run flips a cell whose replicates never did, which the calibration (an arrangement
+whose replicate flipped such a cell fails) and the null jobs (every run of a harmless job) measure; the
+applied-stress and measurement outcomes (``lr_off_log_steps`` ...) are exact, and never flip by rounding."""
+METHOD = ("Holm over the primary family, each row worse-by-its-floor and moved-either-way; outcomes per seed; "
+          "noise from rounding replicates")
 
 
 def paired_arm(arm: str) -> str:
@@ -164,21 +170,28 @@ class Row:
     noise: float | None         # root mean replicate variance over the seeds (at least the resolution)
     se: float | None            # standard error of delta under the noise
     z: float | None             # (worse - floor) / se: the evidence, in standard errors beyond the floor
-    p: float | None             # P(T > z) under the row's degrees of freedom; None: not judged
+    p: float | None             # P(T > z) under the row's degrees of freedom: worse by more than the floor
     verdict: str                # ok | regressed | changed | worse | improved | new | missing
     mode: str = ""              # "n=3 df=12"
     note: str = ""
-    p_improved: float | None = None
+    p_improved: float | None = None   # better by more than the floor
+    p_change: float | None = None     # two-sided, no floor: moved at all
     tier: str = "advisory"      # primary | advisory | duplicate
-    either_way: bool = False    # judged two-sided: a move past the floor in the good direction fails too
+    floor_only: bool = False    # a primary row judged by its floor only (no change hypothesis)
+
+    @property
+    def hypotheses(self) -> list[tuple[str, float]]:
+        """What the family-wise decision judges of a primary row: ("regressed", p), and ("changed", p_change)
+        unless the row is judged by its floor only."""
+        if self.p is None:
+            return []
+        moved = [] if self.floor_only or self.p_change is None else [("changed", self.p_change)]
+        return [("regressed", self.p)] + moved
 
     @property
     def p_judged(self) -> float | None:
-        """The p-value the family-wise decision uses: ``p``, or for an either-way row the two-sided
-        ``2 min(p, p_improved)`` (a move past the floor in either direction)."""
-        if not self.either_way or self.p is None or self.p_improved is None:
-            return self.p
-        return min(1.0, 2 * min(self.p, self.p_improved))
+        """The smallest p-value of the row's hypotheses (what comes closest to failing it)."""
+        return min((p for _, p in self.hypotheses), default=self.p)
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "p_judged": self.p_judged}
@@ -186,8 +199,8 @@ class Row:
 
 @dataclass
 class Outcome:
-    """A failure of one run of the job: an outcome not clean where the baseline runs of its seed make that
-    unlikely (p <= ``OUTCOME_P``), a finite figure gone non-finite or absent, an invariant that stopped holding."""
+    """A failure of one run of the job: an outcome not clean where every baseline run of its seed was clean
+    (``OUTCOME_RULE``), a finite figure gone non-finite or absent, an invariant that stopped holding."""
 
     case: str
     arm: str
@@ -220,6 +233,14 @@ def _tail(statistic: float, se: float, dof: float) -> float:
     if not math.isfinite(dof) or dof > 1000:
         return 0.5 * math.erfc(statistic / se / math.sqrt(2))
     return t_upper_tail(statistic / se, max(1, int(dof)))
+
+
+def two_sided(delta: float, se: float, dof: float) -> float:
+    """P(|T| >= |delta| / se): the chance that rounding noise alone moves a row this far, either way (1 for no
+    move, 0 for any move where the noise is exactly zero)."""
+    if delta == 0:
+        return 1.0
+    return min(1.0, 2 * _tail(abs(delta), se, dof))
 
 
 def seed_noise(groups: dict[str, list[float]], quantum: float) -> dict[str, tuple[float, float]]:
@@ -261,14 +282,14 @@ def judge(baseline: dict, current: dict, name: str, quantum: float = 0.0, tolera
           dof_rule: str = DOF_RULE) -> dict:
     """The statistics of one row: ``baseline`` maps seed -> {replicate: value or None}, ``current`` maps
     seed -> value (seeds of the job that have no finite value are left out of ``current``). Returns the
-    fields of ``Row`` from ``baseline`` to ``p_improved`` (see the module docstring for the rule)."""
+    fields of ``Row`` from ``baseline`` to ``p_change`` (see the module docstring for the rule)."""
     entry = fig.figure(name)
     tolerance = tolerance or {}
     groups = {s: [v for v in runs.values() if v is not None] for s, runs in baseline.items()}
     groups = {s: g for s, g in groups.items() if g}
     cur = {s: v for s, v in current.items() if v is not None}
     out = {"baseline": None, "current": _mean(cur.values()), "delta": None, "floor": None, "noise": None,
-           "se": None, "z": None, "p": None, "mode": "", "note": "", "p_improved": None}
+           "se": None, "z": None, "p": None, "mode": "", "note": "", "p_improved": None, "p_change": None}
     if not groups:
         return out
     centers = {s: sum(g) / len(g) for s, g in groups.items()}
@@ -287,7 +308,7 @@ def judge(baseline: dict, current: dict, name: str, quantum: float = 0.0, tolera
     out.update(current=_mean(cur[s] for s in common), delta=delta, floor=floor,
                noise=math.sqrt(sum(noise[s][0] for s in common) / len(common)), se=se, z=z,
                mode=f"n={len(common)} df={dof:.3g}", p=_tail(worse - floor, se, dof),
-               p_improved=_tail(-worse - floor, se, dof))
+               p_improved=_tail(-worse - floor, se, dof), p_change=two_sided(delta, se, dof))
     return out
 
 
@@ -306,7 +327,11 @@ class CheckResult:
     alpha: float = DEFAULT_ALPHA
     replicates: list[int] = field(default_factory=list)   # the baseline's: 0 the unperturbed runs
     calibration: dict | None = None
+    null_jobs: dict | None = None   # the baseline's null jobs: {"jobs", "failed", ...} (its measured rate)
     suite_failures: list[str] = field(default_factory=list)   # tests of the job's suites that failed
+    settings: list[str] = field(default_factory=list)   # per case whose settings differ from the baseline's
+    clean_cells: list[int] = field(default_factory=lambda: [0, 0])   # outcome cells judged clean-only, their runs
+    invariants_held: int = 0        # invariant lines that held in the baseline, judged
     signatures: dict[int, str] = field(default_factory=dict, repr=False)   # id(row) -> its values as text
 
     HEADER: ClassVar[list[str]] = ["case", "arm", "figure", "tier", "baseline", "current", "delta", "floor",
@@ -314,8 +339,7 @@ class CheckResult:
 
     @property
     def regressed(self) -> list[Row]:
-        """The primary rows that fail the job: regressed, or changed (an either-way row moved past its floor
-        in its good direction)."""
+        """The primary rows that fail the job: regressed, or changed (moved beyond their noise)."""
         return [row for row in self.rows if row.verdict in ("regressed", "changed")]
 
     @property
@@ -328,17 +352,23 @@ class CheckResult:
         return len(self.primary)
 
     @property
+    def hypotheses(self) -> int:
+        """How many hypotheses Holm's procedure judges: two per primary row, one for a row judged by its floor
+        only."""
+        return sum(len(row.hypotheses) for row in self.primary)
+
+    @property
     def advisory(self) -> int:
         return sum(row.tier == "advisory" and row.p is not None for row in self.rows)
 
     @property
     def exit_code(self) -> int:
         """0 pass; 1 regressed (an outcome, a primary row or a test of the job failed), whatever else is wrong;
-        3 changed (a primary row moved past its floor in its good direction: the model computes something
+        3 changed (a primary row moved beyond its noise, or a setting differs: the code computes something
         else; accepted only by a new baseline); 2 the inputs cannot be judged (listed beside a 1 or a 3)."""
         if any(row.verdict == "regressed" for row in self.rows) or self.outcomes or self.suite_failures:
             return 1
-        if any(row.verdict == "changed" for row in self.rows):
+        if any(row.verdict == "changed" for row in self.rows) or self.settings:
             return 3
         return 2 if self.errors else 0
 
@@ -348,19 +378,50 @@ class CheckResult:
 
     def method(self) -> str:
         count = max(0, len(self.replicates) - 1)
-        return (f"false-alarm rate alpha = {self.alpha:g} for the whole job ({METHOD}: {self.judged} primary "
-                f"rows, {self.advisory} advisory rows never fail the job; reference + {count} replicates "
-                f"per seed)")
+        floor_only = sum(row.floor_only for row in self.primary)
+        return (f"{METHOD}: Holm at alpha = {self.alpha:g} over {self.hypotheses} hypotheses of {self.judged} "
+                f"primary rows ({floor_only} judged by their floor only); {self.advisory} advisory rows never fail "
+                f"the job; the unperturbed run + {count} rounding replicates per seed")
+
+    def rate(self) -> float | None:
+        """The job's false-alarm rate, measured: the 95% upper bound over the baseline's null jobs (None: the
+        baseline records none)."""
+        jobs = self.null_jobs or {}
+        if not jobs.get("jobs"):
+            return None
+        return binomial_upper_bound(jobs["failed"], jobs["jobs"])
+
+    def rate_lines(self) -> list[str]:
+        """The job's false-alarm rate, rows, outcomes and invariants together, and what it rests on."""
+        jobs, bound = self.null_jobs or {}, self.rate()
+        if bound is None:
+            head = ("false-alarm rate of this job: not measured (the baseline records no null jobs); by design at "
+                    "most alpha from its rows, plus what its outcome cells and invariants add")
+        else:
+            head = (f"false-alarm rate of this job (rows, outcomes and invariants together): at most {bound:.1%} at "
+                    f"95% confidence: {jobs['failed']} of {jobs['jobs']} null jobs failed (harmless jobs of the "
+                    f"baseline's code, every run a fresh rounding replicate)")
+        curve = self.calibration or {}
+        calibrated = (f"; calibrated: {curve['failed'][0]} of {curve['arrangements']} arrangements of the "
+                      f"baseline's replicates failed at alpha {curve['alphas'][0]:g}") if curve.get("failed") else ""
+        cells, runs = self.clean_cells
+        return [head,
+                f"  rows: at most alpha = {self.alpha:g} by Holm over {self.hypotheses} hypotheses{calibrated}",
+                (f"  outcomes: {cells} cells (case, arm, seed, outcome) whose {runs} baseline runs were all clean "
+                 f"fail the job on one run that is not"),
+                f"  invariants: {self.invariants_held} that held in the baseline fail the job if one stops holding"]
 
     def failure_lines(self) -> list[str]:
         """One line per reason the job failed (empty when it passed)."""
         lines = [f"error: {e}" for e in self.errors] + [f"failed: {o.reason}" for o in self.outcomes]
         lines += [f"failed: {test}" for test in self.suite_failures]
-        holm_over = f"Holm over {self.judged} primary rows at alpha {self.alpha:g}"
-        return lines + [f"regressed: {r.case} {r.arm} {r.figure} (z {fmt(r.z)}, p {_fmt_p(r.p_judged)}, {holm_over})"
+        lines += [f"changed: {setting}" for setting in self.settings]
+        holm_over = f"Holm over {self.hypotheses} hypotheses at alpha {self.alpha:g}"
+        return lines + [f"regressed: {r.case} {r.arm} {r.figure} worse by more than its floor {fmt(r.floor)} (z "
+                        f"{fmt(r.z)}, p {_fmt_p(r.p)}, {holm_over})"
                         if r.verdict == "regressed" else
-                        (f"changed: {r.case} {r.arm} {r.figure} moved by {fmt(r.delta)} in its good direction, past "
-                         f"its floor {fmt(r.floor)} (two-sided p {_fmt_p(r.p_judged)}, {holm_over}): the model "
+                        (f"changed: {r.case} {r.arm} {r.figure} moved by {fmt(r.delta)} ({_direction(r)}), beyond its "
+                         f"rounding noise {fmt(r.noise)} (two-sided p {_fmt_p(r.p_change)}, {holm_over}): the code "
                          f"computes something else than the baseline's; a change meant to do so comes with its "
                          f"baseline (stability baseline make, in the same commit)") for r in self.regressed]
 
@@ -372,6 +433,8 @@ class CheckResult:
     def summary_line(self) -> str:
         counts = {v: sum(r.verdict == v for r in self.rows) for v in VERDICT_MARK}
         text = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+        if self.settings:
+            text = f"{len(self.settings)} case(s) with changed settings" + (f", {text}" if text else "")
         if self.outcomes:
             text = f"{len(self.outcomes)} failed outcome(s)" + (f", {text}" if text else "")
         if self.suite_failures:
@@ -385,7 +448,7 @@ class CheckResult:
         return [r for r in rows if not only_changed or r.tier == "primary" or r.verdict not in ("ok", "duplicate")]
 
     def table(self, only_changed: bool = False) -> str:
-        out = [self.summary_line(), self.method()] + self.failure_lines() \
+        out = [self.summary_line(), self.method()] + self.rate_lines() + self.failure_lines() \
             + [f"warning: {w}" for w in self.warnings] + [f"note: {n}" for n in self.notes]
         rows = self.shown(only_changed)
         return "\n".join(out + (["", text_table([self.HEADER] + [self.cells(r) for r in rows])] if rows else []))
@@ -394,14 +457,15 @@ class CheckResult:
         icon = {0: ":white_check_mark:", 1: ":x:", 2: ":warning:", 3: ":large_orange_diamond:"}[self.exit_code]
         out = [f"### Stability check: {icon} {self.verdict}", "",
                (f"Preset {markdown_text(self.preset)}, device {markdown_text(self.device)}, baseline from "
-                f"commit {markdown_text(str(self.baseline_commit)[:12])}. The job fails when a run diverges or meets an unhandled "
-                f"non-finite value where the baseline runs of its seed make that unlikely (k of n not clean: "
-                f"p = (k + 1) / (n + 1) <= {OUTCOME_P:.3g}), or when a row of the "
-                f"primary family got worse by more than its floor (an early-horizon row: moved past it either "
-                f"way) with Holm-adjusted evidence at alpha = {self.alpha:g} over its {self.judged} rows: the chance that a harmless change fails this job "
-                f"through them is at most {self.alpha:g}. {self.advisory} advisory rows are shown, never "
-                f"failing the job. Noise: the spread of {max(0, len(self.replicates) - 1)} rounding replicates per "
-                f"seed (z: standard errors beyond the floor)."), ""]
+                f"commit {markdown_text(str(self.baseline_commit)[:12])}. The job fails when a run diverges, meets an "
+                f"unhandled non-finite value or does not apply what its case applies where every baseline run of its "
+                f"seed was clean, or when a row of the primary family got worse by more than its floor; it is "
+                f"CHANGED when a primary row moved beyond its rounding noise either way, or a setting differs from "
+                f"the baseline's; Holm at alpha = {self.alpha:g} over {self.hypotheses} hypotheses of "
+                f"{self.judged} rows. {self.advisory} advisory rows are shown, never failing the job. Noise: the "
+                f"spread of {max(0, len(self.replicates) - 1)} rounding replicates per seed (z: standard errors "
+                f"beyond the floor)."), ""]
+        out += [f"- {markdown_text(line.strip())}" for line in self.rate_lines()]
         out += [f"- **{markdown_text(line.partition(': ')[0])}:** {markdown_text(line.partition(': ')[2])}"
                 for line in self.failure_lines()]
         out += [f"- warning: {markdown_text(w)}" for w in self.warnings]
@@ -419,11 +483,18 @@ class CheckResult:
     def to_dict(self) -> dict:
         return {"exit_code": self.exit_code, "verdict": self.verdict, "errors": self.errors,
                 "outcomes": [o.as_dict() for o in self.outcomes], "notes": self.notes, "warnings": self.warnings,
-                "baseline_commit": self.baseline_commit, "alpha": self.alpha, "method": METHOD,
-                "dof_rule": DOF_RULE, "primary_family": [p.as_dict() for p in fig.primary_rows()],
-                "rows_judged": self.judged, "rows_advisory": self.advisory, "replicates": self.replicates,
-                "calibration": self.calibration, "suite_failures": self.suite_failures,
-                "rows": [r.as_dict() for r in self.rows]}
+                "settings": self.settings, "baseline_commit": self.baseline_commit, "alpha": self.alpha,
+                "method": METHOD, "dof_rule": DOF_RULE, "primary_family": [p.as_dict() for p in fig.primary_rows()],
+                "rows_judged": self.judged, "hypotheses": self.hypotheses, "rows_advisory": self.advisory,
+                "replicates": self.replicates, "calibration": self.calibration, "null_jobs": self.null_jobs,
+                "rate": self.rate(), "clean_cells": self.clean_cells, "invariants_held": self.invariants_held,
+                "suite_failures": self.suite_failures, "rows": [r.as_dict() for r in self.rows]}
+
+
+def _direction(row: Row) -> str:
+    """"worse" or "better" for a row's move."""
+    worse = row.delta > 0 if row.better == "lower" else row.delta < 0
+    return "worse, under its floor" if worse else "better"
 
 
 def _fmt_p(p: float | None) -> str:
@@ -487,11 +558,9 @@ def reports(name: str, status: str) -> bool:
 
 def outcome_p(k: int, n: int, held_out: int = 0) -> float:
     """The chance that one more replicate exchangeable with a seed's n baseline replicates, k of them not
-    clean, is not clean by rank: (k + 1) / (n + 1) (a permutation p-value). ``held_out``: replicates of the
-    baseline left out of the n to play the job (the calibration: 1); the rank is then taken among all the
-    baseline's replicates, (k + 1) / (n + held_out + 1), so that an arrangement fails where a job against the
-    whole baseline with the same k would (one replicate fewer to count k over: slightly pessimistic, as the
-    rows are)."""
+    clean, is not clean by rank: (k + 1) / (n + 1) (a permutation p-value, printed beside a note).
+    ``held_out``: replicates of the baseline left out of the n to play the job (the calibration: 1); the rank
+    is then taken among all the baseline's replicates, (k + 1) / (n + held_out + 1)."""
     return (k + 1) / (n + held_out + 1)
 
 
@@ -500,16 +569,15 @@ def _not_clean(name: str) -> str:
 
 
 def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict, notes: list[str] | None = None,
-                    held_out: int = 0) -> list[Outcome]:
+                    held_out: int = 0, tally: list[int] | None = None) -> list[Outcome]:
     """The per-seed failures of one arm. An outcome figure not clean in the job's run of a seed is judged
     against the seed's baseline runs that report the figure, n of them: k are not clean, a run that diverged
     counting as not clean for every outcome (a NaN on the way to a divergence, in the LR range test, is part
-    of the divergence, judged by ``diverged``); p = ``outcome_p(k, n, held_out)`` is the exact chance that
-    one more exchangeable replicate would be not clean. p <= ``OUTCOME_P`` fails the job with a line naming case,
-    arm, seed, what happened, k, n and p; above it a line saying the same goes to ``notes``, judged and not
-    failing. The rule holds in every seed, whatever its baseline runs' status: where k of them diverged, a
-    divergence now is judged with that k. A figure finite in every baseline run of the seed that is
-    non-finite or absent now fails the job too."""
+    of the divergence, judged by ``diverged``). k = 0 fails the job with a line naming case, arm, seed, what
+    happened and n (``OUTCOME_RULE``); k > 0 goes to ``notes`` with its p = ``outcome_p(k, n, held_out)``,
+    judged and not failing. A figure finite in every baseline run of the seed that is non-finite or absent now
+    fails the job too. ``tally``: [cells, runs] to add the outcome cells whose baseline runs were all clean to
+    (what the job's outcome rule rests on)."""
     found = []
     for seed, status in sorted(cur["status"].items()):
         base_status = base["status"].get(seed, {})
@@ -520,23 +588,23 @@ def outcomes_of_arm(key: str, arm: str, base: dict, cur: dict, notes: list[str] 
                 continue   # no baseline run of the seed reports the figure, or this run cannot report it
             value = cur["figures"].get(name, {}).get(seed, "absent")
             if entry.outcome:
-                if value == "absent" or value is None or entry.clean(value):
-                    continue
                 k = sum(v is None or not entry.clean(v) or base_status.get(r) != Status.COMPLETED
                         for r, v in baseline_runs.items())
                 n = len(baseline_runs)
-                p = outcome_p(k, n, held_out)
+                if tally is not None and k == 0:
+                    tally[0], tally[1] = tally[0] + 1, tally[1] + n
+                if value == "absent" or value is None or entry.clean(value):
+                    continue
                 step = cur["diverged_at_step"].get(seed)
                 shown = ("true" if value else "false") if entry.quantum == "seed" else fmt(value)
                 what = f"{name} = {shown}" + (f" (diverged at step {step})" if step is not None else "")
-                odds = f"{_not_clean(name)} (p {p:.3f} that one more replicate would)"
-                rank = (f"every one of the {n} baseline runs of this seed was clean: 0 of {n} {odds}" if k == 0
-                        else f"{k} of the {n} baseline runs of this seed {odds}")
-                line = f"case {key} arm {arm} seed {seed}: {what}; {rank}"
-                if p <= OUTCOME_P:
-                    found.append(Outcome(key, arm, seed, name, line))
+                if k == 0:
+                    found.append(Outcome(key, arm, seed, name, f"case {key} arm {arm} seed {seed}: {what}; every "
+                                                               f"one of the {n} baseline runs of this seed was clean"))
                 elif notes is not None:
-                    notes.append(f"{line}: judged, not failing the job (it fails at p <= {OUTCOME_P:.3f})")
+                    notes.append(f"case {key} arm {arm} seed {seed}: {what}; {k} of the {n} baseline runs of this "
+                                 f"seed {_not_clean(name)} (p {outcome_p(k, n, held_out):.3f} that one more replicate "
+                                 f"would): judged, not failing the job ({OUTCOME_RULE})")
             elif len(baseline_runs) >= len(base_status) and all(v is not None for v in baseline_runs.values()) \
                     and (value == "absent" or value is None):
                 found.append(Outcome(key, arm, seed, name, f"case {key} arm {arm} seed {seed}: {name} is "
@@ -593,7 +661,7 @@ def rows_of_case(result: CheckResult, key: str, base: dict, case: dict, toleranc
         if cur_seeds - base_seeds:
             result.notes.append(f"case {key} arm {arm}: seed(s) {_seeds(cur_seeds - base_seeds)} are not in the "
                                 f"baseline: left out")
-        result.outcomes += outcomes_of_arm(key, arm, base_arm, cur_arm, result.notes, held_out)
+        result.outcomes += outcomes_of_arm(key, arm, base_arm, cur_arm, result.notes, held_out, result.clean_cells)
         result.notes += mixed_status_notes(key, arm, base_arm, cur_arm)
     for arm in arm_names([{"arm": a} for a in base["arms"]]):
         base_arm, cur_arm = base["arms"][arm], current[arm]
@@ -633,7 +701,7 @@ def _add_row(result: CheckResult, key: str, stress: str, arm: str, name: str, ba
         verdict, stats["note"] = "missing", "no finite value now (see the failed outcomes)"
     entry = in_primary_family(stress, arm, name, result.preset)
     row = Row(key, arm, name, fig.better(name), verdict=verdict, tier="primary" if entry else "advisory",
-              either_way=bool(entry and entry.either_way), **stats)
+              floor_only=bool(entry and entry.floor_only), **stats)
     result.rows.append(row)
     spread = {v for runs in baseline.values() for v in runs.values()}
     result.signatures[id(row)] = json.dumps([baseline, current], sort_keys=True) if len(spread) > 1 else ""
@@ -675,7 +743,7 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
     result.baseline_commit, result.preset, result.device = baseline.get("commit"), baseline["preset"], \
         baseline["device"]
     result.replicates = list(baseline.get("replicates") or [])
-    result.calibration = baseline.get("calibration")
+    result.calibration, result.null_jobs = baseline.get("calibration"), baseline.get("null_jobs")
     result.warnings += calibration_warnings(baseline)
     records, notes, errors = regression_records(records)
     result.notes += notes
@@ -729,6 +797,7 @@ def judge_invariants(result: CheckResult, held_before: list[dict] | None, now: l
                                 f"{len(before)} are not judged")
         return
     after = {key(line): line for line in now if line["case"] in cases}
+    result.invariants_held += sum(line["held"] for line in before.values())
     for k, line in sorted(before.items(), key=lambda item: str(item[0])):
         who = f"case {line['case']} arm {line['arm']}" + (f" seed {line['seed']}" if line["seed"] is not None else "")
         current = after.get(k)
@@ -772,8 +841,8 @@ def select_cases(base_cases: dict, names: list[str] | None, result: CheckResult)
 def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: dict,
                 dof_rule: str = DOF_RULE, advisory: bool = True, held_out: int = 0,
                 named: dict[str, list[str]] | None = None) -> None:
-    """The outcomes and rows of every case of ``base_cases``; errors for a case the job lacks or whose config
-    differs (naming the records of ``named[case key]``). ``held_out``: replicates of the baseline taken out of
+    """The outcomes and rows of every case of ``base_cases``; errors for a case the job lacks or whose runs
+    cannot be compared (naming the records of ``named[case key]``), the settings of a case that differ. ``held_out``: replicates of the baseline taken out of
     ``base_cases`` to play the job (the calibration: 1), counted in the rank of an outcome (``outcome_p``)."""
     for key, case in sorted(cases.items()):
         base = base_cases.get(key)
@@ -785,10 +854,16 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
             continue   # a new case: the baseline is stale (stability.check.coverage)
         # the stored fingerprint, or one recomputed from the stored config (fields added since count as defaults)
         if case["fingerprint"] not in (base["fingerprint"], config_fingerprint(base.get("config") or {})):
-            files = (named or {}).get(key)
-            result.errors.append((f"{', '.join(files)}: " if files else "") + f"case {key}: the run config differs "
-                                 f"from the baseline's: {config_diff(base.get('config', {}), case['config'])}")
-            continue
+            runs, settings = setting_changes(base.get("config") or {}, case["config"])
+            if runs or not settings:
+                files = (named or {}).get(key)
+                result.errors.append((f"{', '.join(files)}: " if files else "") + f"case {key}: its runs cannot be "
+                                     f"compared with the baseline's (another model shape, data, run length or set "
+                                     f"of runs): {'; '.join(runs) or config_diff(base.get('config', {}), case['config'])}")
+                continue
+            result.settings.append(f"case {key}: {len(settings)} setting(s) differ from the baseline's "
+                                   f"({'; '.join(settings)}); its rows and outcomes are judged: a change of "
+                                   f"settings is accepted deliberately, with its baseline in the same commit")
         rows_of_case(result, key, base, case, tolerances, dof_rule, advisory, held_out)
     missing = sorted(set(base_cases) - set(cases))
     if missing:
@@ -799,17 +874,20 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
 
 
 def decide(result: CheckResult) -> None:
-    """Holm over the primary rows' p-values (two-sided for an either-way row): which regressed, and which
-    either-way rows changed (moved past their floor in their good direction). Advisory rows: "worse" where
-    Holm over the advisory rows would reject (shown, never failing the job); improvements at alpha / rows."""
-    for tier, worse in (("primary", "regressed"), ("advisory", "worse")):
-        rows = [row for row in result.rows if row.tier == tier and row.p is not None]
-        for row, rejected in zip(rows, holm([row.p_judged for row in rows], result.alpha)):
-            if rejected:
-                row.verdict = worse if row.p <= (row.p_improved if row.p_improved is not None else 1.0) \
-                    else "changed"
-            elif row.p_improved is not None and row.p_improved <= result.alpha / max(1, len(rows)):
-                row.verdict = "improved"
+    """Holm over the hypotheses of the primary rows (each row: worse by more than its floor; moved beyond its
+    noise either way, unless judged by its floor only): a row whose first is rejected regressed, one whose
+    second alone is rejected changed. Advisory rows: "worse" where Holm over their regression p-values would
+    reject (shown, never failing the job); improvements at alpha / rows."""
+    primary = [(row, kind, p) for row in result.rows if row.tier == "primary" for kind, p in row.hypotheses]
+    for (row, kind, _), rejected in zip(primary, holm([p for _, _, p in primary], result.alpha)):
+        if rejected and (kind == "regressed" or row.verdict != "regressed"):
+            row.verdict = kind
+    advisory = [row for row in result.rows if row.tier == "advisory" and row.p is not None]
+    for row, rejected in zip(advisory, holm([row.p for row in advisory], result.alpha)):
+        if rejected:
+            row.verdict = "worse"
+        elif row.p_improved is not None and row.p_improved <= result.alpha / max(1, len(advisory)):
+            row.verdict = "improved"
 
 
 def suite_failures(paths) -> list[str]:

@@ -224,10 +224,10 @@ def cmd_baseline_calibrate(args) -> int:
 
 def cmd_baseline_compare(args) -> int:
     """What moved from a baseline to another baseline, or to a job's records, in units of the first one's
-    replicate noise: every case, arm and figure that moved by at least --min-sigmas, primary rows first, and
-    what one side lacks. Exit 0 (it judges nothing), 2 for input that cannot be read."""
+    replicate noise: the settings of each case that differ, every case, arm and figure that moved by at least
+    --min-sigmas, primary rows first, and what one side lacks. Exit 0 (it judges nothing), 2 for input that cannot be read."""
     from stability.check.baseline import case_values, load_baseline, regression_records
-    from stability.check.compare import compare, moved, moves_table
+    from stability.check.compare import compare, moved, moves_table, settings_differ
     from stability.record.io import read_json
 
     old = load_baseline(args.old)
@@ -248,6 +248,8 @@ def cmd_baseline_compare(args) -> int:
     print(f"from baseline {args.old!r} (commit {str(old.get('commit'))[:12]}) to {what}: {len(shown)} of "
           f"{len(moves)} rows moved by at least {args.min_sigmas:g} replicate noise or are on one side only "
           f"({judged} compared)")
+    for line in settings_differ(old["cases"], new):
+        print(line)
     if shown:
         print(moves_table(shown))
     return 0

@@ -86,6 +86,7 @@ from stability.record.identity import (
     record_device,
     record_replicate,
     resume_config,
+    setting_changes,
 )
 from stability.record.io import clean, read_record, record_filename, where, write_json, write_record
 from stability.record.schema import (
@@ -185,6 +186,7 @@ __all__ = [
     "set_replay_bundles",
     "set_tracking",
     "set_unit",
+    "setting_changes",
     "spike_score",
     "start_timing",
     "stop_case",

@@ -51,11 +51,12 @@ from dataclasses import dataclass, replace
 class Primary:
     """A row of the merge check's primary family: figure ``figure`` (a name or a family pattern) of stress case
     ``case``, for ``arms``: "all" (each arm and each paired difference arm - reference), "arms" (each arm),
-    "paired" (the differences only) or "reference" (the reference arm only). ``either_way``: the row is judged
-    two-sided, and a move past its floor in the good direction fails the job too ("changed"): for the early
-    horizon, where only a change of what the model computes moves a figure that far, better or worse.
-    ``presets``: the scale presets where the row is primary (empty: every preset); elsewhere it is advisory,
-    and the check says why (``elsewhere``).
+    "paired" (the differences only) or "reference" (the reference arm only). Every primary row is judged twice
+    inside one family-wise rate: worse by more than its floor (the job REGRESSED), and moved beyond its rounding
+    noise in either direction, floor or not (the job CHANGED: the code computes something else). ``floor_only``:
+    the measurement that shows the row's harmless spread is not captured by its rounding replicates (a heavy
+    tail), so it is judged by its floor only (empty: judged both ways). ``presets``: the scale presets where the
+    row is primary (empty: every preset); elsewhere it is advisory, and the check says why (``elsewhere``).
 
     A stress case declares the rows it is judged by, in its own module (``stability.cases.case.StressCase``):
     on a figure it declares itself (``Figure(..., primary=(Primary(arms="arms", why=...),))``: the figure left
@@ -67,7 +68,7 @@ class Primary:
     figure: str = ""
     arms: str = "all"
     why: str = ""
-    either_way: bool = False   # also fails the job when the row moves past its floor in its good direction
+    floor_only: str = ""       # why (measured) the row is judged by its floor only; "" judged both ways
     presets: tuple[str, ...] = ()
     elsewhere: str = ""
 
@@ -360,7 +361,7 @@ def primary_rows() -> tuple[Primary, ...]:
 def primary_family() -> list[dict]:
     """The primary family as {case, figure, arms} entries: what a calibration records of the rule it measured
     (the ``why`` texts left out, so that rewording one does not make a calibration stale)."""
-    return [{"case": p.case, "figure": p.figure, "arms": p.arms, "either_way": p.either_way,
+    return [{"case": p.case, "figure": p.figure, "arms": p.arms, "floor_only": bool(p.floor_only),
              **({"presets": list(p.presets)} if p.presets else {})} for p in primary_rows()]
 
 
