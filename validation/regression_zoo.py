@@ -38,6 +38,7 @@ from stability.check.coverage import reported
 from stability.check.regression import check
 from stability.record import figures as fig
 from stability.record import upgraded
+from stability.record.invariants import read_invariants
 from stability.record.rundir import load_records
 from validation import seed_spread_rule
 from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
@@ -109,12 +110,14 @@ def read_kept(scale: str, name: str) -> dict | None:
     return document
 
 
-def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, name: str | None = None) -> dict:
-    """Run the CPU job on a patched copy; the kept document (records, failures, time)."""
+def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, name: str | None = None,
+              source: Path = ROOT) -> dict:
+    """Run the CPU job on a patched copy of ``source`` (a checkout: this repository, or another worktree that holds
+    the commit to measure); the kept document (records, the suites' invariants, failures, time)."""
     copy = work / (name or entry.name)
     if copy.exists():
         shutil.rmtree(copy)
-    fresh_copy(copy)
+    fresh_copy(copy, source)
     apply_patch(copy, entry.edits)
     started = time.perf_counter()
     job = run_job(scaled_workflow(scale, work), "stress-cpu", copy, install=prepare_venv, env=env,
@@ -124,10 +127,13 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
     stress, kernel = job.steps.get("stress"), job.steps.get("kernel")
     records = [slim(r) for r in load_records([copy / "reports" / "runs"])
                if r.get("purpose", "regression") == "regression"]
+    invariants = [line for folder in sorted({Path(r["_path"]).parent for r in load_records([copy / "reports" / "runs"])
+                                             if r.get("_path")}) for line in read_invariants(folder)]
     return {"entry": name or entry.name, "harmful": entry.harmful, "what": entry.what, "scale": scale,
             "stress_exit": stress.code if stress else None, "stress_failures": stress_failures(copy),
             "kernel_exit": kernel.code if kernel and kernel.ran else None,
-            "stress_seconds": stress.seconds if stress else None, "seconds": seconds, "records": records}
+            "stress_seconds": stress.seconds if stress else None, "seconds": seconds, "records": records,
+            "invariants": invariants}
 
 
 FLOOR_SCALES = (0.8, 1.25)
@@ -149,10 +155,11 @@ def judged(document: dict, baseline: dict) -> dict:
     """Both rules on one kept job: failed or not, and what each named (the check: its failed outcomes, its
     regressed primary rows, its errors; the margin of its closest primary row; its verdict with every floor
     scaled by each of FLOOR_SCALES)."""
-    result = check(document["records"], baseline)
+    invariants = document.get("invariants")   # None: kept before jobs kept their suites' invariants
+    result = check(document["records"], baseline, invariants=invariants)
     other = bool(document["stress_failures"]) or document["kernel_exit"] not in (0, None)
-    by_floor = {scale: other or check(document["records"], baseline, scaled_floors(baseline, scale)).exit_code != 0
-                for scale in FLOOR_SCALES}
+    by_floor = {scale: other or check(document["records"], baseline, scaled_floors(baseline, scale),
+                                      invariants=invariants).exit_code != 0 for scale in FLOOR_SCALES}
     new = [f"{o.case.split('/', 1)[1]} {o.arm} seed {o.seed} {o.figure}" for o in result.outcomes]
     new += [f"{r.case.split('/', 1)[1]} {r.arm} {r.figure}{' (changed)' if r.verdict == 'changed' else ''}"
             for r in result.regressed]

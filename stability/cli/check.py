@@ -18,7 +18,6 @@ from stability.record import RecordError, record_device
 from stability.record.rundir import DEFAULT_ROOT, chosen_sessions, duplicate_runs, load_records
 
 INSTALLED_SUITES = "stability.suites"
-DEFAULT_REPLICATES = 4
 
 
 def read_inputs(args) -> tuple[list[dict], list[str]]:
@@ -279,7 +278,14 @@ def check_make_arguments(args, settings) -> tuple[str, int]:
     if settings is not None:
         check(settings, preset)                        # the config the suites will train, built once
     check_device(args.device or (settings and settings.device) or "cpu")   # a device this machine has
-    return preset, args.replicates or (settings and settings.replicates) or DEFAULT_REPLICATES
+    return preset, args.replicates or (settings and settings.replicates) or preset_replicates(preset)
+
+
+def preset_replicates(preset: str) -> int:
+    """The rounding replicates a baseline of ``preset`` takes by default (its config's ``replicates``)."""
+    from stability import config as cfg
+
+    return cfg.preset(preset).replicates
 
 
 def cmd_baseline_make(args) -> int:
@@ -376,8 +382,8 @@ def add_parsers(sub) -> None:
     make.add_argument("--preset", help="scale preset of the suites (default: the settings' preset, smoke)")
     make.add_argument("--device", help="cpu or cuda (default: the settings' device, the preset's)")
     make.add_argument("--replicates", type=int, default=None, metavar="R",
-                      help=f"rounding replicates per run besides the reference (default: the settings' "
-                           f"replicates, {DEFAULT_REPLICATES})")
+                      help="rounding replicates per run besides the unperturbed one (default: the settings' "
+                           "replicates, else the preset's: 19 at smoke and ci)")
     make.add_argument("--suites", default=INSTALLED_SUITES,
                       help=f"the stress suites to run: a path, or a package run with pytest --pyargs (default "
                            f"{INSTALLED_SUITES}, the installed suites)")
