@@ -201,11 +201,12 @@ def cmd_baseline_calibrate(args) -> int:
     from stability.check.power import moves_table, smallest_failing_moves
 
     baseline = load_baseline(args.baseline)
-    curve = calibrate(baseline, alphas=calibration_alphas(args.alpha))
+    curve = calibrate(baseline, alphas=calibration_alphas(args.alpha), playing=playing(args.playing, baseline))
     print("\n".join(curve_lines(curve)))
     moves = smallest_failing_moves(baseline, args.alpha)
     print(f"each primary row's smallest failing move: the smallest move in its worse direction that fails a job "
-          f"alone (floor + t(alpha / m) x se, m = {len(moves)}; stability.check.power)")
+          f"alone (floor + t(alpha / H) x se), and the smallest move either way that makes it CHANGED "
+          f"(t(alpha / 2H) x se); {len(moves)} rows (stability.check.power)")
     print(moves_table(moves))
     reason = acceptable(curve)
     if reason:
@@ -219,6 +220,24 @@ def cmd_baseline_calibrate(args) -> int:
         write_baseline(baseline, args.baseline)
         print(f"calibration written into {args.baseline}" + (" (failing: --accept-calibration)" if reason else ""))
     return 1 if reason and not (args.write and args.accept_calibration) else 0
+
+
+def playing(text: str | None, baseline: dict) -> list[str] | None:
+    """The replicates of ``--playing`` ("10-19" or "1,3,5") as the baseline's keys; None for all. RecordError (exit
+    2) for a replicate the baseline does not hold."""
+    if not text:
+        return None
+    chosen = []
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise RecordError(f"--playing {text}: expected replicates such as 10-19 or 1,3,5")
+        chosen += list(range(int(low), int(high or low) + 1))
+    unknown = sorted(set(chosen) - set(baseline["replicates"]))
+    if unknown:
+        raise RecordError(f"--playing {text}: replicates {unknown} are not the baseline's: expected some of "
+                          f"{baseline['replicates']}")
+    return [str(r) for r in chosen]
 
 
 def cmd_baseline_compare(args) -> int:
@@ -420,6 +439,9 @@ def add_parsers(sub) -> None:
                                                          "baseline; a failing one only with --accept-calibration")
     cal.add_argument("--accept-calibration", action="store_true", help="with --write: store a failing curve "
                                                                       "anyway (every check then warns)")
+    cal.add_argument("--playing", metavar="REPLICATES",
+                     help="only these replicates play the change, e.g. 10-19 (a rule chosen by looking at the "
+                          "others, measured out of sample); default: every replicate")
     cal.set_defaults(func=cmd_baseline_calibrate)
     cmp = base_sub.add_parser("compare", help="what moved from a baseline to another one, or to a job's records, in "
                                               "units of the replicate noise (a review before a baseline is committed)")
