@@ -288,7 +288,9 @@ FAILURES = (
 # Written and committed before the rounding replicates that perturb every step's gradients
 # (stability/model/rounding.py) were run on anything: no baseline held them yet. The harmless entries are
 # rewrites whose records differ from the unchanged code's (checked at smoke, standard case: a rewrite with the
-# same records says nothing about the noise), to be compared with that noise (validation/noise_ranks.py).
+# same records says nothing about the noise), to be compared with that noise (validation/noise_ranks.py). The
+# harmful ones aim where the check may not look: quantization reported as applied where it was not (its damage
+# figures only get smaller), and a one-step spike of the optimiser's learning rate the logged schedule hides.
 GATE_SCORE_DEF = "def gate_score(logits: torch.Tensor, gate: GateConfig) -> torch.Tensor:\n"
 SIGMOID_BACKWARD = '''\
 class SigmoidOtherBackward(torch.autograd.Function):
@@ -354,6 +356,14 @@ class AdamWByHand(torch.optim.Optimizer):
 '''
 CROSS_ENTROPY = "return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))"
 HELD_OUT_NOISE = (
+    Entry("ptq_skips_attention_projections", True, "post-training quantization leaves the attention projections "
+          "(q, k, v, o and gate) in full precision, and still reports the scheme as applied", (
+              ("stability/evaluate/quantize.py", "    for name in target_linears(model):\n",
+               "    for name in [n for n in target_linears(model) if \".attn.\" not in n]:\n"),)),
+    Entry("gated_optimiser_lr_x3_one_step", True, "the gated arm's optimiser learning rate 3x for one step at half "
+          "the run (the logged learning rate as scheduled)", (
+              ("stability/train/step.py", OPTIMISER_LR, OPTIMISER_LR.replace(
+                  "lr\n", "lr * (3 if run.model.gate.enabled and step == run.steps // 2 else 1)\n")),)),
     # forward
     Entry("loss_in_float64", False, "the cross-entropy computed in float64, rounded to float32 once at the end "
           "(the same function, more exactly)", (
