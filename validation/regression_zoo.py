@@ -42,7 +42,16 @@ from stability.record.invariants import read_invariants
 from stability.record.rundir import load_records
 from validation import seed_spread_rule
 from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
-from validation.zoo import FAILURES, HELD_OUT, HELD_OUT_EARLY, HELD_OUT_MISSION, HELD_OUT_PRIMARY, ZOO, Entry
+from validation.zoo import (
+    FAILURES,
+    HELD_OUT,
+    HELD_OUT_EARLY,
+    HELD_OUT_MISSION,
+    HELD_OUT_NOISE,
+    HELD_OUT_PRIMARY,
+    ZOO,
+    Entry,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 UNCHANGED = Entry("unchanged", False, "the code as it is", ())
@@ -52,6 +61,7 @@ GROUPS = (("the code as it is", [UNCHANGED]),
           ("entries held out from the primary-family rule", list(HELD_OUT_PRIMARY)),
           ("entries held out from the early-horizon rows", list(HELD_OUT_EARLY)),
           ("entries held out from the quantization and spike rows", list(HELD_OUT_MISSION)),
+          ("entries held out from the per-step replicates", list(HELD_OUT_NOISE)),
           ("failures the verdict must not pass", list(FAILURES)))
 KEPT = ROOT / "reports" / "zoo"
 LABELS = {e.name: (e.harmful, e.what) for _, entries in GROUPS for e in entries}   # a kept job is judged by these
@@ -252,7 +262,8 @@ def main() -> int:
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
     parser.add_argument("--out", help="Markdown table (default reports/zoo-<scale>.md)")
     args = parser.parse_args()
-    everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION, *FAILURES]
+    everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION, *HELD_OUT_NOISE,
+                  *FAILURES]
     wanted = args.entries.split(",") if args.entries else [e.name for e in everything]
     unknown = sorted(set(wanted) - {e.name for e in everything})
     if unknown:
