@@ -223,6 +223,20 @@ FIGURES: dict[str, Figure] = _table(
     Figure("underflow_fraction", "lower", "fraction", "non-zero Linear inputs flushed to zero", floor=0.001),
     Figure("loss_scale_drops", "lower", "count", "fp16 loss-scale reductions", kind="run", floor=2.0,
            rel_floor=0.5, quantum="count"),
+    # what proves the stresses and measurements were applied (stability.train.applied, read from the arm's
+    # "applied" entry): outcomes, clean at 0
+    Figure("lr_off_log_steps", "lower", "count", "steps at which the optimiser stepped with another LR than the "
+           "logged one (read from its parameter groups as it stepped; a step the precision policy skipped is not "
+           "counted)", kind="run", quantum="count", outcome=True),
+    Figure("linear_off_format_calls", "lower", "count", "Linear calls of the training forwards that did not run in "
+           "the run's format, among the Linears the format covers", kind="run", quantum="count", outcome=True),
+    Figure("probe_steps_missed", "lower", "count", "steps the config names for the heavy probes (every "
+           "probes.every steps, and the last step) that have no probe snapshot", kind="run", quantum="count",
+           outcome=True),
+    Figure("probe_modules_missed", "lower", "count", "modules of the model (its blocks and Linears) that a heavy "
+           "probe snapshot did not hook", kind="run", quantum="count", outcome=True),
+    Figure("linear_in_format_share", None, "fraction", "Linear calls of the training forwards that ran in the "
+           "run's format, of all Linear calls (the format's high-precision Linears are the rest)", kind="detail"),
     # the counts behind the spike scores
     Figure("loss_spikes", None, "count", "steps flagged by the loss-spike score", kind="detail", quantum="count"),
     Figure("grad_spikes", None, "count", "steps flagged by the gradient-norm spike score", kind="detail",
