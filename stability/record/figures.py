@@ -249,6 +249,12 @@ FIGURES: dict[str, Figure] = _table(
     # the damage of post-training quantization (KL of the next-token distributions, never negative)
     Figure("quant_*_kl", "lower", "nats", "KL(full || quantized) of the next-token distributions", floor=1e-3,
            rel_floor=0.5),
+    # what the scheme replaced (quant.schemes[<scheme>].targeted / .replaced) and whether it changed the model at all
+    Figure("quant_*_missed", "lower", "count", "Linears the scheme declares it quantizes that it did not replace",
+           quantum="count", outcome=True),
+    Figure("quant_*_unchanged", "lower", "flag", "1 when the quantized model's logits on the probe batch are "
+           "bit-identical to the full-precision model's (nothing was quantized), else 0", quantum="count",
+           outcome=True),
     # the length-extrapolation probe per RoPE and length factor: extrap_<figure>_<plain|ntk>_x<factor>
     Figure("extrap_loss_*", "lower", "nats/token", "held-out loss at this multiple of the training context",
            floor=0.02, rel_floor=0.005),

@@ -271,6 +271,9 @@ class QuantScheme(TypedDict, total=False):
     underflow_fraction: float | None
     per_linear: dict[str, LinearDamage]
     per_linear_error: str
+    targeted: list[str]               # the Linears the scheme declares it quantizes (from the model's blocks)
+    replaced: list[str]               # ... those the quantized copy holds a quantized module for
+    unchanged: bool                   # the quantized model's logits on the probe batch equal the full model's
     seconds: float
 
 
