@@ -513,6 +513,7 @@ class RunSummary(TypedDict, total=False):
     stop_reason: str | None
     final: Figures
     events: list[Event]
+    applied: Applied
     timing: ArmTiming
     loss: list[float | None]
 
