@@ -17,7 +17,9 @@ interrupts at once.
 The pieces: ``step.train_step`` trains one step and returns its row; ``monitor.Monitor`` decides
 spikes and divergence; ``state.TrainState`` is what carries over between steps (and into a
 checkpoint); ``reducer`` makes the figures global (one process, or every rank under torchrun);
-``faults`` installs the deliberate faults; ``evaluate.evaluate`` gives the held-out figures. A caller
+``faults`` installs the deliberate faults; ``applied`` keeps what proves the run's stresses were applied (the
+LR the optimiser stepped with, the format of every Linear call, the probes); ``evaluate.evaluate`` gives the
+held-out figures. A caller
 attaches callbacks, checkpoints and replay bundles through ``ArmHooks``; the trainer imports no
 tracking and writes no file of its own.
 """
