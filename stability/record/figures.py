@@ -224,6 +224,20 @@ FIGURES: dict[str, Figure] = _table(
     Figure("underflow_fraction", "lower", "fraction", "non-zero Linear inputs flushed to zero", floor=0.001),
     Figure("loss_scale_drops", "lower", "count", "fp16 loss-scale reductions", kind="run", floor=2.0,
            rel_floor=0.5, quantum="count"),
+    # what proves the stresses and measurements were applied (stability.train.applied, read from the arm's
+    # "applied" entry): outcomes, clean at 0
+    Figure("lr_off_log_steps", "lower", "count", "steps at which the optimiser stepped with another LR than the "
+           "logged one (read from its parameter groups as it stepped; a step the precision policy skipped is not "
+           "counted)", kind="run", quantum="count", outcome=True),
+    Figure("linear_off_format_calls", "lower", "count", "Linear calls of the training forwards that did not run in "
+           "the run's format, among the Linears the format covers", kind="run", quantum="count", outcome=True),
+    Figure("probe_steps_missed", "lower", "count", "steps the config names for the heavy probes (every "
+           "probes.every steps, and the last step) that have no probe snapshot", kind="run", quantum="count",
+           outcome=True),
+    Figure("probe_modules_missed", "lower", "count", "modules of the model (its blocks and Linears) that a heavy "
+           "probe snapshot did not hook", kind="run", quantum="count", outcome=True),
+    Figure("linear_in_format_share", None, "fraction", "Linear calls of the training forwards that ran in the "
+           "run's format, of all Linear calls (the format's high-precision Linears are the rest)", kind="detail"),
     # the counts behind the spike scores
     Figure("loss_spikes", None, "count", "steps flagged by the loss-spike score", kind="detail", quantum="count"),
     Figure("grad_spikes", None, "count", "steps flagged by the gradient-norm spike score", kind="detail",
@@ -238,6 +252,12 @@ FIGURES: dict[str, Figure] = _table(
     # 1e-5 to 1e-4 nats, ci's 1e-4 to 3e-2); the absolute floor is only where a float32 evaluation stops resolving it
     Figure("quant_*_kl", "lower", "nats", "KL(full || quantized) of the next-token distributions", floor=1e-7,
            rel_floor=0.5),
+    # what the scheme replaced (quant.schemes[<scheme>].targeted / .replaced) and whether it changed the model at all
+    Figure("quant_*_missed", "lower", "count", "Linears the scheme declares it quantizes that it did not replace",
+           quantum="count", outcome=True),
+    Figure("quant_*_unchanged", "lower", "flag", "1 when the quantized model's logits on the probe batch are "
+           "bit-identical to the full-precision model's (nothing was quantized), else 0", quantum="count",
+           outcome=True),
     # the length-extrapolation probe per RoPE and length factor: extrap_<figure>_<plain|ntk>_x<factor>
     Figure("extrap_loss_*", "lower", "nats/token", "held-out loss at this multiple of the training context",
            floor=0.02, rel_floor=0.005),
