@@ -260,6 +260,8 @@ def main() -> int:
     parser.add_argument("--entries", help="comma-separated entry names (default: unchanged and every entry)")
     parser.add_argument("--work", help="where the patched copies are made (default: a new temporary folder)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
+    parser.add_argument("--train-only", action="store_true", help="train and keep the jobs, judge nothing")
+    parser.add_argument("--source", default=str(ROOT), help="the checkout the copies are made from (default: this one)")
     parser.add_argument("--out", help="Markdown table (default reports/zoo-<scale>.md)")
     args = parser.parse_args()
     everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION, *HELD_OUT_NOISE,
@@ -273,8 +275,11 @@ def main() -> int:
     if not args.rejudge:
         for entry in (e for e in everything if e.name in wanted):
             print(f"{entry.name}: running the CPU job at {args.scale} ...", flush=True)
-            document = run_entry(entry, args.scale, work)
+            document = run_entry(entry, args.scale, work, source=Path(args.source))
             print(f"  kept {keep(args.scale, document)} ({document['seconds'] / 60:.1f} min)", flush=True)
+            shutil.rmtree(work / entry.name, ignore_errors=True)
+    if args.train_only:
+        return 0
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
     groups = []
     for title, entries in GROUPS:
