@@ -68,9 +68,10 @@ LABELS = {e.name: (e.harmful, e.what) for _, entries in GROUPS for e in entries}
 DROPPED = ("series", "probes", "precision_stats", "events")   # per-step and per-snapshot detail: never judged
 
 
-def scaled_workflow(scale: str, work: Path) -> Path:
-    """The workflow file with the CPU job switched to ``scale`` (smoke: unchanged)."""
-    text = WORKFLOW.read_text()
+def scaled_workflow(scale: str, work: Path, workflow: Path = WORKFLOW) -> Path:
+    """The workflow file (this repository's, or another checkout's) with the CPU job switched to ``scale`` (smoke:
+    unchanged)."""
+    text = workflow.read_text()
     if scale != "smoke":
         text = text.replace("--scale smoke", f"--scale {scale}").replace("smoke-cpu.json", f"{scale}-cpu.json")
     path = work / f"stability-{scale}.yml"
@@ -130,7 +131,8 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
     fresh_copy(copy, source)
     apply_patch(copy, entry.edits)
     started = time.perf_counter()
-    job = run_job(scaled_workflow(scale, work), "stress-cpu", copy, install=prepare_venv, env=env,
+    workflow = scaled_workflow(scale, work, Path(source) / ".github" / "workflows" / "stability.yml")
+    job = run_job(workflow, "stress-cpu", copy, install=prepare_venv, env=env,
                   timeout=6 * 3600)
     seconds = time.perf_counter() - started
     (copy / "job.log").write_text(job.log())
