@@ -45,6 +45,7 @@ from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv,
 from validation.zoo import (
     FAILURES,
     HELD_OUT,
+    HELD_OUT_APPLIED,
     HELD_OUT_EARLY,
     HELD_OUT_MISSION,
     HELD_OUT_NOISE,
@@ -62,6 +63,7 @@ GROUPS = (("the code as it is", [UNCHANGED]),
           ("entries held out from the early-horizon rows", list(HELD_OUT_EARLY)),
           ("entries held out from the quantization and spike rows", list(HELD_OUT_MISSION)),
           ("entries held out from the per-step replicates", list(HELD_OUT_NOISE)),
+          ("entries held out from the applied-stress proofs", list(HELD_OUT_APPLIED)),
           ("failures the verdict must not pass", list(FAILURES)))
 KEPT = ROOT / "reports" / "zoo"
 LABELS = {e.name: (e.harmful, e.what) for _, entries in GROUPS for e in entries}   # a kept job is judged by these
@@ -267,7 +269,7 @@ def main() -> int:
     parser.add_argument("--out", help="Markdown table (default reports/zoo-<scale>.md)")
     args = parser.parse_args()
     everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION, *HELD_OUT_NOISE,
-                  *FAILURES]
+                  *HELD_OUT_APPLIED, *FAILURES]
     wanted = args.entries.split(",") if args.entries else [e.name for e in everything]
     unknown = sorted(set(wanted) - {e.name for e in everything})
     if unknown:

@@ -406,8 +406,60 @@ HELD_OUT_NOISE = (
                "return AdamWByHand(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)"))),
 )
 
+# ------------------------------------------------------------------ held out from the applied-stress proofs
+# Written before the invariants that prove a run's stresses and measurements were applied (lr_off_log_steps,
+# linear_off_format_calls, probe_steps_missed, probe_modules_missed, batch_off_schedule_steps,
+# quant_<scheme>_missed) were run on any job. Each switches a stress off or narrows a measurement while the
+# record still reports it, lets the optimiser step with another LR than the logged one for a few steps, or
+# changes a default setting (a job whose config differs from the baseline's). Each moves its figure or setting
+# at both CPU presets except the beta2 default, a no-op at ci, whose preset sets the betas itself: the eps
+# default, which no preset sets, is the changed default that bites at both.
+AUTOCAST_CALL = "        return torch.autocast(device_type=self.device.type, dtype=self.dtype)\n"
+BATCH_DOUBLING = "base * 2 ** (step // self.double_every)"
+PROBE_EVERY = "                if step % run.probes.every == 0:\n"
+PROBED_LINEARS = "if isinstance(module, nn.Linear)]"
+OPTIMISER_LR_LOOP = "    for group in optimizer.param_groups:\n        group[\"lr\"] = lr\n"
+HELD_OUT_APPLIED = (
+    # a stress switched off or narrowed
+    Entry("autocast_on_cuda_only", True, "torch.autocast enabled on CUDA only: on the CPU the bf16 and fp16 rungs "
+          "train in fp32 (and are still reported as bf16 and fp16)", (
+              ("stability/precision/formats.py", AUTOCAST_CALL, AUTOCAST_CALL.replace(
+                  "dtype=self.dtype)", "dtype=self.dtype, enabled=self.device.type == \"cuda\")")),)),
+    Entry("batch_doubles_a_step_late", True, "the batch ramp counts steps from 1: each doubling comes one step "
+          "after its scheduled step", (
+              ("stability/config/schedules.py", BATCH_DOUBLING, "base * 2 ** ((step - 1) // self.double_every)"),)),
+    Entry("optimiser_lr_capped_at_peak", True, "the optimiser's LR capped at the configured peak LR (a guard "
+          "against runaway schedules): the LR shock's jump never reaches it, while the log shows it", (
+              ("stability/train/step.py", OPTIMISER_LR, OPTIMISER_LR.replace("lr\n", "min(lr, run.optim.lr)\n")),)),
+    # a measurement narrowed
+    Entry("w8a8_keeps_down_projections", True, "the W8A8 schemes leave each block's MLP down projection in full "
+          "precision, and still report the scheme as applied", (
+              ("stability/evaluate/quantize.py", "    for name in target_linears(model):\n",
+               ("    for name in [n for n in target_linears(model)\n"
+                "                 if not (scheme.startswith(\"w8a8\") and n.endswith(\".w_down\"))]:\n")),)),
+    Entry("probes_skip_shared_input_projections", True, "the heavy probes hook only q_proj of the projections "
+          "that read the same normed input (k, v and the gate projection go unmeasured)", (
+              ("stability/train/probes.py", PROBED_LINEARS,
+               "if isinstance(module, nn.Linear) and not name.endswith((\"k_proj\", \"v_proj\", \"gate_proj\"))]"),)),
+    Entry("probes_skip_step_0", True, "no heavy-probe snapshot of the untrained model at step 0", (
+        ("stability/train/trainer.py", PROBE_EVERY, PROBE_EVERY.replace("if step %", "if step and step %")),)),
+    # an optimiser LR that differs from its log for a few steps
+    Entry("norm_gains_frozen_in_warmup", True, "the optimiser's no-decay group (the norm gains) held at LR 0 "
+          "through the warmup, while the logged LR warms up", (
+              ("stability/train/step.py", OPTIMISER_LR_LOOP, OPTIMISER_LR_LOOP + (
+                  "    if step < run.optim.warmup_steps:   # the norm gains wait for the warmup to end\n"
+                  "        optimizer.param_groups[1][\"lr\"] = 0.0\n")),)),
+    # a changed default
+    Entry("adamw_beta2_default_0999", True, "AdamW's default beta2 0.999 instead of 0.95 (a no-op at ci, whose "
+          "preset sets the betas)", (
+              ("stability/config/run.py", "betas: tuple[float, float] = (0.9, 0.95)",
+               "betas: tuple[float, float] = (0.9, 0.999)"),)),
+    Entry("adamw_eps_default_1e6", True, "AdamW's default epsilon 1e-6 instead of 1e-8 (no preset sets it)", (
+        ("stability/config/run.py", "    eps: float = 1e-8\n", "    eps: float = 1e-6\n"),)),
+)
+
 BY_NAME = {entry.name: entry for entry in (*ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION,
-                                           *FAILURES, *HELD_OUT_NOISE)}
+                                           *FAILURES, *HELD_OUT_NOISE, *HELD_OUT_APPLIED)}
 
 
 def patched_copy(destination: Path, name: str) -> Path:
