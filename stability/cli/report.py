@@ -12,7 +12,8 @@ from stability.record import RecordError
 
 def cmd_report(args) -> int:
     from stability.check.baseline import load_baseline, run_invariants
-    from stability.check.regression import check, load_tolerances
+    from stability.check.regression import check
+    from stability.check.tolerances import load_tolerances
     from stability.report.html import write_report
 
     records, notes = read_inputs(args)
