@@ -21,6 +21,28 @@ Importing any of it imports the registry of stress cases first (``stability.case
 built-in case declares its figures, its primary rows and the type of its results in its own module, and the
 check judges a record by them.
 
+The names below are the merge check's API: what calibration, power, compare, the CLI and the validation
+scripts use. The modules they come from import one another by their own names, never from this package.
 """
 
 import stability.cases.stress  # noqa: F401  (registering the cases fills the figure table)
+from stability.check.family import in_primary_family
+from stability.check.junit import suite_failures
+from stability.check.regression import (
+    check,
+    judge_cases,
+    mark_duplicates,
+    paired_arm,
+    paired_values,
+    rows_of_case,
+    single_replicate,
+)
+from stability.check.rows import DOF_RULE, Row, judge
+from stability.check.tolerances import load_tolerances, resolve_tolerances
+from stability.check.verdict import DEFAULT_ALPHA, CheckResult, Outcome, decide
+
+__all__ = [
+    "DEFAULT_ALPHA", "DOF_RULE", "CheckResult", "Outcome", "Row", "check", "decide", "in_primary_family", "judge",
+    "judge_cases", "load_tolerances", "mark_duplicates", "paired_arm", "paired_values", "resolve_tolerances",
+    "rows_of_case", "single_replicate", "suite_failures",
+]

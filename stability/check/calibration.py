@@ -35,11 +35,8 @@ import itertools
 import math
 import random
 
+from stability.check import DEFAULT_ALPHA, DOF_RULE, CheckResult, decide, judge_cases, resolve_tolerances
 from stability.check.baseline import validate_baseline
-from stability.check.regression import judge_cases
-from stability.check.rows import DOF_RULE
-from stability.check.tolerances import resolve_tolerances
-from stability.check.verdict import DEFAULT_ALPHA, CheckResult, decide
 from stability.record import figures as fig
 
 ALPHAS = (0.01, 0.02, 0.05, 0.10)

@@ -33,11 +33,15 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from stability.check import (
+    DEFAULT_ALPHA,
+    DOF_RULE,
+    CheckResult,
+    mark_duplicates,
+    resolve_tolerances,
+    rows_of_case,
+)
 from stability.check.calibration import split_runs
-from stability.check.regression import mark_duplicates, rows_of_case
-from stability.check.rows import DOF_RULE
-from stability.check.tolerances import resolve_tolerances
-from stability.check.verdict import DEFAULT_ALPHA, CheckResult
 from stability.record.stats import t_quantile
 from stability.report.tables import fmt, text_table
 
