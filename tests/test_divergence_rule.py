@@ -1,4 +1,4 @@
-"""The per-seed outcome rule of the merge check (stability/check/regression.py, ``outcomes_of_arm``): a run of
+"""The per-seed outcome rule of the merge check (stability/check/outcomes.py, ``outcomes_of_arm``): a run of
 the job that is not clean is judged against the baseline replicates of its seed, k of n not clean: it fails the
 job where k = 0 (``OUTCOME_RULE``), and is reported in a note with its rank p = (k + 1) / (n + 1) where the
 replicates already showed it; in every seed, whatever its baseline replicates' status; and the calibration over a
@@ -14,6 +14,7 @@ from _stability_records import diverged_run, pair_record, with_replicates
 from stability.check import baseline as baselines
 from stability.check import calibration as cal
 from stability.check import regression as reg
+from stability.check.outcomes import OUTCOME_RULE, outcome_p
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,8 @@ def _about(result, seed="1", figure="diverged"):
 def test_the_rank_p_counts_the_calibration_s_held_out_replicate():
     """The rank p of a note: (k + 1) / (n + 1); the calibration's held-out replicate is ranked among the
     baseline's full replicates."""
-    assert reg.outcome_p(0, 5) == pytest.approx(1 / 6) and reg.outcome_p(1, 19) == pytest.approx(2 / 20)
-    assert reg.outcome_p(0, 4, held_out=1) == reg.outcome_p(0, 5)
+    assert outcome_p(0, 5) == pytest.approx(1 / 6) and outcome_p(1, 19) == pytest.approx(2 / 20)
+    assert outcome_p(0, 4, held_out=1) == outcome_p(0, 5)
 
 
 def test_a_divergence_where_no_baseline_replicate_diverged_fails_naming_n(record):
@@ -60,7 +61,7 @@ def test_a_divergence_one_of_five_baseline_replicates_showed_is_judged_and_does_
     assert result.exit_code == 0 and not result.outcomes and not failed
     assert notes == [("case smoke/standard arm gated seed 1: diverged = true (diverged at step 11); 1 of the 5 "
                       "baseline runs of this seed diverged (p 0.333 that one more replicate would): judged, not "
-                      f"failing the job ({reg.OUTCOME_RULE})")]
+                      f"failing the job ({OUTCOME_RULE})")]
     mixed = [n for n in result.notes if "seed 1: 1 of 5 baseline runs diverged" in n]
     assert len(mixed) == 1 and "this run diverged as they did" in mixed[0] and "p " not in mixed[0]
     assert "note: case smoke/standard arm gated seed 1: diverged = true" in result.table()

@@ -1,5 +1,5 @@
-"""Properties of the merge check (stability/check/regression.py, baseline.py, calibration.py; `stability check`,
-`stability baseline ...`): noise from rounding replicates, floors and resolution, the primary family judged at
+"""Properties of the merge check (stability/check/: regression.py, rows.py, verdict.py, baseline.py,
+calibration.py; `stability check`, `stability baseline ...`): noise from rounding replicates, floors and resolution, the primary family judged at
 the job's rate and advisory rows that never fail it, outcomes seed by seed, inputs that fail closed, the
 calibration over every arrangement of a baseline's replicates."""
 
@@ -15,6 +15,10 @@ from _stability_records import diverged_run, edited, pair_record, replicate, wit
 from stability.check import baseline as baselines
 from stability.check import calibration as cal
 from stability.check import regression as reg
+from stability.check.family import in_primary_family
+from stability.check.rows import DOF_RULE, Row, judge
+from stability.check.tolerances import load_tolerances, resolve_tolerances
+from stability.check.verdict import METHOD, CheckResult, decide
 from stability.cli import main
 from stability.record import RecordError, paired_summary
 from stability.record import figures as fig
@@ -100,14 +104,14 @@ def test_a_row_by_hand_paired_welch_degrees_of_freedom():
     = 10; degrees of freedom 4 (the fewest of any seed: the check's rule), 12 under Welch."""
     base = _base({"0": [3.200, 3.202, 3.198, 3.201, 3.199], "1": [3.250, 3.251, 3.249, 3.252, 3.248],
                   "2": [3.150, 3.149, 3.151, 3.148, 3.152]})
-    stats = reg.judge(base, {"0": 3.230, "1": 3.280, "2": 3.180}, "heldout_loss")
+    stats = judge(base, {"0": 3.230, "1": 3.280, "2": 3.180}, "heldout_loss")
     assert stats["delta"] == pytest.approx(0.03) and stats["floor"] == pytest.approx(0.02)
     assert stats["se"] == pytest.approx(0.001) and stats["z"] == pytest.approx(10.0)
-    assert reg.DOF_RULE == "min" and stats["mode"] == "n=3 df=4"
+    assert DOF_RULE == "min" and stats["mode"] == "n=3 df=4"
     assert stats["p"] == pytest.approx(t_upper_tail(10.0, 4))
-    welch = reg.judge(base, {"0": 3.230, "1": 3.280, "2": 3.180}, "heldout_loss", dof_rule="welch")
+    welch = judge(base, {"0": 3.230, "1": 3.280, "2": 3.180}, "heldout_loss", dof_rule="welch")
     assert welch["mode"] == "n=3 df=12" and welch["p"] == pytest.approx(t_upper_tail(10.0, 12))
-    inside = reg.judge(base, {"0": 3.201, "1": 3.251, "2": 3.151}, "heldout_loss")
+    inside = judge(base, {"0": 3.201, "1": 3.251, "2": 3.151}, "heldout_loss")
     assert inside["z"] == pytest.approx(-19.0) and inside["p"] > 0.999
 
 
@@ -117,17 +121,17 @@ def test_the_noise_is_the_replicates_spread_not_the_seed_spread():
     tight = _base({s: [m, m + 1e-3, m - 1e-3] for s, m in (("0", 3.0), ("1", 3.3), ("2", 2.7))})
     wide = _base({s: [m, m + 0.05, m - 0.05] for s, m in (("0", 3.0), ("1", 3.3), ("2", 2.7))})
     current = {"0": 3.05, "1": 3.35, "2": 2.75}
-    assert reg.judge(tight, current, "heldout_loss")["p"] < 1e-3
-    assert reg.judge(wide, current, "heldout_loss")["p"] > 0.1
+    assert judge(tight, current, "heldout_loss")["p"] < 1e-3
+    assert judge(wide, current, "heldout_loss")["p"] > 0.1
 
 
 def test_one_chaotic_seed_gets_its_own_degrees_of_freedom():
     """Seed 0's runs spread, seeds 1 and 2 agree exactly: the noise is seed 0's, with its 2 degrees of
     freedom (not 6), so a move there is judged against a heavy-tailed t."""
     base = _base({"0": [0.14, 0.18, 0.16], "1": [0.13, 0.13, 0.13], "2": [0.15, 0.15, 0.15]})
-    stats = reg.judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4)
+    stats = judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4)
     assert stats["mode"].startswith("n=3 df=2")
-    assert reg.judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4,
+    assert judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4,
                      dof_rule="min")["mode"] == "n=3 df=2"
 
 
@@ -137,7 +141,7 @@ def test_the_conservative_rule_takes_the_fewest_degrees_of_freedom_of_any_seed()
     base = _base({s: [m, m + 0.002, m - 0.002, m + 0.001, m - 0.001] for s, m in (("0", 3.2), ("1", 3.25),
                                                                                   ("2", 3.15))})
     current = {"0": 3.23, "1": 3.28, "2": 3.18}
-    welch, low = (reg.judge(base, current, "heldout_loss", dof_rule=rule) for rule in ("welch", "min"))
+    welch, low = (judge(base, current, "heldout_loss", dof_rule=rule) for rule in ("welch", "min"))
     assert welch["mode"] == "n=3 df=12" and low["mode"] == "n=3 df=4" and welch["z"] == low["z"]
     assert low["p"] == pytest.approx(t_upper_tail(low["z"], 4)) and low["p"] > welch["p"]
 
@@ -147,11 +151,11 @@ def test_a_figure_identical_in_every_run_is_judged_at_its_resolution():
     quantum, so one token's move passes and a move past the floor (0.005) regresses."""
     base = _base({s: [0.1357421875] * 5 for s in ("0", "1", "2")})
     quantum = 1 / 2048
-    one_token = reg.judge(base, {s: 0.1357421875 - quantum for s in ("0", "1", "2")}, "accuracy", quantum)
+    one_token = judge(base, {s: 0.1357421875 - quantum for s in ("0", "1", "2")}, "accuracy", quantum)
     assert one_token["noise"] == quantum and one_token["p"] > 0.5
-    many = reg.judge(base, {s: 0.1357421875 - 0.02 for s in ("0", "1", "2")}, "accuracy", quantum)
+    many = judge(base, {s: 0.1357421875 - 0.02 for s in ("0", "1", "2")}, "accuracy", quantum)
     assert many["p"] < 1e-9
-    assert reg.judge(base, {s: 0.1357421875 - 0.02 for s in ("0", "1", "2")}, "accuracy", 0.0)["p"] == 0.0
+    assert judge(base, {s: 0.1357421875 - 0.02 for s in ("0", "1", "2")}, "accuracy", 0.0)["p"] == 0.0
 
 
 def test_the_resolution_of_each_kind_of_figure():
@@ -205,25 +209,25 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
     as worse, exit 0); the method line counts both."""
     from stability.record.figures import primary_rows
 
-    assert reg.in_primary_family("standard", "gated", "heldout_loss")
-    assert reg.in_primary_family("standard", "gated-reference", "m_act_max")
-    assert not reg.in_primary_family("standard", "gated", "f_attn_mean", "smoke")
-    assert not reg.in_primary_family("lr_sweep", "gated", "heldout_loss")
+    assert in_primary_family("standard", "gated", "heldout_loss")
+    assert in_primary_family("standard", "gated-reference", "m_act_max")
+    assert not in_primary_family("standard", "gated", "f_attn_mean", "smoke")
+    assert not in_primary_family("lr_sweep", "gated", "heldout_loss")
     assert any(p.case == "precision_ladder" and p.arms == "arms" for p in primary_rows())
-    assert not reg.in_primary_family("precision_ladder", "gated-reference", "loss_gap_fp16")
+    assert not in_primary_family("precision_ladder", "gated-reference", "loss_gap_fp16")
     # growth is primary under the ladder and the batch ramp too (a job judging one of them alone sees it),
     # not after the shock (a single step's maximum at the jump: calibration at ci fails with it)
-    assert reg.in_primary_family("precision_ladder", "reference", "m_act_max")
-    assert reg.in_primary_family("batch_ramp", "gated", "max_attn_logit")
-    assert not reg.in_primary_family("shock", "gated", "m_act_max")
+    assert in_primary_family("precision_ladder", "reference", "m_act_max")
+    assert in_primary_family("batch_ramp", "gated", "max_attn_logit")
+    assert not in_primary_family("shock", "gated", "m_act_max")
     # the range test's early horizon: each arm (the same model under a second schedule), not the difference
-    assert reg.in_primary_family("lr_ramp", "reference", "early_grad_norm")
+    assert in_primary_family("lr_ramp", "reference", "early_grad_norm")
     # the plain pair's early gradient norm: the reference arm only (the gated arm's has a second mode at ci)
-    assert reg.in_primary_family("standard", "reference", "early_grad_norm")
-    assert not reg.in_primary_family("standard", "gated", "early_grad_norm")
-    assert not reg.in_primary_family("standard", "gated-reference", "early_grad_norm")
-    assert reg.in_primary_family("standard", "gated", "early_loss")
-    assert not reg.in_primary_family("lr_ramp", "gated-reference", "early_loss")
+    assert in_primary_family("standard", "reference", "early_grad_norm")
+    assert not in_primary_family("standard", "gated", "early_grad_norm")
+    assert not in_primary_family("standard", "gated-reference", "early_grad_norm")
+    assert in_primary_family("standard", "gated", "early_loss")
+    assert not in_primary_family("lr_ramp", "gated-reference", "early_loss")
     primary = reg.check([edited(record, "gated", "heldout_loss", add=0.3)], baseline)
     assert primary.exit_code == 1 and _row(primary, "gated", "heldout_loss").tier == "primary"
     advisory = reg.check([edited(record, "reference", "f_attn_mean", add=0.3)], baseline)
@@ -310,10 +314,10 @@ def test_holm_keeps_the_family_wise_rate(record, baseline):
     assert holm([0.001, 0.04, 0.03, 0.5], 0.05) == [True, False, False, False]
     assert holm([0.01, 0.011, 0.012], 0.05) == [True, True, True]
     assert holm([], 0.01) == []
-    result = reg.CheckResult(alpha=0.05)
-    result.rows = [reg.Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok",
+    result = CheckResult(alpha=0.05)
+    result.rows = [Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok",
                            tier="primary") for p in (0.001, 0.04, 0.03, 0.5)]
-    reg.decide(result)
+    decide(result)
     assert [r.verdict for r in result.rows] == ["regressed", "ok", "ok", "ok"] and result.exit_code == 1
 
 
@@ -323,7 +327,7 @@ def test_a_row_below_alpha_alone_is_not_a_regression_of_the_job(record, baseline
     result.primary[0].p = 0.004
     for row in result.rows:
         row.verdict = "ok"
-    reg.decide(result)
+    decide(result)
     assert result.exit_code == 0 and 0.004 > 0.01 / result.judged
 
 
@@ -565,9 +569,9 @@ def test_tolerances_override_floors_and_reject_unknown_names(tmp_path, record, b
     assert _row(relaxed, "gated", "heldout_loss").verdict == "changed"   # under the floor, beyond the noise
     for bad in ({"bogus": {"floor": 1}}, {"heldout_loss": {"k": 3}}, {"heldout_loss": {"floor": -1}}):
         with pytest.raises(RecordError):
-            reg.resolve_tolerances(bad)
+            resolve_tolerances(bad)
     (tmp_path / "t.toml").write_text("[heldout_loss]\nfloor = 0.1\n")
-    assert reg.load_tolerances(tmp_path / "t.toml") == {"heldout_loss": {"floor": 0.1}}
+    assert load_tolerances(tmp_path / "t.toml") == {"heldout_loss": {"floor": 0.1}}
 
 
 def test_load_baseline_rejects_missing_corrupt_and_an_older_schema(tmp_path, baseline):
@@ -628,7 +632,7 @@ def test_cli_check_states_its_false_alarm_rate_and_the_evidence(tmp_path, record
     header = next(line for line in out.splitlines() if line.startswith("case"))
     assert all(word in header.split() for word in ("tier", "floor", "noise", "z", "p"))
     document = json.loads((tmp_path / "c.json").read_text())
-    assert document["alpha"] == 0.05 and document["method"] == reg.METHOD and 0 < document["rows_judged"] < 20
+    assert document["alpha"] == 0.05 and document["method"] == METHOD and 0 < document["rows_judged"] < 20
     assert document["rows_advisory"] > 30 and document["calibration"]["arrangements"] == 125
     assert {"case": "standard", "figure": "heldout_loss", "arms": "all"}.items() <= document["primary_family"][0].items()
     row = next(r for r in document["rows"] if r["verdict"] == "regressed")
@@ -841,8 +845,8 @@ def test_a_baseline_states_what_it_covers(record, baseline):
     """The figures each case's runs report, the invariants, the primary family and each figure's resolution,
     as the code that made it judged them; a run that diverged names its evaluation figures too."""
     covered = baseline["covers"]
-    assert covered["figures"]["smoke/standard"] == sorted(set(reg.fig.judged(record["arms"][0]["final"])))
-    assert covered["primary_family"] == reg.fig.primary_family() and covered["invariants"] is None
+    assert covered["figures"]["smoke/standard"] == sorted(set(fig.judged(record["arms"][0]["final"])))
+    assert covered["primary_family"] == fig.primary_family() and covered["invariants"] is None
     assert covered["resolutions"]["accuracy"] == "token" and covered["resolutions"]["heldout_loss"] is None
     diverged = diverged_run(record, "gated", 0, 30)
     assert "heldout_loss" in baselines.make_baseline(with_replicates(diverged))["covers"]["figures"]["smoke/standard"]
@@ -875,8 +879,8 @@ def test_another_primary_family_makes_the_baseline_stale_until_it_is_calibrated_
     `stability baseline calibrate --write`, which measures the curve again without training; then it passes."""
     path = tmp_path / "b.json"
     baselines.write_baseline(baseline, path)
-    extra = reg.fig.Primary("standard", "loss_spike_score", "arms")
-    monkeypatch.setattr(reg.fig, "ADDED_PRIMARY", [*reg.fig.ADDED_PRIMARY, extra])
+    extra = fig.Primary("standard", "loss_spike_score", "arms")
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", [*fig.ADDED_PRIMARY, extra])
     result = reg.check([record], baseline, baseline_path=str(path))
     assert result.exit_code == 2 and "the primary family changed" in result.errors[0]
     assert "added standard/loss_spike_score[arms]" in result.errors[0]

@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 from xml.etree import ElementTree
 
+from stability.check import check
 from stability.check.baseline import load_baseline
 from stability.check.calibration import margin
 from stability.check.coverage import reported
-from stability.check.regression import check
 from stability.record import figures as fig
 from stability.record import upgraded
 from stability.record.invariants import read_invariants

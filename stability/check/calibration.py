@@ -11,8 +11,8 @@ them drawn at random, the same every time, when there are more), and the fractio
 check's false-alarm rate on this baseline, measured (each one judged against one replicate fewer than a real
 job has, so slightly pessimistic). A per-seed outcome of the chosen replicate is judged against the seed's
 other replicates: an arrangement whose replicate flipped an outcome that none of the others did fails, as a
-real job would (``regression.OUTCOME_RULE``). ``calibrate`` gives the fraction that fails at each alpha of
-``ALPHAS``, the *margin* of the closest arrangement (H x its smallest primary p / alpha, with H the
+real job would (``stability.check.outcomes.OUTCOME_RULE``). ``calibrate`` gives the fraction that fails at
+each alpha of ``ALPHAS``, the *margin* of the closest arrangement (H x its smallest primary p / alpha, with H the
 hypotheses Holm judges: how far below the Holm threshold it stayed; 0 when a per-seed outcome failed it), and
 which row came closest.
 
@@ -35,15 +35,8 @@ import itertools
 import math
 import random
 
+from stability.check import DEFAULT_ALPHA, DOF_RULE, CheckResult, decide, judge_cases, resolve_tolerances
 from stability.check.baseline import validate_baseline
-from stability.check.regression import (
-    DEFAULT_ALPHA,
-    DOF_RULE,
-    CheckResult,
-    decide,
-    judge_cases,
-    resolve_tolerances,
-)
 from stability.record import figures as fig
 
 ALPHAS = (0.01, 0.02, 0.05, 0.10)

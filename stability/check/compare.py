@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stability.check.regression import in_primary_family
+from stability.check import in_primary_family
 from stability.record import setting_changes
 from stability.report.tables import fmt, text_table
 

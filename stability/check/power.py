@@ -6,7 +6,7 @@
 A job fails when Holm over the H hypotheses of the primary rows rejects one (two per row: worse by more
 than its floor, and moved at all; one for a row judged by its floor only); a row that moved alone is rejected
 when a p of its is at most alpha / H (the first Holm step). Under the check's rule
-(stability.check.regression.judge) the p of "regressed" is the upper tail of ``(worse - floor) / se`` under
+(stability.check.rows.judge) the p of "regressed" is the upper tail of ``(worse - floor) / se`` under
 Student's t with the row's degrees of freedom, so the smallest move in the worse direction that fails the
 job by itself (exit 1) is
 
@@ -33,8 +33,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from stability.check.calibration import split_runs
-from stability.check.regression import (
+from stability.check import (
     DEFAULT_ALPHA,
     DOF_RULE,
     CheckResult,
@@ -42,6 +41,7 @@ from stability.check.regression import (
     resolve_tolerances,
     rows_of_case,
 )
+from stability.check.calibration import split_runs
 from stability.record.stats import t_quantile
 from stability.report.tables import fmt, text_table
 

@@ -95,8 +95,8 @@ def write_step_summary(text: str, path: str | None = None) -> Path | None:
 def cmd_check(args) -> int:
     """Table on stdout, Markdown to $GITHUB_STEP_SUMMARY / --markdown; exit 0 ok, 1 regressed or failed, 2
     unusable (and why, in one ``error:`` line on stderr, as every command says it)."""
+    from stability.check import CheckResult, check, load_tolerances, suite_failures
     from stability.check.baseline import load_baseline, run_invariants
-    from stability.check.regression import CheckResult, check, load_tolerances, suite_failures
 
     try:
         records, notes = read_inputs(args)
@@ -371,7 +371,7 @@ def add_record_arguments(parser) -> None:
 
 
 def add_parsers(sub) -> None:
-    from stability.check.regression import DEFAULT_ALPHA
+    from stability.check import DEFAULT_ALPHA
 
     chk = sub.add_parser("check", help="compare records with a baseline (exit 0 ok, 1 regressed, 2 unusable)")
     add_record_arguments(chk)

@@ -18,7 +18,7 @@ of the element: measured on the smoke model's first step, writing the gate's sig
 attention as softmax(QK^T)V in float32, moves each gradient by |dg| / rms of 5-6e-8 at the median, 2e-7 at
 the 90th percentile and 5e-7 at the 99th; ``e * 2^-23 * rms`` gives 8e-8, 2e-7 and 3e-7 (an element-wise
 one unit in the last place gave 2e-8 at the median: too little). The merge check
-(``stability.check.regression``) takes a figure's noise from the spread of its replicates.
+(``stability.check.rows``) takes a figure's noise from the spread of its replicates.
 
 The draws depend only on the run's identity (``run_identity``: its whole config, its schedule and its
 arm), the replicate number, the parameter's name and the step, so two arms, two cases and two rungs of a
