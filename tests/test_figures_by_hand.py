@@ -610,13 +610,14 @@ def test_one_row_paired_by_hand():
     0.02); seed 1: 3.3, 3.5 (mean 3.4, variance 0.02). Baseline 3.25, floor max(0.02, 0.01625) = 0.02.
     Now 3.5 and 3.8: delta ((3.5 - 3.1) + (3.8 - 3.4)) / 2 = 0.4; se sqrt(2 * 0.02 * 1.5) / 2 = 0.12247;
     Welch df (0.06)^2 / (2 * 0.03^2) = 2 (the check's own rule takes the fewest of any seed, 1); z (0.4 - 0.02)
-    / se = 3.1027; p = P(T_2 > z)."""
+    / se = 3.1027; p = P(T_2 > z); the change's two-sided p (no floor) 2 P(T_2 > 0.4 / se)."""
     stats = judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 3.5, "1": 3.8}, "heldout_loss", dof_rule="welch")
     se = math.sqrt(2 * 0.02 * 1.5) / 2
     assert stats == {"baseline": pytest.approx(3.25), "current": pytest.approx(3.65), "delta": pytest.approx(0.4),
                      "floor": pytest.approx(0.02), "noise": pytest.approx(math.sqrt(0.02)), "se": pytest.approx(se),
                      "z": pytest.approx(0.38 / se), "p": pytest.approx(t_upper_tail(0.38 / se, 2)),
-                     "mode": "n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2))}
+                     "mode": "n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2)),
+                     "p_change": pytest.approx(2 * t_upper_tail(0.4 / se, 2))}
     better = judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss", dof_rule="welch")
     assert better["z"] == pytest.approx(-0.62 / se) and better["p_improved"] == pytest.approx(t_upper_tail(0.58 / se, 2))
     higher = judge(replicates(s0=[0.5, 0.5], s1=[0.6, 0.6]), {"0": 0.4, "1": 0.5}, "accuracy", quantum=0.01)
@@ -643,14 +644,16 @@ def test_one_row_tolerances_and_seeds_left_out_by_hand():
 
 def test_a_figure_new_or_gone_by_hand():
     """No finite baseline value: nothing to judge. No current value at any seed: no statistics (the
-    outcome rule fails the job for a value gone non-finite). One seed's value only: that seed judged."""
+    outcome rule fails the job for a value gone non-finite). One seed's value only: that seed judged, its two
+    identical runs (variance 0) at one fp32 rounding step of 3.0: se = 3 2^-23 sqrt(1 + 1/2)."""
     assert judge(replicates(s0=[None]), {"0": 3.0}, "heldout_loss") == {
         "baseline": None, "current": 3.0, "delta": None, "floor": None, "noise": None, "se": None, "z": None,
-        "p": None, "mode": "", "note": "", "p_improved": None}
+        "p": None, "mode": "", "note": "", "p_improved": None, "p_change": None}
     gone = judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": None, "1": None}, "heldout_loss")
     assert (gone["baseline"], gone["current"], gone["p"]) == (3.0, None, None)
     half = judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": 3.0, "1": None}, "heldout_loss")
-    assert half["mode"] == "n=1 df=inf" and half["se"] == 0.0
+    # identical baseline runs: judged at one fp32 rounding step of the value (rows.FP32_RESOLUTION), not at zero width
+    assert half["mode"] == "n=1 df=inf" and half["se"] == pytest.approx(3.0 * 2 ** -23 * math.sqrt(1.5))
     assert half["z"] == -math.inf and half["p"] == 1.0 and half["p_improved"] == 1.0
     jump = judge(replicates(s0=[3.0, 3.0]), {"0": 3.5}, "heldout_loss")
     assert (jump["z"], jump["p"]) == (math.inf, 0.0)
@@ -697,19 +700,30 @@ def test_holm_rejects_a_p_exactly_at_its_threshold():
 
 
 def test_decide_by_hand():
-    """Primary rows: Holm at alpha 0.05 over the four with a p (0.01, 0.03, 0.3, 0): 0 <= 0.05/4, 0.01 <=
-    0.05/3 rejected, 0.03 > 0.05/2 is not and stops it. Improved: p_improved <= alpha / rows = 0.0125
-    (0.001 is, 0.02 is not); a row without a p is not judged. Advisory rows: Holm over their own family
-    marks "worse" (0.001 <= 0.05/2), never "regressed", and the job passes on them alone."""
-    def row(p, p_improved=None, tier="primary"):
+    """Primary rows: Holm at alpha 0.05 over their eight hypotheses (worse by the floor p, moved at all p_change):
+    sorted 0, 0, 0.001, 0.002, 0.02, ... against 0.05/8, /7, /6, /5, /4: the first four are rejected, 0.02 > 0.0125
+    stops it. The first row regressed (p 0.001), the second changed (moved, p_change 0.002, not worse by its
+    floor), the third is ok, a row without a p is not judged, the last regressed (both rejected: regressed wins).
+    Declared floor_only, the second row has one hypothesis and stays ok (7 hypotheses: 0.001 <= 0.05/5 still
+    rejected). Advisory rows: Holm over their own family marks "worse" (0.001 <= 0.05/2), never "regressed", and
+    the job passes on them alone; "improved" at alpha / rows."""
+    def row(p, p_change=None, tier="primary", p_improved=None, floor_only=False):
         return Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok",
-                       p_improved=p_improved, tier=tier)
-    result = CheckResult(alpha=0.05, rows=[row(0.01), row(0.03, 0.001), row(0.3, 0.02), row(None), row(0.0)])
+                   p_improved=p_improved, p_change=p_change, tier=tier, floor_only=floor_only)
+    result = CheckResult(alpha=0.05, rows=[row(0.001, 0.5), row(0.3, 0.002), row(0.3, 0.02), row(None),
+                                           row(0.0, 0.0)])
     decide(result)
-    assert [r.verdict for r in result.rows] == ["regressed", "improved", "ok", "ok", "regressed"]
-    advisory = CheckResult(alpha=0.05, rows=[row(0.001, tier="advisory"), row(0.4, tier="advisory")])
+    assert [r.verdict for r in result.rows] == ["regressed", "changed", "ok", "ok", "regressed"]
+    assert result.hypotheses == 8 and result.exit_code == 1
+    floor_only = CheckResult(alpha=0.05, rows=[row(0.001, 0.5), row(0.3, 0.002, floor_only=True), row(0.3, 0.02)])
+    decide(floor_only)
+    assert [r.verdict for r in floor_only.rows] == ["regressed", "ok", "ok"] and floor_only.hypotheses == 5
+    changed = CheckResult(alpha=0.05, rows=[row(0.3, 0.002), row(0.3, 0.4)])
+    decide(changed)
+    assert [r.verdict for r in changed.rows] == ["changed", "ok"] and changed.exit_code == 3
+    advisory = CheckResult(alpha=0.05, rows=[row(0.001, tier="advisory"), row(0.4, tier="advisory", p_improved=0.001)])
     decide(advisory)
-    assert [r.verdict for r in advisory.rows] == ["worse", "ok"] and advisory.exit_code == 0
+    assert [r.verdict for r in advisory.rows] == ["worse", "improved"] and advisory.exit_code == 0
 
 
 def test_split_runs_by_hand():

@@ -128,6 +128,12 @@ def row_dof(terms: list[tuple[float, float]], rule: str = DOF_RULE) -> float:
     return welch_dof(terms)
 
 
+FP32_RESOLUTION = 2.0 ** -23
+"""The least relative noise a row is judged at: one fp32 rounding step of its baseline value. The harness trains
+in fp32; a figure that every replicate of every seed reproduces to the bit (a maximum that rounding never moves
+at `smoke`) would otherwise be judged at zero width, so that one unit in the last place fails a harmless job."""
+
+
 def judge(baseline: dict, current: dict, name: str, quantum: float = 0.0, tolerance: dict | None = None,
           dof_rule: str = DOF_RULE) -> dict:
     """The statistics of one row: ``baseline`` maps seed -> {replicate: value or None}, ``current`` maps
@@ -147,6 +153,8 @@ def judge(baseline: dict, current: dict, name: str, quantum: float = 0.0, tolera
     common = sorted(set(cur) & set(groups))
     if not common:
         return out
+    # never narrower than one fp32 rounding step of the figure: two runs that agree to that are the same run
+    quantum = max(quantum, FP32_RESOLUTION * max(abs(c) for c in centers.values()))
     noise = seed_noise({s: groups[s] for s in common}, quantum)
     terms = [(noise[s][0] * (1 + 1 / len(groups[s])), noise[s][1]) for s in common]
     delta = sum(cur[s] - centers[s] for s in common) / len(common)
