@@ -257,3 +257,13 @@ def test_baseline_make_refuses_bad_arguments_before_pytest_starts_or_a_run_direc
     out, err = capsys.readouterr()
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
     assert out == "" and started == [] and _files(workdir) == before
+
+
+def test_check_help_names_every_exit_code_of_the_verdict(capsys):
+    from stability.check.verdict import VERDICT_OF_EXIT
+
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for code, verdict in VERDICT_OF_EXIT.items():
+        assert f"{code} {verdict.lower()}" in text, (code, verdict)

@@ -373,7 +373,11 @@ def add_record_arguments(parser) -> None:
 def add_parsers(sub) -> None:
     from stability.check import DEFAULT_ALPHA
 
-    chk = sub.add_parser("check", help="compare records with a baseline (exit 0 ok, 1 regressed, 2 unusable)")
+    from stability.check.verdict import VERDICT_OF_EXIT
+
+    codes = ", ".join(f"{code} {verdict.lower()}" for code, verdict in VERDICT_OF_EXIT.items())
+    chk = sub.add_parser("check", help=f"compare records with a baseline (exit {codes})",
+                         description=f"Judge a job's records against a baseline. Exit codes: {codes}.")
     add_record_arguments(chk)
     chk.add_argument("--baseline", help="baseline JSON, e.g. reports/baselines/<preset>-<device>.json")
     chk.add_argument("--from-mlflow", metavar="BRANCH",
