@@ -690,6 +690,30 @@ def test_rows_of_one_case_by_hand():
                     ("gated-reference", "heldout_loss", "ok", 1.0, "primary", "n=1 df=inf")]
 
 
+def test_a_paired_difference_is_judged_at_its_operands_rounding_step():
+    """Gated 2.9 and reference 3.0 in every baseline run; the job's gated arm one fp32 rounding step of 3.0
+    lower (2.9 - 2^-22: its last bit moved). The paired difference (-0.1) is 30x smaller than its operands,
+    but it moves by their rounding step: judged at 2^-23 x (2.9 + 3.0), the move is about one step (no change),
+    where the difference's own rounding step (2^-23 x 0.1) would call it a change at z ~ 20."""
+    done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
+    base = {"config": {}, "steps": 10, "stress": "standard", "arms": {
+        "reference": {"status": done, "diverged_at_step": {},
+                      "figures": {"heldout_loss": replicates(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
+        "gated": {"status": done, "diverged_at_step": {},
+                  "figures": {"heldout_loss": replicates(s0=[2.9, 2.9], s1=[2.9, 2.9])}}}}
+    now = {"0": {"0": "completed"}, "1": {"0": "completed"}}
+    moved = 2.9 - 2.0 ** -22
+    case = {"config": {}, "steps": 10, "arms": {
+        "reference": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 3.0}, "1": {"0": 3.0}}}},
+        "gated": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": moved}, "1": {"0": moved}}}}}}
+    result = CheckResult()
+    rows_of_case(result, "c/standard", base, case, {})
+    paired = next(r for r in result.rows if r.arm == "gated-reference")
+    assert paired.se == pytest.approx(2.0 ** -23 * 5.9 * math.sqrt(1.5) / math.sqrt(2), rel=1e-9)
+    assert abs(paired.delta / paired.se) < 1 and paired.p_change > 0.3
+    assert paired.se > 20 * 2.0 ** -23 * 0.1
+
+
 def test_holm_rejects_a_p_exactly_at_its_threshold():
     """Holm rejects the i-th smallest p (from 0) while p <= alpha / (m - i), equality included. alpha 0.05,
     m = 2: 0.025 = 0.05 / 2 (halving is exact in binary, so the two are the same double) is rejected,

@@ -36,6 +36,7 @@ This module reads JSON only: no torch, no MLflow.
 from __future__ import annotations
 
 import json
+import math
 
 from stability.check.baseline import (
     case_values,
@@ -46,7 +47,7 @@ from stability.check.baseline import (
 from stability.check.coverage import reported, stale
 from stability.check.family import advisory_here, in_primary_family
 from stability.check.outcomes import mixed_status_notes, outcomes_of_arm
-from stability.check.rows import DOF_RULE, Row, judge
+from stability.check.rows import DOF_RULE, FP32_RESOLUTION, Row, judge
 from stability.check.tolerances import resolve_tolerances
 from stability.check.verdict import DEFAULT_ALPHA, CheckResult, Outcome, decide
 from stability.record import (
@@ -96,6 +97,17 @@ def paired_values(arms: dict, arm: str, name: str, nested: bool) -> dict:
     if not nested:
         return {s: minus(own[s], ref[s]) for s in own if s in ref}
     return {s: {d: minus(own[s][d], ref[s][d]) for d in own[s] if d in ref[s]} for s in own if s in ref}
+
+
+def operand_resolution(arms: dict, arm: str, name: str) -> float:
+    """One fp32 rounding step of a paired difference (arm - reference): each operand rounds at its own
+    magnitude, so the difference of two runs that agree to the last bit of each arm moves by up to
+    2^-23 x (|arm| + |reference|), however small the difference itself is."""
+    def largest(which: str) -> float:
+        values = [abs(v) for runs in arms.get(which, {}).get("figures", {}).get(name, {}).values()
+                  for v in runs.values() if v is not None and math.isfinite(v)]
+        return max(values, default=0.0)
+    return FP32_RESOLUTION * (largest(arm) + largest(REFERENCE_ARM))
 
 
 def rows_of_case(result: CheckResult, key: str, base: dict, case: dict, tolerances: dict,
@@ -148,8 +160,8 @@ def rows_of_case(result: CheckResult, key: str, base: dict, case: dict, toleranc
             values = (paired_values(base["arms"], arm, name, True), paired_values(current, arm, name, False))
             if any(v is not None for runs in values[0].values() for v in runs.values()) \
                     or any(v is not None for v in values[1].values()):
-                _add_row(result, key, stress, paired_arm(arm), name, *values, fig.quantum(name, config, steps),
-                         tolerances, dof_rule)
+                quantum = max(fig.quantum(name, config, steps), operand_resolution(base["arms"], arm, name))
+                _add_row(result, key, stress, paired_arm(arm), name, *values, quantum, tolerances, dof_rule)
 
 
 def _seeds(seeds) -> str:
