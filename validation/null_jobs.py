@@ -1,7 +1,7 @@
 """False alarms of the merge gate, measured: the CPU job of unchanged code under fresh rounding replicates.
 
     python -m validation.null_jobs --scale smoke --replicates 20-169   # 150 jobs: train, keep, judge
-    python -m validation.null_jobs --scale ci --replicates 20-79 --train-only --source ../frozen
+    python -m validation.null_jobs --scale ci --replicates 20-79 --train-only --source CHECKOUT
     python -m validation.null_jobs --scale smoke --rejudge --replicates 20-169 --write-baseline
 
 A *null job* is the ``stress-cpu`` job of ``.github/workflows/stability.yml`` run on the code as it is, with

@@ -129,7 +129,7 @@ ZOO = (
 
 # ------------------------------------------------------------------ held out from the replicate rule
 # Written before the merge check's replicate rule (bands from rounding replicates, Holm over the job) was
-# run on anything, and run only once that rule was fixed: its evidence (reports/zoo-smoke.md, zoo-ci.md).
+# run on anything, and run only once that rule was fixed: its evidence (reports/zoo-smoke.md; the `ci` one in its history).
 HELD_OUT = (
     Entry("gate_after_output_projection", True, "the G1 gate multiplies the output of W_o instead of each head's "
           "attention output (G5 wiring)", (
@@ -161,7 +161,7 @@ HELD_OUT = (
 
 # ------------------------------------------------------------------ held out from the primary-family rule
 # Written and committed before the merge check with a primary family, per-seed outcomes and fail-closed
-# inputs was run on anything; run only once that rule is fixed (reports/zoo-smoke.md, zoo-ci.md).
+# inputs was run on anything; run only once that rule is fixed (reports/zoo-smoke.md; the `ci` one in its history).
 RMSNORM_FORWARD = """\
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -213,7 +213,7 @@ HELD_OUT_PRIMARY = (
 # ------------------------------------------------------------------ held out from the early-horizon rows
 # Written and committed before the primary family gained the LR range test's early horizon (the model's
 # forward and backward at the smallest learning rates) and before that family was run on anything; run only
-# once it is fixed (reports/zoo-ci.md).
+# once it is fixed (the `ci` zoo report, in its history).
 HELD_OUT_EARLY = (
     Entry("swiglu_silu_of_product", True, "the MLP computes silu(W_gate x * W_up x) instead of silu(W_gate x) * W_up x", (
         ("stability/model/lm.py", "return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))",
