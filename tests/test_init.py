@@ -5,6 +5,7 @@ what it says when the suites fail, and the model invariants it lists."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -145,10 +146,18 @@ def test_the_workflow_has_this_repositorys_jobs_and_steps(tmp_path, monkeypatch,
     harness's own model: a factory's attention never runs the harness's kernel; the compile job of this
     repository's kernel is its own); every command and option it uses exists."""
     init(tmp_path, monkeypatch, *(["--factory", factory] if factory else []))
-    generated = yaml.safe_load((tmp_path / ".github" / "workflows" / "stability.yml").read_text())
+    text = (tmp_path / ".github" / "workflows" / "stability.yml").read_text()
+    generated = yaml.safe_load(text)
     ours = yaml.safe_load(WORKFLOW.read_text())
     assert generated.keys() == ours.keys() and generated[True] == ours[True]   # YAML reads the key "on" as True
     assert generated["jobs"].keys() == ours["jobs"].keys() - {"kernel-compile"}
+    said = re.search(r"^# Which job gates merges(.*?)^name:", text, re.MULTILINE | re.DOTALL).group(1)
+    gating, nightly = said.split("nightly", 1)
+    assert set(re.findall(r"stress-[a-z]+", said)) == {name for name in generated["jobs"] if name.startswith("stress-")}
+    assert all(generated["jobs"][name]["if"] == ours["jobs"]["stress-cpu"]["if"]     # a pull request's condition
+               for name in re.findall(r"stress-[a-z]+", gating))
+    assert re.findall(r"stress-[a-z]+", nightly) == ["stress-nightly"] and "gates nothing" in nightly
+    assert generated["jobs"]["stress-nightly"]["if"] == "github.event_name == 'schedule'"
     for name, job in generated["jobs"].items():
         expected = [s for s in _steps(ours["jobs"][name]) if factory == "" or s != "kernel"]
         assert _steps(job) == expected, name

@@ -164,6 +164,11 @@ HEADER = """\
 # made by `stability baseline make`; no job passes without it). The regression table goes to the job summary;
 # reports/ (records, report, JUnit XML) is uploaded; the job fails when a figure regressed (exit 1), changed
 # (exit 3) or the inputs are unusable (exit 2).
+#
+# Which job gates merges (make them the branch's required checks): on a pull request, the CPU job (stress-cpu,
+# @PRESET@ on the CPU) and the GPU job (stress-gpu, gpu-pr on one GPU, 240 minutes). The `full` preset runs nightly
+# (stress-nightly, on the schedule) on a runner with 4 GPUs, one per pytest-xdist worker: it gates nothing, its
+# failure is a failed nightly run. What a preset's job and baseline cost: `stability plan --preset NAME --gpu h200`.
 name: stability
 
 on:
