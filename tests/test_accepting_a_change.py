@@ -1,5 +1,5 @@
 """Accepting a wanted change, end to end, as the workflow does it, on a small configuration (the plain pair
-only: `cases = ["standard"]` in the repository's settings): a change that makes the model compute something
+only: `cases = ["standard"]` in the repository's settings, 4 replicates): a change that makes the model compute something
 else is CHANGED (exit 3) on the CPU job; the baseline job, dispatched by hand for that case, remakes it on the
 runner and shows what moved; with its baseline committed, the next CPU job passes."""
 
@@ -21,7 +21,7 @@ def test_a_changed_model_is_accepted_by_a_baseline_remade_on_the_runner(tmp_path
     copy = fresh_copy(tmp_path / "copy")
     settings = copy / "pyproject.toml"
     text = settings.read_text()
-    settings.write_text(text.replace('[tool.stability]\n', '[tool.stability]\ncases = ["standard"]\n', 1))
+    settings.write_text(text.replace('[tool.stability]\n', '[tool.stability]\ncases = ["standard"]\nreplicates = 4\n', 1))
     prepare_venv(copy)
     made = subprocess.run([".venv/bin/stability", "baseline", "make", "--out", "reports/baselines/smoke-cpu.json"],
                           cwd=copy, capture_output=True, text=True, check=False)

@@ -12,6 +12,7 @@ from _stability_records import pair_record, with_replicates
 
 from stability.check import regression as reg
 from stability.check.baseline import make_baseline, write_baseline
+from stability.check.junit import suite_failures
 from stability.cli import main
 from stability.record import RecordError, write_record
 from stability.record.invariants import append_invariant, invariant_line, invariants_file, read_invariants
@@ -256,7 +257,7 @@ def test_a_junit_file_that_cannot_be_read_as_junit_is_bad_input_naming_it(tmp_pa
     else:
         junit.write_bytes(content)
     with pytest.raises(RecordError, match="junit.xml") as error:
-        reg.suite_failures([junit])
+        suite_failures([junit])
     assert said in str(error.value)
     write_baseline(baseline, tmp_path / "b.json")
     path = _write(tmp_path / "r.json", record)
@@ -267,4 +268,4 @@ def test_a_junit_file_that_cannot_be_read_as_junit_is_bad_input_naming_it(tmp_pa
 def test_a_deeply_nested_junit_file_is_read_without_a_traceback(tmp_path):
     junit = tmp_path / "junit.xml"
     junit.write_text("<testsuites>" + "<a>" * 100_000 + "</a>" * 100_000 + "</testsuites>")
-    assert reg.suite_failures([junit]) == []
+    assert suite_failures([junit]) == []

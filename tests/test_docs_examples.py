@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stability.check import regression as reg
+from stability.check.rows import DOF_RULE, judge
+from stability.check.verdict import DEFAULT_ALPHA, VERDICT_OF_EXIT
 from stability.record.figures import primary_rows
 from stability.record.stats import holm
 
@@ -51,12 +52,12 @@ def test_figures_worked_example_is_what_the_check_computes():
     verdicts = set()
     for move, delta, z, df, p, asks, verdict in rows:
         step = float(move)
-        stats = reg.judge(base, {s: m + step for s, m in SEEDS.items()}, "heldout_loss")
+        stats = judge(base, {s: m + step for s, m in SEEDS.items()}, "heldout_loss")
         assert _close(delta, stats["delta"]) and _close(z, stats["z"]), move
         assert stats["mode"] == f"n=3 df={df}", move
         assert _close(p, stats["p"]), move
-        assert _close(asks, reg.DEFAULT_ALPHA / family), move
-        rejected = holm([stats["p"]] + [1.0] * (family - 1), reg.DEFAULT_ALPHA)[0]
+        assert _close(asks, DEFAULT_ALPHA / family), move
+        rejected = holm([stats["p"]] + [1.0] * (family - 1), DEFAULT_ALPHA)[0]
         assert verdict == ("regressed" if rejected else "ok"), move
         verdicts.add(verdict)
     assert verdicts == {"ok", "regressed"}
@@ -72,9 +73,9 @@ def test_quantization_doc_says_whether_quant_rows_are_judged():
 def test_your_repository_names_every_exit_code_of_the_check():
     doc = " ".join((ROOT / "docs" / "your-repository.md").read_text().split())
     section = doc.split("## What the suites can and cannot see on your model", 1)[1].split("It cannot see:")[0]
-    for code, verdict in reg.VERDICT_OF_EXIT.items():
+    for code, verdict in VERDICT_OF_EXIT.items():
         assert f"exit {code}" in section, (code, verdict)
-    assert "Holm" in section and "fewest degrees of freedom" in section and reg.DOF_RULE == "min"
+    assert "Holm" in section and "fewest degrees of freedom" in section and DOF_RULE == "min"
 
 
 def calibration_row(preset: str) -> str:

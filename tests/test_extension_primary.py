@@ -20,6 +20,7 @@ from test_plugin import pytest_in, repository
 
 from stability.check import baseline as baselines
 from stability.check import regression as reg
+from stability.check.family import in_primary_family
 from stability.record import figures as fig
 from stability.record import paired_summary
 
@@ -58,13 +59,13 @@ def row(table):
 
 def test_a_declared_row_joins_the_primary_family_after_the_built_in_ones(table):
     row = table
-    assert reg.in_primary_family("standard", "gated", TOY.name) is None
+    assert in_primary_family("standard", "gated", TOY.name) is None
     declared = fig.primary_rows()
     fig.register_primary(row)
     assert fig.primary_rows() == (*declared, row)
-    assert reg.in_primary_family("standard", "gated", TOY.name) is row
-    assert reg.in_primary_family("standard", "gated-reference", TOY.name) is None   # arms="arms": no paired row
-    assert fig.primary_family()[-1] == {"case": "standard", "figure": TOY.name, "arms": "arms", "either_way": False}
+    assert in_primary_family("standard", "gated", TOY.name) is row
+    assert in_primary_family("standard", "gated-reference", TOY.name) is None   # arms="arms": no paired row
+    assert fig.primary_family()[-1] == {"case": "standard", "figure": TOY.name, "arms": "arms", "floor_only": False}
     with pytest.raises(ValueError, match=r"primary row standard/toy_spread_mean\[arms\] is declared already"):
         fig.register_primary(row)
     with pytest.raises(ValueError, match="expected a judged figure of the table"):
@@ -83,11 +84,11 @@ def test_a_figure_that_declares_its_rows_is_primary_where_it_says_and_nowhere_el
     assert fig.primary_rows() == (*built_in, fig.Primary("lr_sweep", "toy_max_*", arms="paired", why="the spread grew"),
                                   fig.Primary("standard", "toy_max_q", presets=("ci",), elsewhere="too noisy at smoke"))
     assert declared.rows()[0].figure == "toy_max_*"
-    assert reg.in_primary_family("lr_sweep", "gated-reference", "toy_max_k") is not None
-    assert reg.in_primary_family("lr_sweep", "gated", "toy_max_k") is None           # paired only
-    assert reg.in_primary_family("standard", "gated", "toy_max_q", "ci") is not None
-    assert reg.in_primary_family("standard", "gated", "toy_max_q", "smoke") is None   # advisory there
-    assert reg.in_primary_family("standard", "gated", "toy_max_k", "ci") is None      # another member
+    assert in_primary_family("lr_sweep", "gated-reference", "toy_max_k") is not None
+    assert in_primary_family("lr_sweep", "gated", "toy_max_k") is None           # paired only
+    assert in_primary_family("standard", "gated", "toy_max_q", "ci") is not None
+    assert in_primary_family("standard", "gated", "toy_max_q", "smoke") is None   # advisory there
+    assert in_primary_family("standard", "gated", "toy_max_k", "ci") is None      # another member
     for bad, match in (({"better": None}, "a primary row needs a judged figure"),
                        ({"outcome": True, "kind": "run"}, "a primary row needs a judged figure that is not an outcome"),
                        ({"primary": (fig.Primary("standard", "heldout_loss"),)}, "names figure 'heldout_loss'")):

@@ -21,10 +21,12 @@ from stability.cases.lr_ramp import ramp_figures, update_before
 from stability.cases.lr_ramp import rolling_min_index as _rolling_min_index
 from stability.cases.lr_sweep import reference_index, sweep_figures
 from stability.cases.shock import shock_figures
-from stability.check import regression as reg
 from stability.check.baseline import case_values
 from stability.check.calibration import arrangements, split_runs
 from stability.check.claims import claim_rows, claims_table, held_out
+from stability.check.regression import paired_values, rows_of_case
+from stability.check.rows import Row, judge, seed_noise, welch_dof
+from stability.check.verdict import CheckResult, decide
 from stability.config import ConfigError, resolve
 from stability.config.schedules import BatchRamp, ExponentialRamp, Shock, Standard, lr_scale, warmup_cosine
 from stability.evaluate.quantize import (
@@ -588,19 +590,19 @@ def test_seed_noise_by_hand():
     """Seed 0: 1.0, 3.0 (mean 2, sample variance 2, 1 df); seed 1: 5.0, 5.0, 5.0 (variance 0: below the
     quantum 0.5, so 0.25 with infinite df); seed 2: one run, the mean variance of the seeds that have
     two or more ((2 + 0) / 2 = 1) with their summed df (1 + 2 = 3)."""
-    noise = reg.seed_noise({"0": [1.0, 3.0], "1": [5.0, 5.0, 5.0], "2": [7.0]}, 0.5)
+    noise = seed_noise({"0": [1.0, 3.0], "1": [5.0, 5.0, 5.0], "2": [7.0]}, 0.5)
     assert noise == {"0": (2.0, 1), "1": (0.25, math.inf), "2": (1.0, 3)}
-    assert reg.seed_noise({"0": [1.0], "1": [2.0]}, 0.0) == {"0": (0.0, math.inf), "1": (0.0, math.inf)}
-    assert reg.seed_noise({"0": [1.0, 3.0]}, 2.0) == {"0": (4.0, math.inf)}   # at the quantum: the quantum
-    assert reg.seed_noise({"0": [1.0, 3.0]}, 1.4) == {"0": (2.0, 1)}           # 1.96 < 2: the spread
+    assert seed_noise({"0": [1.0], "1": [2.0]}, 0.0) == {"0": (0.0, math.inf), "1": (0.0, math.inf)}
+    assert seed_noise({"0": [1.0, 3.0]}, 2.0) == {"0": (4.0, math.inf)}   # at the quantum: the quantum
+    assert seed_noise({"0": [1.0, 3.0]}, 1.4) == {"0": (2.0, 1)}           # 1.96 < 2: the spread
 
 
 def test_welch_dof_by_hand():
     """(2 + 2)^2 / (2^2/1 + 2^2/1) = 2; one term of 3 df alone: 3; terms of infinite df add no spread."""
-    assert reg.welch_dof([(2.0, 1), (2.0, 1)]) == pytest.approx(2.0)
-    assert reg.welch_dof([(5.0, 3)]) == pytest.approx(3.0)
-    assert reg.welch_dof([(5.0, 3), (1.0, math.inf)]) == pytest.approx(36 / (25 / 3))
-    assert reg.welch_dof([(1.0, math.inf)]) == math.inf and reg.welch_dof([(1.0, 0)]) == math.inf
+    assert welch_dof([(2.0, 1), (2.0, 1)]) == pytest.approx(2.0)
+    assert welch_dof([(5.0, 3)]) == pytest.approx(3.0)
+    assert welch_dof([(5.0, 3), (1.0, math.inf)]) == pytest.approx(36 / (25 / 3))
+    assert welch_dof([(1.0, math.inf)]) == math.inf and welch_dof([(1.0, 0)]) == math.inf
 
 
 def test_one_row_paired_by_hand():
@@ -608,16 +610,17 @@ def test_one_row_paired_by_hand():
     0.02); seed 1: 3.3, 3.5 (mean 3.4, variance 0.02). Baseline 3.25, floor max(0.02, 0.01625) = 0.02.
     Now 3.5 and 3.8: delta ((3.5 - 3.1) + (3.8 - 3.4)) / 2 = 0.4; se sqrt(2 * 0.02 * 1.5) / 2 = 0.12247;
     Welch df (0.06)^2 / (2 * 0.03^2) = 2 (the check's own rule takes the fewest of any seed, 1); z (0.4 - 0.02)
-    / se = 3.1027; p = P(T_2 > z)."""
-    stats = reg.judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 3.5, "1": 3.8}, "heldout_loss", dof_rule="welch")
+    / se = 3.1027; p = P(T_2 > z); the change's two-sided p (no floor) 2 P(T_2 > 0.4 / se)."""
+    stats = judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 3.5, "1": 3.8}, "heldout_loss", dof_rule="welch")
     se = math.sqrt(2 * 0.02 * 1.5) / 2
     assert stats == {"baseline": pytest.approx(3.25), "current": pytest.approx(3.65), "delta": pytest.approx(0.4),
                      "floor": pytest.approx(0.02), "noise": pytest.approx(math.sqrt(0.02)), "se": pytest.approx(se),
                      "z": pytest.approx(0.38 / se), "p": pytest.approx(t_upper_tail(0.38 / se, 2)),
-                     "mode": "n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2))}
-    better = reg.judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss", dof_rule="welch")
+                     "mode": "n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2)),
+                     "p_change": pytest.approx(2 * t_upper_tail(0.4 / se, 2))}
+    better = judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss", dof_rule="welch")
     assert better["z"] == pytest.approx(-0.62 / se) and better["p_improved"] == pytest.approx(t_upper_tail(0.58 / se, 2))
-    higher = reg.judge(replicates(s0=[0.5, 0.5], s1=[0.6, 0.6]), {"0": 0.4, "1": 0.5}, "accuracy", quantum=0.01)
+    higher = judge(replicates(s0=[0.5, 0.5], s1=[0.6, 0.6]), {"0": 0.4, "1": 0.5}, "accuracy", quantum=0.01)
     assert higher["delta"] == pytest.approx(-0.1) and higher["floor"] == pytest.approx(0.005)
     assert higher["se"] == pytest.approx(math.sqrt(2 * 1e-4 * 1.5) / 2) and higher["mode"] == "n=2 df=inf"
     assert higher["z"] == pytest.approx(0.095 / higher["se"])
@@ -629,29 +632,32 @@ def test_one_row_tolerances_and_seeds_left_out_by_hand():
     seed the baseline lacks is left out of the row (the case notes it); with no seed in common there is
     nothing to judge (the check refuses such a job before any row)."""
     base = replicates(s0=[3.0, 3.2], s1=[3.3, 3.5])
-    assert reg.judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"floor": 1.0})["floor"] == 1.0
-    assert reg.judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"rel_floor": 0.5})["floor"] == \
+    assert judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"floor": 1.0})["floor"] == 1.0
+    assert judge(base, {"0": 3.5, "1": 3.8}, "heldout_loss", tolerance={"rel_floor": 0.5})["floor"] == \
         pytest.approx(1.625)
-    extra = reg.judge(base, {"0": 3.5, "1": 3.8, "7": 9.0}, "heldout_loss")
+    extra = judge(base, {"0": 3.5, "1": 3.8, "7": 9.0}, "heldout_loss")
     assert extra["mode"] == "n=2 df=1" and extra["delta"] == pytest.approx(0.4)
     assert extra["current"] == pytest.approx(3.65)
-    other = reg.judge(base, {"5": 3.5, "6": 3.8}, "heldout_loss")
+    other = judge(base, {"5": 3.5, "6": 3.8}, "heldout_loss")
     assert (other["baseline"], other["p"], other["mode"]) == (pytest.approx(3.25), None, "")
 
 
 def test_a_figure_new_or_gone_by_hand():
     """No finite baseline value: nothing to judge. No current value at any seed: no statistics (the
-    outcome rule fails the job for a value gone non-finite). One seed's value only: that seed judged."""
-    assert reg.judge(replicates(s0=[None]), {"0": 3.0}, "heldout_loss") == {
+    outcome rule fails the job for a value gone non-finite). One seed's value only: that seed judged, its two
+    identical runs (variance 0) at one fp32 rounding step of 3.0: se = 3 2^-23 sqrt(1 + 1/2)."""
+    assert judge(replicates(s0=[None]), {"0": 3.0}, "heldout_loss") == {
         "baseline": None, "current": 3.0, "delta": None, "floor": None, "noise": None, "se": None, "z": None,
-        "p": None, "mode": "", "note": "", "p_improved": None}
-    gone = reg.judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": None, "1": None}, "heldout_loss")
+        "p": None, "mode": "", "note": "", "p_improved": None, "p_change": None}
+    gone = judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": None, "1": None}, "heldout_loss")
     assert (gone["baseline"], gone["current"], gone["p"]) == (3.0, None, None)
-    half = reg.judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": 3.0, "1": None}, "heldout_loss")
-    assert half["mode"] == "n=1 df=inf" and half["se"] == 0.0
-    assert half["z"] == -math.inf and half["p"] == 1.0 and half["p_improved"] == 1.0
-    jump = reg.judge(replicates(s0=[3.0, 3.0]), {"0": 3.5}, "heldout_loss")
-    assert (jump["z"], jump["p"]) == (math.inf, 0.0)
+    half = judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": 3.0, "1": None}, "heldout_loss")
+    # identical baseline runs: judged at one fp32 rounding step of the value (rows.FP32_RESOLUTION), not at zero width
+    assert half["mode"] == "n=1 df=inf" and half["se"] == pytest.approx(3.0 * 2 ** -23 * math.sqrt(1.5))
+    assert half["z"] == pytest.approx(-0.02 / half["se"]) and half["p"] == 1.0 and half["p_improved"] == 1.0
+    assert half["p_change"] == 1.0   # no move at all
+    jump = judge(replicates(s0=[3.0, 3.0]), {"0": 3.5}, "heldout_loss")
+    assert jump["z"] > 1e5 and jump["p"] == 0.0 and jump["p_change"] == 0.0
 
 
 def test_rows_of_one_case_by_hand():
@@ -671,8 +677,8 @@ def test_rows_of_one_case_by_hand():
         "gated": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 2.9}, "1": {"0": None}},
                                                                       "accuracy": {"0": {"0": 0.6}}}},
         "new": {"status": now, "diverged_at_step": {}, "figures": {}}}}
-    result = reg.CheckResult()
-    reg.rows_of_case(result, "c/standard", base, case, {})
+    result = CheckResult()
+    rows_of_case(result, "c/standard", base, case, {})
     assert result.notes == ["case c/standard: arm new is not in the baseline (new arm): not compared"]
     assert [o.reason for o in result.outcomes] == [
         ("case c/standard arm gated seed 1: heldout_loss is non-finite now; finite in every one of the 2 "
@@ -695,19 +701,30 @@ def test_holm_rejects_a_p_exactly_at_its_threshold():
 
 
 def test_decide_by_hand():
-    """Primary rows: Holm at alpha 0.05 over the four with a p (0.01, 0.03, 0.3, 0): 0 <= 0.05/4, 0.01 <=
-    0.05/3 rejected, 0.03 > 0.05/2 is not and stops it. Improved: p_improved <= alpha / rows = 0.0125
-    (0.001 is, 0.02 is not); a row without a p is not judged. Advisory rows: Holm over their own family
-    marks "worse" (0.001 <= 0.05/2), never "regressed", and the job passes on them alone."""
-    def row(p, p_improved=None, tier="primary"):
-        return reg.Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok",
-                       p_improved=p_improved, tier=tier)
-    result = reg.CheckResult(alpha=0.05, rows=[row(0.01), row(0.03, 0.001), row(0.3, 0.02), row(None), row(0.0)])
-    reg.decide(result)
-    assert [r.verdict for r in result.rows] == ["regressed", "improved", "ok", "ok", "regressed"]
-    advisory = reg.CheckResult(alpha=0.05, rows=[row(0.001, tier="advisory"), row(0.4, tier="advisory")])
-    reg.decide(advisory)
-    assert [r.verdict for r in advisory.rows] == ["worse", "ok"] and advisory.exit_code == 0
+    """Primary rows: Holm at alpha 0.05 over their eight hypotheses (worse by the floor p, moved at all p_change):
+    sorted 0, 0, 0.001, 0.002, 0.02, ... against 0.05/8, /7, /6, /5, /4: the first four are rejected, 0.02 > 0.0125
+    stops it. The first row regressed (p 0.001), the second changed (moved, p_change 0.002, not worse by its
+    floor), the third is ok, a row without a p is not judged, the last regressed (both rejected: regressed wins).
+    Declared floor_only, the second row has one hypothesis and stays ok (7 hypotheses: 0.001 <= 0.05/5 still
+    rejected). Advisory rows: Holm over their own family marks "worse" (0.001 <= 0.05/2), never "regressed", and
+    the job passes on them alone; "improved" at alpha / rows."""
+    def row(p, p_change=None, tier="primary", p_improved=None, floor_only=False):
+        return Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok",
+                   p_improved=p_improved, p_change=p_change, tier=tier, floor_only=floor_only)
+    result = CheckResult(alpha=0.05, rows=[row(0.001, 0.5), row(0.3, 0.002), row(0.3, 0.02), row(None),
+                                           row(0.0, 0.0)])
+    decide(result)
+    assert [r.verdict for r in result.rows] == ["regressed", "changed", "ok", "ok", "regressed"]
+    assert result.hypotheses == 8 and result.exit_code == 1
+    floor_only = CheckResult(alpha=0.05, rows=[row(0.001, 0.5), row(0.3, 0.002, floor_only=True), row(0.3, 0.02)])
+    decide(floor_only)
+    assert [r.verdict for r in floor_only.rows] == ["regressed", "ok", "ok"] and floor_only.hypotheses == 5
+    changed = CheckResult(alpha=0.05, rows=[row(0.3, 0.002), row(0.3, 0.4)])
+    decide(changed)
+    assert [r.verdict for r in changed.rows] == ["changed", "ok"] and changed.exit_code == 3
+    advisory = CheckResult(alpha=0.05, rows=[row(0.001, tier="advisory"), row(0.4, tier="advisory", p_improved=0.001)])
+    decide(advisory)
+    assert [r.verdict for r in advisory.rows] == ["worse", "improved"] and advisory.exit_code == 0
 
 
 def test_split_runs_by_hand():
@@ -732,13 +749,13 @@ def test_paired_values_need_both_arms():
     """gated - reference per seed (and replicate) where both arms hold the figure: seed 0 only (seed 1 has no
     baseline value). A case without the reference arm, or an arm without figures, pairs nothing."""
     arms = {"reference": {"figures": {"x": {"0": 1.0}}}, "gated": {"figures": {"x": {"0": 3.0, "1": 4.0}}}}
-    assert reg.paired_values(arms, "gated", "x", nested=False) == {"0": 2.0}
+    assert paired_values(arms, "gated", "x", nested=False) == {"0": 2.0}
     nested = {"reference": {"figures": {"x": {"0": {"0": 1.0, "1": 2.0}}}},
               "gated": {"figures": {"x": {"0": {"0": 3.0, "1": None, "2": 9.0}}}}}
-    assert reg.paired_values(nested, "gated", "x", nested=True) == {"0": {"0": 2.0, "1": None}}
-    assert reg.paired_values({"gated": arms["gated"]}, "gated", "x", nested=False) == {}
-    assert reg.paired_values({"reference": {}, "gated": arms["gated"]}, "gated", "x", nested=False) == {}
-    assert reg.paired_values({"reference": arms["reference"], "gated": {}}, "gated", "x", nested=False) == {}
+    assert paired_values(nested, "gated", "x", nested=True) == {"0": {"0": 2.0, "1": None}}
+    assert paired_values({"gated": arms["gated"]}, "gated", "x", nested=False) == {}
+    assert paired_values({"reference": {}, "gated": arms["gated"]}, "gated", "x", nested=False) == {}
+    assert paired_values({"reference": arms["reference"], "gated": {}}, "gated", "x", nested=False) == {}
 
 
 def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case():

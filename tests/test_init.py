@@ -76,7 +76,7 @@ def test_the_table_is_appended_and_the_rest_of_pyproject_kept_byte_for_byte(tmp_
 def test_without_a_pyproject_the_settings_go_into_stability_toml(tmp_path, monkeypatch):
     assert init(tmp_path, monkeypatch) == 0
     settings = read_settings(tmp_path / "stability.toml")
-    assert settings.preset == "smoke" and settings.own_model and settings.replicates == 4
+    assert settings.preset == "smoke" and settings.own_model and settings.replicates == 19
     assert not (tmp_path / "pyproject.toml").exists()
 
 

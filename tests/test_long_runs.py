@@ -83,6 +83,7 @@ def test_a_resumed_run_continues_bit_for_bit(interrupted, reference, tmp_path):
         assert got["series"]["loss"] == expected["series"]["loss"]          # bit for bit, every step
         assert got["series"]["update_norm"] == expected["series"]["update_norm"]
         assert got["final"] == expected["final"]
+        assert got["applied"] == expected["applied"]   # the proof of the steps before the interruption kept
     assert record["arms"][1]["timing"]["resumed_at_step"] == 14
     gated = next((run_dir / "steps" / record["id"]).glob("gated-*.jsonl"))
     assert [row["loss"] for row in read_steplog(gated)["steps"]] == reference["arms"][1]["series"]["loss"]

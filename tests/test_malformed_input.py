@@ -99,8 +99,9 @@ def refused(code: int, err: str, named: Path, unwritten: list[Path]) -> None:
 
 
 def refused_or_judged(code: int, err: str, named: Path, unwritten: list[Path]) -> None:
-    """An input that may still be valid: judged (exit 0 or 1), or refused as ``refused`` says."""
-    assert code in (0, 1, 2), code
+    """An input that may still be valid: judged (exit 0, 1, or 3 for a figure or setting that moved), or refused
+    as ``refused`` says."""
+    assert code in (0, 1, 2, 3), code
     if code == 2:
         refused(code, err, named, unwritten)
 

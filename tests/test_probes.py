@@ -148,7 +148,7 @@ def test_heavy_probes_leave_alone_what_no_probe_reads(monkeypatch):
     config = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, context=16, gate=GateConfig(position="G1"))
     snapshot = probes.heavy_probes(GatedLM(config, seed=0), torch.zeros(1, 8, dtype=torch.long))
     assert [list(layer) for layer in snapshot["layers"]] == [["m_act"], ["m_act"]]   # attention, gate: not read
-    assert list(snapshot) == ["layers", "m_act_mean", "m_act_max", "logit_max", "log_z_mean", "linear_inputs"]
+    assert list(snapshot) == ["layers", "m_act_mean", "m_act_max", "logit_max", "log_z_mean", "linear_inputs", "hooked"]
 
 
 def test_a_registered_layer_probe_is_measured_and_summarised(monkeypatch):

@@ -283,3 +283,53 @@ def test_a_diverged_model_is_not_quantized(tiny_run):
         model.blocks[0].mlp.w_down.weight.fill_(float("nan"))
     result = q.evaluate_schemes(model, corpus, run, ("int8", "w8a8-tensor"))
     assert all("diverged" in figures["skipped"] for figures in result["schemes"].values())
+
+
+# ----------------------------------------------------------------------------- what a scheme replaced, proved
+
+BLOCK_LINEARS = ["blocks.0.attn.q_proj", "blocks.0.attn.k_proj", "blocks.0.attn.v_proj", "blocks.0.attn.o_proj",
+                 "blocks.0.attn.gate_proj", "blocks.0.mlp.w_gate", "blocks.0.mlp.w_up", "blocks.0.mlp.w_down"]
+
+
+def test_every_scheme_replaces_each_linear_it_targets_and_changes_the_model(tiny_run):
+    run, corpus = tiny_run
+    model = GatedLM(run.model, seed=0)
+    assert q.declared_targets(model) == BLOCK_LINEARS and q.declared_targets(model, True) == [*BLOCK_LINEARS, q.HEAD]
+    result = q.evaluate_schemes(model, corpus, run, QUANT_SCHEMES, per_linear=False)
+    ran = {scheme: entry for scheme, entry in result["schemes"].items() if "skipped" not in entry}
+    assert set(QUANT_SCHEMES) - set(ran) <= {"torchao-fp8dq"}   # GPUs of compute capability >= 8.9 only
+    figures = q.quant_figures(result)
+    for scheme, entry in ran.items():
+        assert entry["targeted"] == entry["replaced"] == BLOCK_LINEARS and entry["unchanged"] is False, scheme
+        assert (figures[f"quant_{scheme}_missed"], figures[f"quant_{scheme}_unchanged"]) == (0, 0), scheme
+    json.dumps(result, allow_nan=False)
+
+
+def test_a_replacement_that_skips_the_attention_projections_is_found_and_named(tiny_run, monkeypatch):
+    """The fault: the loop that swaps the Linears walks a list without the attention's; the targets are read
+    from the model's blocks apart from it."""
+    run, corpus = tiny_run
+    walked = q.target_linears
+    monkeypatch.setattr(q, "target_linears", lambda model: [name for name in walked(model) if ".attn." not in name])
+    result = q.evaluate_schemes(GatedLM(run.model, seed=0), corpus, run, ("w8a8-tensor", "torchao-int8wo"),
+                                per_linear=False)
+    figures = q.quant_figures(result)
+    for scheme in ("w8a8-tensor", "torchao-int8wo"):
+        entry = result["schemes"][scheme]
+        assert [name for name in entry["targeted"] if name not in entry["replaced"]] == BLOCK_LINEARS[:5]
+        assert (figures[f"quant_{scheme}_missed"], figures[f"quant_{scheme}_unchanged"]) == (5, 0)
+
+
+def test_a_scheme_that_quantizes_nothing_is_found(tiny_run, monkeypatch):
+    """The fault: a scheme whose quantizer hands back a plain copy of each Linear (the head included)."""
+    run, corpus = tiny_run
+    monkeypatch.setattr(q, "SCHEMES", dict(q.SCHEMES))
+    q.register("identity", "stability", "no quantization at all")(lambda device: (copy.deepcopy, {}))
+    result = q.evaluate_schemes(GatedLM(run.model, seed=0), corpus, run, ("identity",), quantize_head=True,
+                                per_linear=False)
+    entry = result["schemes"]["identity"]
+    assert entry["targeted"] == [*BLOCK_LINEARS, q.HEAD] and entry["replaced"] == [] and entry["unchanged"] is True
+    assert entry["kl"] == 0.0 and entry["damage_loss"] == 0.0
+    assert q.quant_figures(result) == {"quant_identity_damage_loss": 0.0, "quant_identity_damage_accuracy": 0.0,
+                                       "quant_identity_kl": 0.0, "quant_identity_missed": 9,
+                                       "quant_identity_unchanged": 1}

@@ -1,5 +1,5 @@
-"""Properties of the merge check (stability/check/regression.py, baseline.py, calibration.py; `stability check`,
-`stability baseline ...`): noise from rounding replicates, floors and resolution, the primary family judged at
+"""Properties of the merge check (stability/check/: regression.py, rows.py, verdict.py, baseline.py,
+calibration.py; `stability check`, `stability baseline ...`): noise from rounding replicates, floors and resolution, the primary family judged at
 the job's rate and advisory rows that never fail it, outcomes seed by seed, inputs that fail closed, the
 calibration over every arrangement of a baseline's replicates."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 from _stability_records import diverged_run, edited, pair_record, replicate, with_replicates
@@ -14,8 +15,13 @@ from _stability_records import diverged_run, edited, pair_record, replicate, wit
 from stability.check import baseline as baselines
 from stability.check import calibration as cal
 from stability.check import regression as reg
+from stability.check.family import in_primary_family
+from stability.check.rows import DOF_RULE, Row, judge
+from stability.check.tolerances import load_tolerances, resolve_tolerances
+from stability.check.verdict import METHOD, CheckResult, decide
 from stability.cli import main
 from stability.record import RecordError, paired_summary
+from stability.record import figures as fig
 from stability.record.stats import holm, t_upper_tail
 
 
@@ -55,7 +61,8 @@ def _base(values: dict[str, list[float]]) -> dict:
 # ----------------------------------------------------------------------------- the baseline
 
 def test_baseline_holds_every_seeds_reference_and_replicates(record, baseline):
-    assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 5
+    assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 6
+    assert baseline["noise"] == baselines.NOISE and "every step's gradients" in baseline["noise"]
     assert (baseline["preset"], baseline["device"], baseline["commit"]) == ("smoke", "cpu", "abc123")
     assert baseline["replicates"] == [0, 1, 2, 3, 4]
     gated = baseline["cases"]["smoke/standard"]["arms"]["gated"]
@@ -97,14 +104,14 @@ def test_a_row_by_hand_paired_welch_degrees_of_freedom():
     = 10; degrees of freedom 4 (the fewest of any seed: the check's rule), 12 under Welch."""
     base = _base({"0": [3.200, 3.202, 3.198, 3.201, 3.199], "1": [3.250, 3.251, 3.249, 3.252, 3.248],
                   "2": [3.150, 3.149, 3.151, 3.148, 3.152]})
-    stats = reg.judge(base, {"0": 3.230, "1": 3.280, "2": 3.180}, "heldout_loss")
+    stats = judge(base, {"0": 3.230, "1": 3.280, "2": 3.180}, "heldout_loss")
     assert stats["delta"] == pytest.approx(0.03) and stats["floor"] == pytest.approx(0.02)
     assert stats["se"] == pytest.approx(0.001) and stats["z"] == pytest.approx(10.0)
-    assert reg.DOF_RULE == "min" and stats["mode"] == "n=3 df=4"
+    assert DOF_RULE == "min" and stats["mode"] == "n=3 df=4"
     assert stats["p"] == pytest.approx(t_upper_tail(10.0, 4))
-    welch = reg.judge(base, {"0": 3.230, "1": 3.280, "2": 3.180}, "heldout_loss", dof_rule="welch")
+    welch = judge(base, {"0": 3.230, "1": 3.280, "2": 3.180}, "heldout_loss", dof_rule="welch")
     assert welch["mode"] == "n=3 df=12" and welch["p"] == pytest.approx(t_upper_tail(10.0, 12))
-    inside = reg.judge(base, {"0": 3.201, "1": 3.251, "2": 3.151}, "heldout_loss")
+    inside = judge(base, {"0": 3.201, "1": 3.251, "2": 3.151}, "heldout_loss")
     assert inside["z"] == pytest.approx(-19.0) and inside["p"] > 0.999
 
 
@@ -114,17 +121,17 @@ def test_the_noise_is_the_replicates_spread_not_the_seed_spread():
     tight = _base({s: [m, m + 1e-3, m - 1e-3] for s, m in (("0", 3.0), ("1", 3.3), ("2", 2.7))})
     wide = _base({s: [m, m + 0.05, m - 0.05] for s, m in (("0", 3.0), ("1", 3.3), ("2", 2.7))})
     current = {"0": 3.05, "1": 3.35, "2": 2.75}
-    assert reg.judge(tight, current, "heldout_loss")["p"] < 1e-3
-    assert reg.judge(wide, current, "heldout_loss")["p"] > 0.1
+    assert judge(tight, current, "heldout_loss")["p"] < 1e-3
+    assert judge(wide, current, "heldout_loss")["p"] > 0.1
 
 
 def test_one_chaotic_seed_gets_its_own_degrees_of_freedom():
     """Seed 0's runs spread, seeds 1 and 2 agree exactly: the noise is seed 0's, with its 2 degrees of
     freedom (not 6), so a move there is judged against a heavy-tailed t."""
     base = _base({"0": [0.14, 0.18, 0.16], "1": [0.13, 0.13, 0.13], "2": [0.15, 0.15, 0.15]})
-    stats = reg.judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4)
+    stats = judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4)
     assert stats["mode"].startswith("n=3 df=2")
-    assert reg.judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4,
+    assert judge(base, {"0": 0.10, "1": 0.13, "2": 0.15}, "accuracy", quantum=1e-4,
                      dof_rule="min")["mode"] == "n=3 df=2"
 
 
@@ -134,7 +141,7 @@ def test_the_conservative_rule_takes_the_fewest_degrees_of_freedom_of_any_seed()
     base = _base({s: [m, m + 0.002, m - 0.002, m + 0.001, m - 0.001] for s, m in (("0", 3.2), ("1", 3.25),
                                                                                   ("2", 3.15))})
     current = {"0": 3.23, "1": 3.28, "2": 3.18}
-    welch, low = (reg.judge(base, current, "heldout_loss", dof_rule=rule) for rule in ("welch", "min"))
+    welch, low = (judge(base, current, "heldout_loss", dof_rule=rule) for rule in ("welch", "min"))
     assert welch["mode"] == "n=3 df=12" and low["mode"] == "n=3 df=4" and welch["z"] == low["z"]
     assert low["p"] == pytest.approx(t_upper_tail(low["z"], 4)) and low["p"] > welch["p"]
 
@@ -144,11 +151,11 @@ def test_a_figure_identical_in_every_run_is_judged_at_its_resolution():
     quantum, so one token's move passes and a move past the floor (0.005) regresses."""
     base = _base({s: [0.1357421875] * 5 for s in ("0", "1", "2")})
     quantum = 1 / 2048
-    one_token = reg.judge(base, {s: 0.1357421875 - quantum for s in ("0", "1", "2")}, "accuracy", quantum)
+    one_token = judge(base, {s: 0.1357421875 - quantum for s in ("0", "1", "2")}, "accuracy", quantum)
     assert one_token["noise"] == quantum and one_token["p"] > 0.5
-    many = reg.judge(base, {s: 0.1357421875 - 0.02 for s in ("0", "1", "2")}, "accuracy", quantum)
+    many = judge(base, {s: 0.1357421875 - 0.02 for s in ("0", "1", "2")}, "accuracy", quantum)
     assert many["p"] < 1e-9
-    assert reg.judge(base, {s: 0.1357421875 - 0.02 for s in ("0", "1", "2")}, "accuracy", 0.0)["p"] == 0.0
+    assert judge(base, {s: 0.1357421875 - 0.02 for s in ("0", "1", "2")}, "accuracy", 0.0)["p"] == 0.0
 
 
 def test_the_resolution_of_each_kind_of_figure():
@@ -202,50 +209,51 @@ def test_only_the_primary_family_fails_a_job(record, baseline):
     as worse, exit 0); the method line counts both."""
     from stability.record.figures import primary_rows
 
-    assert reg.in_primary_family("standard", "gated", "heldout_loss")
-    assert reg.in_primary_family("standard", "gated-reference", "m_act_max")
-    assert not reg.in_primary_family("standard", "gated", "f_attn_mean", "smoke")
-    assert not reg.in_primary_family("lr_sweep", "gated", "heldout_loss")
+    assert in_primary_family("standard", "gated", "heldout_loss")
+    assert in_primary_family("standard", "gated-reference", "m_act_max")
+    assert not in_primary_family("standard", "gated", "f_attn_mean", "smoke")
+    assert not in_primary_family("lr_sweep", "gated", "heldout_loss")
     assert any(p.case == "precision_ladder" and p.arms == "arms" for p in primary_rows())
-    assert not reg.in_primary_family("precision_ladder", "gated-reference", "loss_gap_fp16")
+    assert not in_primary_family("precision_ladder", "gated-reference", "loss_gap_fp16")
     # growth is primary under the ladder and the batch ramp too (a job judging one of them alone sees it),
     # not after the shock (a single step's maximum at the jump: calibration at ci fails with it)
-    assert reg.in_primary_family("precision_ladder", "reference", "m_act_max")
-    assert reg.in_primary_family("batch_ramp", "gated", "max_attn_logit")
-    assert not reg.in_primary_family("shock", "gated", "m_act_max")
+    assert in_primary_family("precision_ladder", "reference", "m_act_max")
+    assert in_primary_family("batch_ramp", "gated", "max_attn_logit")
+    assert not in_primary_family("shock", "gated", "m_act_max")
     # the range test's early horizon: each arm (the same model under a second schedule), not the difference
-    assert reg.in_primary_family("lr_ramp", "reference", "early_grad_norm")
+    assert in_primary_family("lr_ramp", "reference", "early_grad_norm")
     # the plain pair's early gradient norm: the reference arm only (the gated arm's has a second mode at ci)
-    assert reg.in_primary_family("standard", "reference", "early_grad_norm")
-    assert not reg.in_primary_family("standard", "gated", "early_grad_norm")
-    assert not reg.in_primary_family("standard", "gated-reference", "early_grad_norm")
-    assert reg.in_primary_family("standard", "gated", "early_loss")
-    assert not reg.in_primary_family("lr_ramp", "gated-reference", "early_loss")
+    assert in_primary_family("standard", "reference", "early_grad_norm")
+    assert not in_primary_family("standard", "gated", "early_grad_norm")
+    assert not in_primary_family("standard", "gated-reference", "early_grad_norm")
+    assert in_primary_family("standard", "gated", "early_loss")
+    assert not in_primary_family("lr_ramp", "gated-reference", "early_loss")
     primary = reg.check([edited(record, "gated", "heldout_loss", add=0.3)], baseline)
     assert primary.exit_code == 1 and _row(primary, "gated", "heldout_loss").tier == "primary"
     advisory = reg.check([edited(record, "reference", "f_attn_mean", add=0.3)], baseline)
     row = _row(advisory, "reference", "f_attn_mean")
     assert advisory.exit_code == 0 and row.tier == "advisory" and row.verdict == "worse" and row.z > 5
-    assert f"{advisory.judged} primary rows, {advisory.advisory} advisory rows" in advisory.method()
+    assert f"over {advisory.hypotheses} hypotheses of {advisory.judged} primary rows" in advisory.method()
+    assert f"{advisory.advisory} advisory rows never fail the job" in advisory.method()
+    assert advisory.hypotheses == 2 * advisory.judged   # worse by its floor, and moved either way
     assert 0 < advisory.judged < 20 < advisory.advisory
 
 
-def test_an_early_horizon_row_fails_the_job_when_it_moves_either_way(record):
-    """The early horizon is primary either way: a move past its floor in the good direction is the model
-    computing something else (exit 3, "changed", its own verdict, naming the row and how to accept it), judged
-    two-sided; a regression beside it makes the job REGRESSED (exit 1);
-    the same move of a one-sided primary row (held-out loss) is an improvement that passes."""
+def test_a_primary_row_that_moves_beyond_its_noise_either_way_changes_the_job(record):
+    """Every primary row is judged both ways: a move beyond its rounding noise in the good direction, or in the
+    bad one under its floor, is the code computing something else (exit 3, "changed", naming the row, its
+    direction and how to accept it); worse by more than the floor is REGRESSED (exit 1), which wins over a
+    change beside it; a move inside the noise passes."""
     with_early = copy.deepcopy(record)
     for entry in with_early["arms"]:
         entry["final"]["early_loss"] = 3.0 + 0.01 * entry["seed"]
     made = baselines.make_baseline(with_replicates(with_early))
-    assert reg.in_primary_family("standard", "gated", "early_loss").either_way
     lower = reg.check([edited(with_early, "gated", "early_loss", add=-0.5)], made)
     row = _row(lower, "gated", "early_loss")
-    assert lower.exit_code == 3 and row.verdict == "changed" and row.p_judged == pytest.approx(2 * row.p_improved)
+    assert lower.exit_code == 3 and row.verdict == "changed" and row.p_judged == row.p_change < 1e-6
     assert lower.verdict == "CHANGED" and lower.summary_line().startswith("stability check: CHANGED (exit 3)")
-    assert any(line.startswith("changed: smoke/standard gated early_loss moved by -0.4999 in its good direction")
-               and "stability baseline make" in line for line in lower.failure_lines())
+    assert any(line.startswith("changed: smoke/standard gated early_loss moved by -0.4999 (better), beyond its "
+                               "rounding noise") and "stability baseline make" in line for line in lower.failure_lines())
     assert "CHANGED" in lower.table() and "**CHANGED**" in lower.markdown()
     both = reg.check([edited(edited(with_early, "gated", "early_loss", add=-0.5), "gated", "m_act_max", factor=5.0)],
                      made)
@@ -254,7 +262,27 @@ def test_an_early_horizon_row_fails_the_job_when_it_moves_either_way(record):
     assert higher.exit_code == 1 and _row(higher, "gated", "early_loss").verdict == "regressed"
     assert reg.check([with_early], made).exit_code == 0
     better = reg.check([edited(with_early, "gated", "heldout_loss", add=-0.3)], made)
-    assert better.exit_code == 0 and _row(better, "gated", "heldout_loss").verdict == "improved"
+    assert better.exit_code == 3 and _row(better, "gated", "heldout_loss").verdict == "changed"
+    under = reg.check([edited(with_early, "gated", "heldout_loss", add=0.018)], made)   # floor 0.02
+    assert under.exit_code == 3 and any("(worse, under its floor)" in line for line in under.failure_lines())
+    inside = reg.check([edited(with_early, "gated", "heldout_loss", add=1e-5)], made)   # noise ~1e-3
+    assert inside.exit_code == 0
+
+
+def test_a_row_declared_floor_only_is_judged_by_its_floor_alone(record, monkeypatch):
+    """A primary row declared ``floor_only`` (its harmless spread heavier-tailed than its replicates show) has
+    one hypothesis, worse by more than its floor: a move under the floor passes, one past it regresses."""
+    declared = [replace(row, floor_only="measured: heavy-tailed") if (row.case, row.figure) == ("standard",
+                "heldout_loss") else row for row in fig.ADDED_PRIMARY]
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", declared)
+    made = baselines.make_baseline(with_replicates(record))
+    under = reg.check([edited(record, "gated", "heldout_loss", add=0.01)], made)
+    row = _row(under, "gated", "heldout_loss")
+    assert row.floor_only and row.hypotheses == [("regressed", row.p)] and under.exit_code == 0
+    assert under.hypotheses == 2 * under.judged - sum(r.floor_only for r in under.primary)
+    assert reg.check([edited(record, "gated", "heldout_loss", add=0.3)], made).exit_code == 1
+    assert {"case": "standard", "figure": "heldout_loss", "floor_only": True}.items() <= \
+        next(r for r in fig.primary_family() if r["figure"] == "heldout_loss").items()
 
 
 def test_the_same_runs_judged_in_two_cases_count_once(record, baseline):
@@ -286,10 +314,10 @@ def test_holm_keeps_the_family_wise_rate(record, baseline):
     assert holm([0.001, 0.04, 0.03, 0.5], 0.05) == [True, False, False, False]
     assert holm([0.01, 0.011, 0.012], 0.05) == [True, True, True]
     assert holm([], 0.01) == []
-    result = reg.CheckResult(alpha=0.05)
-    result.rows = [reg.Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok",
+    result = CheckResult(alpha=0.05)
+    result.rows = [Row("c", "a", "heldout_loss", "lower", 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, p, "ok",
                            tier="primary") for p in (0.001, 0.04, 0.03, 0.5)]
-    reg.decide(result)
+    decide(result)
     assert [r.verdict for r in result.rows] == ["regressed", "ok", "ok", "ok"] and result.exit_code == 1
 
 
@@ -299,7 +327,7 @@ def test_a_row_below_alpha_alone_is_not_a_regression_of_the_job(record, baseline
     result.primary[0].p = 0.004
     for row in result.rows:
         row.verdict = "ok"
-    reg.decide(result)
+    decide(result)
     assert result.exit_code == 0 and 0.004 > 0.01 / result.judged
 
 
@@ -538,12 +566,12 @@ def test_tolerances_override_floors_and_reject_unknown_names(tmp_path, record, b
     worse = edited(record, "gated", "heldout_loss", add=0.05)
     assert _row(reg.check([worse], baseline), "gated", "heldout_loss").verdict == "regressed"
     relaxed = reg.check([worse], baseline, tolerances={"heldout_loss": {"floor": 0.1}})
-    assert _row(relaxed, "gated", "heldout_loss").verdict == "ok"
+    assert _row(relaxed, "gated", "heldout_loss").verdict == "changed"   # under the floor, beyond the noise
     for bad in ({"bogus": {"floor": 1}}, {"heldout_loss": {"k": 3}}, {"heldout_loss": {"floor": -1}}):
         with pytest.raises(RecordError):
-            reg.resolve_tolerances(bad)
+            resolve_tolerances(bad)
     (tmp_path / "t.toml").write_text("[heldout_loss]\nfloor = 0.1\n")
-    assert reg.load_tolerances(tmp_path / "t.toml") == {"heldout_loss": {"floor": 0.1}}
+    assert load_tolerances(tmp_path / "t.toml") == {"heldout_loss": {"floor": 0.1}}
 
 
 def test_load_baseline_rejects_missing_corrupt_and_an_older_schema(tmp_path, baseline):
@@ -594,16 +622,17 @@ def test_cli_check_states_its_false_alarm_rate_and_the_evidence(tmp_path, record
     assert "125 arrangements" in capsys.readouterr().out
     assert main(["check", "--baseline", str(tmp_path / "b.json"), paths[0]]) == 0
     out = capsys.readouterr().out
-    assert "PASS" in out and "false-alarm rate alpha = 0.01" in out
+    assert "PASS" in out and "Holm at alpha = 0.01" in out
+    assert "false-alarm rate of this job: not measured (the baseline records no null jobs)" in out
     worse = _write(tmp_path / "worse.json", edited(record, "reference", "max_attn_logit", add=3.0))
     assert main(["check", "--baseline", str(tmp_path / "b.json"), worse, "--alpha", "0.05",
                  "--json", str(tmp_path / "c.json")]) == 1
     out = capsys.readouterr().out
-    assert "alpha = 0.05" in out and "regressed: smoke/standard reference max_attn_logit (z " in out
+    assert "alpha = 0.05" in out and "regressed: smoke/standard reference max_attn_logit worse by more than" in out
     header = next(line for line in out.splitlines() if line.startswith("case"))
     assert all(word in header.split() for word in ("tier", "floor", "noise", "z", "p"))
     document = json.loads((tmp_path / "c.json").read_text())
-    assert document["alpha"] == 0.05 and document["method"] == reg.METHOD and 0 < document["rows_judged"] < 20
+    assert document["alpha"] == 0.05 and document["method"] == METHOD and 0 < document["rows_judged"] < 20
     assert document["rows_advisory"] > 30 and document["calibration"]["arrangements"] == 125
     assert {"case": "standard", "figure": "heldout_loss", "arms": "all"}.items() <= document["primary_family"][0].items()
     row = next(r for r in document["rows"] if r["verdict"] == "regressed")
@@ -816,8 +845,8 @@ def test_a_baseline_states_what_it_covers(record, baseline):
     """The figures each case's runs report, the invariants, the primary family and each figure's resolution,
     as the code that made it judged them; a run that diverged names its evaluation figures too."""
     covered = baseline["covers"]
-    assert covered["figures"]["smoke/standard"] == sorted(set(reg.fig.judged(record["arms"][0]["final"])))
-    assert covered["primary_family"] == reg.fig.primary_family() and covered["invariants"] is None
+    assert covered["figures"]["smoke/standard"] == sorted(set(fig.judged(record["arms"][0]["final"])))
+    assert covered["primary_family"] == fig.primary_family() and covered["invariants"] is None
     assert covered["resolutions"]["accuracy"] == "token" and covered["resolutions"]["heldout_loss"] is None
     diverged = diverged_run(record, "gated", 0, 30)
     assert "heldout_loss" in baselines.make_baseline(with_replicates(diverged))["covers"]["figures"]["smoke/standard"]
@@ -850,8 +879,8 @@ def test_another_primary_family_makes_the_baseline_stale_until_it_is_calibrated_
     `stability baseline calibrate --write`, which measures the curve again without training; then it passes."""
     path = tmp_path / "b.json"
     baselines.write_baseline(baseline, path)
-    extra = reg.fig.Primary("standard", "loss_spike_score", "arms")
-    monkeypatch.setattr(reg.fig, "ADDED_PRIMARY", [*reg.fig.ADDED_PRIMARY, extra])
+    extra = fig.Primary("standard", "loss_spike_score", "arms")
+    monkeypatch.setattr(fig, "ADDED_PRIMARY", [*fig.ADDED_PRIMARY, extra])
     result = reg.check([record], baseline, baseline_path=str(path))
     assert result.exit_code == 2 and "the primary family changed" in result.errors[0]
     assert "added standard/loss_spike_score[arms]" in result.errors[0]
@@ -998,3 +1027,46 @@ def test_the_first_token_share_is_primary_where_a_sink_forms_and_advisory_at_smo
         assert {r.tier for r in result.rows if r.figure == "f_attn_mean" and "-" not in r.arm} == {tier}
         said = [n for n in result.notes if "standard f_attn_mean is advisory at smoke" in n]
         assert bool(said) == (preset == "smoke") and all("no attention sink forms" in n for n in said)
+
+
+# ----------------------------------------------------------------------------- a change of settings, judged
+
+def _with_config(record: dict, section: str, field: str, value) -> dict:
+    changed = copy.deepcopy(record)
+    changed["config"]["run"][section][field] = value
+    return changed
+
+
+def test_a_changed_setting_is_judged_and_the_job_is_changed_naming_it(record, baseline):
+    """AdamW's beta2 0.95 -> 0.999 in the job: the rows and outcomes are judged as usual, the setting is named
+    with both values, and the job is CHANGED (exit 3), never refused; a regression beside it makes it REGRESSED,
+    the setting still listed; a changed model width makes the runs other runs: exit 2 naming the field."""
+    betas = _with_config(record, "optim", "betas", [0.9, 0.999])
+    result = reg.check([betas], baseline)
+    assert result.exit_code == 3 and result.verdict == "CHANGED" and not result.errors
+    assert len(result.settings) == 1 and "run.optim.betas: baseline [0.9, 0.95], job [0.9, 0.999]" in result.settings[0]
+    assert any(line.startswith("changed: case smoke/standard: 1 setting(s) differ") for line in result.failure_lines())
+    assert result.judged > 0 and all(row.p is not None for row in result.primary)
+    worse = reg.check([edited(betas, "gated", "heldout_loss", add=0.3)], baseline)
+    assert worse.exit_code == 1 and worse.settings and _row(worse, "gated", "heldout_loss").verdict == "regressed"
+    wider = reg.check([_with_config(record, "model", "d_model", 128)], baseline)
+    assert wider.exit_code == 2 and not wider.rows and "run.model.d_model: baseline 64, job 128" in wider.errors[0]
+    assert "cannot be compared" in wider.errors[0]
+
+
+def test_the_check_states_one_rate_for_the_job_and_what_it_rests_on(record, baseline):
+    """With the baseline's null jobs recorded, the job's false-alarm rate is their 95% upper bound (0 of 150:
+    1.98%), printed with the rows' Holm, the outcome cells and the invariants it covers; without, it says the
+    rate was not measured."""
+    measured = {**baseline, "null_jobs": cal.null_job_evidence(150, 0, "abc", list(range(20, 170)), 31.0)}
+    result = reg.check([record], measured)
+    assert result.rate() == pytest.approx(0.0198, abs=1e-4) and result.to_dict()["rate"] == result.rate()
+    lines = result.rate_lines()
+    assert lines[0].startswith("false-alarm rate of this job (rows, outcomes and invariants together): at most 2.0% "
+                               "at 95% confidence: 0 of 150 null jobs failed")
+    assert f"by Holm over {result.hypotheses} hypotheses" in lines[1]
+    cells, runs = result.clean_cells
+    assert cells > 0 and runs == 5 * cells and f"outcomes: {cells} cells" in lines[2]
+    assert lines[0] in result.table() and reg.check([record], baseline).rate() is None
+    with pytest.raises(RecordError, match="null_jobs.failed = 151 is more than"):
+        baselines.validate_baseline({**measured, "null_jobs": {**measured["null_jobs"], "failed": 151}}, "b")

@@ -86,3 +86,15 @@ def test_every_zoo_patch_still_applies_to_the_code_exactly_once():
                 broken.append((entry.name, name, str(error)))
     assert not drifted, drifted
     assert not broken, broken
+
+
+def test_every_entry_the_zoo_benchmark_runs_is_checked_above():
+    """The test above walks ``BY_NAME``: every entry of every group the zoo benchmark runs is there, under a
+    name no other entry has (a group left out of ``BY_NAME``, or a name taken twice, would go unchecked)."""
+    from validation.regression_zoo import GROUPS, UNCHANGED
+
+    entries = [entry for _, group in GROUPS for entry in group if entry is not UNCHANGED]
+    names = [entry.name for entry in entries]
+    assert len(names) == len(set(names)), sorted(name for name in names if names.count(name) > 1)
+    assert [entry for entry in entries if BY_NAME.get(entry.name) is not entry] == []
+    assert set(BY_NAME) == set(names)

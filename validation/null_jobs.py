@@ -1,18 +1,22 @@
 """False alarms of the merge gate, measured: the CPU job of unchanged code under fresh rounding replicates.
 
-    python -m validation.null_jobs --scale smoke --replicates 5-64   # 60 jobs: train, keep, judge
-    python -m validation.null_jobs --scale ci --replicates 5-14
-    python -m validation.null_jobs --scale smoke --rejudge           # judge the kept records again
-    python -m validation.null_jobs --scale ci --rejudge --replicates 5-28 --chose 5-16
+    python -m validation.null_jobs --scale smoke --replicates 20-169   # 150 jobs: train, keep, judge
+    python -m validation.null_jobs --scale ci --replicates 20-79 --train-only --source ../frozen
+    python -m validation.null_jobs --scale smoke --rejudge --replicates 20-169 --write-baseline
 
 A *null job* is the ``stress-cpu`` job of ``.github/workflows/stability.yml`` run on the code as it is, with
-every run trained as rounding replicate N (``--replicate N``: each initial parameter moved by one rounding
-step, ``stability.model.rounding``) for an N the baseline does not hold (its replicates are 0-4). Such a
-job is a harmless change by construction: each of its runs is one more replicate of what the baseline
-measured. The job fails when a stress test, the kernel step or ``stability check`` fails; every failure is a
-false alarm.
-With n jobs and k failures the exact (Clopper-Pearson) 95% upper bound of the false-alarm rate is stated;
-0 of 60 bounds it below 4.9%.
+every run trained as rounding replicate N (``--replicate N``: each initial parameter and every step's
+gradients moved by one rounding step, ``stability.model.rounding``) for an N the baseline does not hold (its
+replicates are 0-19). Such a job is a harmless change by construction: each of its runs is one more replicate
+of what the baseline measured. The job fails when a stress test, the kernel step or ``stability check``
+(rows, outcomes and the suites' invariants) fails; every failure is a false alarm.
+With n jobs and k failures the exact (Clopper-Pearson) 95% upper bound of the false-alarm rate is stated
+(0 of 150 bounds it below 2.0%, 0 of 60 below 4.9%); ``--write-baseline`` records it in the baseline
+(``null_jobs``), where ``stability check`` states it as the job's false-alarm rate.
+
+``--source`` trains the copies from another checkout (a worktree of the commit the baseline was made from), so
+that work on this one does not change what a long campaign measures; ``--train-only`` keeps the jobs without
+judging them (before the baseline exists).
 
 Records are kept like the zoo's (``reports/null/<scale>/draw<N>.json.xz`` for replicate N: the regression
 records without their per-step series, which the check never reads, the failed stress tests, the kernel
@@ -23,13 +27,15 @@ step's exit, the job's time) so that ``--rejudge`` judges them again without tra
 from __future__ import annotations
 
 import argparse
-import math
+import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from stability.check.baseline import load_baseline
+from stability.check.baseline import load_baseline, write_baseline
+from stability.check.calibration import null_job_evidence
+from stability.record.stats import binomial_upper_bound
 from validation import regression_zoo as zoo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,22 +61,6 @@ def replicate_of(name: str) -> int:
     return int(name.removeprefix("draw"))
 
 
-def upper_bound(failed: int, jobs: int, confidence: float = 0.95) -> float:
-    """The exact one-sided upper confidence bound of a binomial rate (Clopper-Pearson), by bisection."""
-    if jobs == 0:
-        return 1.0
-    if failed >= jobs:
-        return 1.0
-
-    def tail(rate):   # P(X <= failed) under rate
-        return sum(math.comb(jobs, k) * rate ** k * (1 - rate) ** (jobs - k) for k in range(failed + 1))
-    low, high = 0.0, 1.0
-    for _ in range(100):
-        middle = (low + high) / 2
-        low, high = (middle, high) if tail(middle) > 1 - confidence else (low, middle)
-    return high
-
-
 def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozenset()) -> str:
     """The Markdown table; jobs named in ``chose`` (replicates that chose the current rule) are listed and
     judged but not counted in the rate: a job that shaped a rule is no evidence for it."""
@@ -85,7 +75,7 @@ def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozen
              "| jobs | failed | false-alarm rate | 95% upper bound (exact) | minutes per job: median (range) |",
              "|---|---|---|---|---|",
              (f"| {len(counted)} | {len(failed)} | {len(failed) / max(1, len(counted)):.1%} | "
-              f"{upper_bound(len(failed), len(counted)):.1%} | "
+              f"{binomial_upper_bound(len(failed), len(counted)):.1%} | "
               + (f"{statistics.median(minutes):.1f} ({min(minutes):.1f}-{max(minutes):.1f}) |" if minutes else "- |")),
              ""]
     if chose:
@@ -104,18 +94,23 @@ def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozen
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
-    parser.add_argument("--replicates", default="5-64",
-                        help="rounding replicates to run, e.g. 5-64 or 5,6,7 (never 0-4: the baseline's own)")
+    parser.add_argument("--replicates", default="20-169",
+                        help="rounding replicates to run, e.g. 20-169 or 20,21,22 (never the baseline's own)")
     parser.add_argument("--work", help="where the copies are made (default: a new temporary folder)")
+    parser.add_argument("--source", default=str(ROOT), help="the checkout the copies are made from (default: this one)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
+    parser.add_argument("--train-only", action="store_true", help="train and keep the jobs, judge nothing")
+    parser.add_argument("--write-baseline", action="store_true",
+                        help="record the count and the failures in the baseline (its null_jobs), nothing else changed")
     parser.add_argument("--out", help="Markdown table (default reports/null-<scale>.md)")
     parser.add_argument("--chose", default="", help="replicates whose jobs chose the current rule, e.g. 5-16: listed, "
                                                     "not counted in the rate")
     args = parser.parse_args()
     zoo.KEPT = ROOT / "reports" / "null"
-    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
+    path = ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json"
+    baseline = None if args.train_only else load_baseline(path)
     replicates = replicates_of(args.replicates)
-    held = set(baseline.get("replicates") or [])
+    held = set((baseline or {}).get("replicates") or range(20))
     if held & set(replicates):
         parser.error(f"--replicates {args.replicates}: replicates {sorted(held & set(replicates))} are the "
                      f"baseline's own; expected others (a null job needs a fresh replicate)")
@@ -127,18 +122,31 @@ def main() -> int:
         document = zoo.read_kept(args.scale, name)
         if document is None and not args.rejudge:
             print(f"replicate {replicate}: running the CPU job at {args.scale} ...", flush=True)
-            document = zoo.run_entry(zoo.UNCHANGED, args.scale, work,
-                                     env={"PYTEST_ADDOPTS": f"--replicate {replicate}"}, name=name)
+            document = zoo.run_entry(zoo.UNCHANGED, args.scale, work, env={"PYTEST_ADDOPTS": f"--replicate {replicate}"},
+                                     name=name, source=Path(args.source))
             zoo.keep(args.scale, document)
-        if document is None:
+            shutil.rmtree(work / name, ignore_errors=True)
+        if document is None or baseline is None:
             continue
         rows.append(zoo.judged(document, baseline))
         print(f"replicate {replicate}: {'FAILED' if rows[-1]['failed'] else 'passed'} {rows[-1]['regressed'][:3]} "
               f"({document['seconds'] / 60:.1f} min)", flush=True)
-    text = table(rows, args.scale, baseline, {kept_name(r) for r in replicates_of(args.chose)} if args.chose else set())
+    if baseline is None:
+        return 0
+    chose = {kept_name(r) for r in replicates_of(args.chose)} if args.chose else set()
+    text = table(rows, args.scale, baseline, chose)
     out = Path(args.out) if args.out else ROOT / "reports" / f"null-{args.scale}.md"
     out.write_text(text)
     print(text)
+    if args.write_baseline:
+        counted = [r for r in rows if r["entry"] not in chose]
+        margins = [float(r["margin"]) for r in counted if not r["failed"]]
+        baseline["null_jobs"] = null_job_evidence(len(counted), sum(r["failed"] for r in counted), baseline.get("commit"),
+                                                  [replicate_of(r["entry"]) for r in counted],
+                                                  min(margins) if margins else None)
+        write_baseline(baseline, path)
+        print(f"null jobs written into {path}: {baseline['null_jobs']['failed']} of {baseline['null_jobs']['jobs']} "
+              f"failed")
     return 0
 
 

@@ -29,9 +29,9 @@ import math
 import sys
 from pathlib import Path
 
+from stability.check import CheckResult, judge_cases, single_replicate
 from stability.check.baseline import case_values, load_baseline, regression_records
 from stability.check.calibration import split_runs
-from stability.check.regression import CheckResult, judge_cases, single_replicate
 
 ROOT = Path(__file__).resolve().parents[1]
 

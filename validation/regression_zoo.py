@@ -32,16 +32,27 @@ import time
 from pathlib import Path
 from xml.etree import ElementTree
 
+from stability.check import check
 from stability.check.baseline import load_baseline
 from stability.check.calibration import margin
 from stability.check.coverage import reported
-from stability.check.regression import check
 from stability.record import figures as fig
 from stability.record import upgraded
+from stability.record.invariants import read_invariants
 from stability.record.rundir import load_records
 from validation import seed_spread_rule
 from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
-from validation.zoo import FAILURES, HELD_OUT, HELD_OUT_EARLY, HELD_OUT_MISSION, HELD_OUT_PRIMARY, ZOO, Entry
+from validation.zoo import (
+    FAILURES,
+    HELD_OUT,
+    HELD_OUT_APPLIED,
+    HELD_OUT_EARLY,
+    HELD_OUT_MISSION,
+    HELD_OUT_NOISE,
+    HELD_OUT_PRIMARY,
+    ZOO,
+    Entry,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 UNCHANGED = Entry("unchanged", False, "the code as it is", ())
@@ -51,15 +62,18 @@ GROUPS = (("the code as it is", [UNCHANGED]),
           ("entries held out from the primary-family rule", list(HELD_OUT_PRIMARY)),
           ("entries held out from the early-horizon rows", list(HELD_OUT_EARLY)),
           ("entries held out from the quantization and spike rows", list(HELD_OUT_MISSION)),
+          ("entries held out from the per-step replicates", list(HELD_OUT_NOISE)),
+          ("entries held out from the applied-stress proofs", list(HELD_OUT_APPLIED)),
           ("failures the verdict must not pass", list(FAILURES)))
 KEPT = ROOT / "reports" / "zoo"
 LABELS = {e.name: (e.harmful, e.what) for _, entries in GROUPS for e in entries}   # a kept job is judged by these
 DROPPED = ("series", "probes", "precision_stats", "events")   # per-step and per-snapshot detail: never judged
 
 
-def scaled_workflow(scale: str, work: Path) -> Path:
-    """The workflow file with the CPU job switched to ``scale`` (smoke: unchanged)."""
-    text = WORKFLOW.read_text()
+def scaled_workflow(scale: str, work: Path, workflow: Path = WORKFLOW) -> Path:
+    """The workflow file (this repository's, or another checkout's) with the CPU job switched to ``scale`` (smoke:
+    unchanged)."""
+    text = workflow.read_text()
     if scale != "smoke":
         text = text.replace("--scale smoke", f"--scale {scale}").replace("smoke-cpu.json", f"{scale}-cpu.json")
     path = work / f"stability-{scale}.yml"
@@ -109,25 +123,31 @@ def read_kept(scale: str, name: str) -> dict | None:
     return document
 
 
-def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, name: str | None = None) -> dict:
-    """Run the CPU job on a patched copy; the kept document (records, failures, time)."""
+def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, name: str | None = None,
+              source: Path = ROOT) -> dict:
+    """Run the CPU job on a patched copy of ``source`` (a checkout: this repository, or another worktree that holds
+    the commit to measure); the kept document (records, the suites' invariants, failures, time)."""
     copy = work / (name or entry.name)
     if copy.exists():
         shutil.rmtree(copy)
-    fresh_copy(copy)
+    fresh_copy(copy, source)
     apply_patch(copy, entry.edits)
     started = time.perf_counter()
-    job = run_job(scaled_workflow(scale, work), "stress-cpu", copy, install=prepare_venv, env=env,
+    workflow = scaled_workflow(scale, work, Path(source) / ".github" / "workflows" / "stability.yml")
+    job = run_job(workflow, "stress-cpu", copy, install=prepare_venv, env=env,
                   timeout=6 * 3600)
     seconds = time.perf_counter() - started
     (copy / "job.log").write_text(job.log())
     stress, kernel = job.steps.get("stress"), job.steps.get("kernel")
     records = [slim(r) for r in load_records([copy / "reports" / "runs"])
                if r.get("purpose", "regression") == "regression"]
+    invariants = [line for folder in sorted({Path(r["_path"]).parent for r in load_records([copy / "reports" / "runs"])
+                                             if r.get("_path")}) for line in read_invariants(folder)]
     return {"entry": name or entry.name, "harmful": entry.harmful, "what": entry.what, "scale": scale,
             "stress_exit": stress.code if stress else None, "stress_failures": stress_failures(copy),
             "kernel_exit": kernel.code if kernel and kernel.ran else None,
-            "stress_seconds": stress.seconds if stress else None, "seconds": seconds, "records": records}
+            "stress_seconds": stress.seconds if stress else None, "seconds": seconds, "records": records,
+            "invariants": invariants}
 
 
 FLOOR_SCALES = (0.8, 1.25)
@@ -149,10 +169,11 @@ def judged(document: dict, baseline: dict) -> dict:
     """Both rules on one kept job: failed or not, and what each named (the check: its failed outcomes, its
     regressed primary rows, its errors; the margin of its closest primary row; its verdict with every floor
     scaled by each of FLOOR_SCALES)."""
-    result = check(document["records"], baseline)
+    invariants = document.get("invariants")   # None: kept before jobs kept their suites' invariants
+    result = check(document["records"], baseline, invariants=invariants)
     other = bool(document["stress_failures"]) or document["kernel_exit"] not in (0, None)
-    by_floor = {scale: other or check(document["records"], baseline, scaled_floors(baseline, scale)).exit_code != 0
-                for scale in FLOOR_SCALES}
+    by_floor = {scale: other or check(document["records"], baseline, scaled_floors(baseline, scale),
+                                      invariants=invariants).exit_code != 0 for scale in FLOOR_SCALES}
     new = [f"{o.case.split('/', 1)[1]} {o.arm} seed {o.seed} {o.figure}" for o in result.outcomes]
     new += [f"{r.case.split('/', 1)[1]} {r.arm} {r.figure}{' (changed)' if r.verdict == 'changed' else ''}"
             for r in result.regressed]
@@ -243,9 +264,12 @@ def main() -> int:
     parser.add_argument("--entries", help="comma-separated entry names (default: unchanged and every entry)")
     parser.add_argument("--work", help="where the patched copies are made (default: a new temporary folder)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
+    parser.add_argument("--train-only", action="store_true", help="train and keep the jobs, judge nothing")
+    parser.add_argument("--source", default=str(ROOT), help="the checkout the copies are made from (default: this one)")
     parser.add_argument("--out", help="Markdown table (default reports/zoo-<scale>.md)")
     args = parser.parse_args()
-    everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION, *FAILURES]
+    everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION, *HELD_OUT_NOISE,
+                  *HELD_OUT_APPLIED, *FAILURES]
     wanted = args.entries.split(",") if args.entries else [e.name for e in everything]
     unknown = sorted(set(wanted) - {e.name for e in everything})
     if unknown:
@@ -255,8 +279,11 @@ def main() -> int:
     if not args.rejudge:
         for entry in (e for e in everything if e.name in wanted):
             print(f"{entry.name}: running the CPU job at {args.scale} ...", flush=True)
-            document = run_entry(entry, args.scale, work)
+            document = run_entry(entry, args.scale, work, source=Path(args.source))
             print(f"  kept {keep(args.scale, document)} ({document['seconds'] / 60:.1f} min)", flush=True)
+            shutil.rmtree(work / entry.name, ignore_errors=True)
+    if args.train_only:
+        return 0
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
     groups = []
     for title, entries in GROUPS:

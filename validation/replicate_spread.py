@@ -26,8 +26,8 @@ import math
 import sys
 from pathlib import Path
 
+from stability.check import paired_values, single_replicate
 from stability.check.baseline import case_values, load_baseline
-from stability.check.regression import paired_values, single_replicate
 from stability.record import REFERENCE_ARM
 from stability.record import figures as fig
 from validation import regression_zoo as zoo

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 
+from stability.check import paired_arm, paired_values, single_replicate
 from stability.check.baseline import case_values, regression_records
-from stability.check.regression import paired_arm, paired_values, single_replicate
 from stability.record import REFERENCE_ARM, Status, arm_names
 from stability.record import figures as fig
 from stability.record.stats import sample_std, t_quantile_for_z

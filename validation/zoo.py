@@ -284,8 +284,182 @@ FAILURES = (
             "three seeds: intervals over seeds, and what a regression baseline needs"))),
 )
 
+# ------------------------------------------------------------------ held out from the per-step replicates
+# Written and committed before the rounding replicates that perturb every step's gradients
+# (stability/model/rounding.py) were run on anything: no baseline held them yet. The harmless entries are
+# rewrites whose records differ from the unchanged code's (checked at smoke, standard case: a rewrite with the
+# same records says nothing about the noise), to be compared with that noise (validation/noise_ranks.py). The
+# harmful ones aim where the check may not look: quantization reported as applied where it was not (its damage
+# figures only get smaller), and a one-step spike of the optimiser's learning rate the logged schedule hides.
+GATE_SCORE_DEF = "def gate_score(logits: torch.Tensor, gate: GateConfig) -> torch.Tensor:\n"
+SIGMOID_BACKWARD = '''\
+class SigmoidOtherBackward(torch.autograd.Function):
+    """torch.sigmoid, whose backward computes sigmoid(x) * sigmoid(-x) instead of s * (1 - s)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * torch.sigmoid(x) * torch.sigmoid(-x)
+
+
+'''
+SWIGLU_CLASS = "class SwiGLU(nn.Module):\n"
+SILU_BACKWARD = '''\
+class SiLUOtherBackward(torch.autograd.Function):
+    """F.silu, whose backward computes s + x * s * (1 - s) (the product rule) instead of s * (1 + x * (1 - s))."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return F.silu(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return grad * (s + x * s * (1 - s))
+
+
+'''
+MAKE_OPTIMIZER = "def make_optimizer("
+ADAMW_BY_HAND = '''\
+class AdamWByHand(torch.optim.Optimizer):
+    """AdamW written out: the moments by multiply-and-add, their bias corrections, the decoupled decay, the step."""
+
+    def __init__(self, params, lr, betas, eps):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(param), v=torch.zeros_like(param))
+                state["step"] += 1
+                grad, t = param.grad, state["step"]
+                state["m"].mul_(beta1).add_(grad, alpha=1 - beta1)
+                state["v"].mul_(beta2).add_(grad * grad, alpha=1 - beta2)
+                m_hat, v_hat = state["m"] / (1 - beta1 ** t), state["v"] / (1 - beta2 ** t)
+                param.mul_(1 - group["lr"] * group["weight_decay"])
+                param.sub_(group["lr"] * m_hat / (v_hat.sqrt() + group["eps"]))
+
+
+'''
+CROSS_ENTROPY = "return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))"
+HELD_OUT_NOISE = (
+    Entry("ptq_skips_attention_projections", True, "post-training quantization leaves the attention projections "
+          "(q, k, v, o and gate) in full precision, and still reports the scheme as applied", (
+              ("stability/evaluate/quantize.py", "    for name in target_linears(model):\n",
+               "    for name in [n for n in target_linears(model) if \".attn.\" not in n]:\n"),)),
+    Entry("gated_optimiser_lr_x3_one_step", True, "the gated arm's optimiser learning rate 3x for one step at half "
+          "the run (the logged learning rate as scheduled)", (
+              ("stability/train/step.py", OPTIMISER_LR, OPTIMISER_LR.replace(
+                  "lr\n", "lr * (3 if run.model.gate.enabled and step == run.steps // 2 else 1)\n")),)),
+    # forward
+    Entry("loss_in_float64", False, "the cross-entropy computed in float64, rounded to float32 once at the end "
+          "(the same function, more exactly)", (
+              ("stability/model/lm.py", CROSS_ENTROPY,
+               CROSS_ENTROPY.replace("logits.float()", "logits.double()") + ".float()"),)),
+    Entry("gate_sigmoid_in_float64", False, "the gate's sigmoid computed in float64 and rounded back to the "
+          "logits' dtype (the same function, its gradient rounded once too)", (
+              ("stability/model/attention.py", "    score = torch.sigmoid(logits)\n",
+               "    score = torch.sigmoid(logits.double()).to(logits.dtype)\n"),)),
+    Entry("rmsnorm_via_vector_norm", False, "RMSNorm's mean square as the squared Euclidean norm divided by the "
+          "width (||x||^2 / d is the mean of x^2)", (
+              ("stability/model/attention.py", "x32.pow(2).mean(-1, keepdim=True)",
+               "(torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square() / x32.shape[-1])"),)),
+    Entry("rmsnorm_square_as_product", False, "RMSNorm squares x as x * x instead of x.pow(2) (the same values; "
+          "the backward adds the two factors' gradients in another order)", (
+              ("stability/model/attention.py", "x32.pow(2).mean(-1, keepdim=True)",
+               "(x32 * x32).mean(-1, keepdim=True)"),)),
+    # backward
+    Entry("gate_sigmoid_backward_other_formula", False, "the gate's sigmoid with a backward of its own: the same "
+          "forward, the derivative as sigmoid(x) sigmoid(-x) instead of s (1 - s) (equal, as 1 - sigmoid(x) = "
+          "sigmoid(-x))", (
+              ("stability/model/attention.py", GATE_SCORE_DEF, SIGMOID_BACKWARD + GATE_SCORE_DEF),
+              ("stability/model/attention.py", "    score = torch.sigmoid(logits)\n",
+               "    score = SigmoidOtherBackward.apply(logits)\n"))),
+    Entry("silu_backward_product_rule", False, "the MLP's SiLU with a backward of its own: the same forward, the "
+          "derivative of x s(x) by the product rule, s + x s (1 - s), instead of the factored s (1 + x (1 - s))", (
+              ("stability/model/lm.py", SWIGLU_CLASS, SILU_BACKWARD + SWIGLU_CLASS),
+              ("stability/model/lm.py", "return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))",
+               "return self.w_down(SiLUOtherBackward.apply(self.w_gate(x)) * self.w_up(x))"))),
+    # optimiser
+    Entry("adamw_fused", False, "AdamW's fused implementation (fused=True) instead of its foreach one (the same "
+          "update)", (
+              ("stability/train/optimizer.py", ADAMW_CALL,
+               "return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps, fused=True)"),)),
+    Entry("adamw_written_out", False, "AdamW written out step by step instead of torch.optim.AdamW: the moments "
+          "by multiply-and-add, the bias corrections applied to the moments (the same update: (m / c1) / "
+          "(sqrt(v / c2) + eps) is (m / c1) / (sqrt(v) / sqrt(c2) + eps))", (
+              ("stability/train/optimizer.py", MAKE_OPTIMIZER, ADAMW_BY_HAND + MAKE_OPTIMIZER),
+              ("stability/train/optimizer.py", ADAMW_CALL,
+               "return AdamWByHand(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)"))),
+)
+
+# ------------------------------------------------------------------ held out from the applied-stress proofs
+# Written before the invariants that prove a run's stresses and measurements were applied (lr_off_log_steps,
+# linear_off_format_calls, probe_steps_missed, probe_modules_missed, batch_off_schedule_steps,
+# quant_<scheme>_missed) were run on any job. Each switches a stress off or narrows a measurement while the
+# record still reports it, lets the optimiser step with another LR than the logged one for a few steps, or
+# changes a default setting (a job whose config differs from the baseline's). Each moves its figure or setting
+# at both CPU presets except the beta2 default, a no-op at ci, whose preset sets the betas itself: the eps
+# default, which no preset sets, is the changed default that bites at both.
+AUTOCAST_CALL = "        return torch.autocast(device_type=self.device.type, dtype=self.dtype)\n"
+BATCH_DOUBLING = "base * 2 ** (step // self.double_every)"
+PROBE_EVERY = "                if step % run.probes.every == 0:\n"
+PROBED_LINEARS = "if isinstance(module, nn.Linear)]"
+OPTIMISER_LR_LOOP = "    for group in optimizer.param_groups:\n        group[\"lr\"] = lr\n"
+HELD_OUT_APPLIED = (
+    # a stress switched off or narrowed
+    Entry("autocast_on_cuda_only", True, "torch.autocast enabled on CUDA only: on the CPU the bf16 and fp16 rungs "
+          "train in fp32 (and are still reported as bf16 and fp16)", (
+              ("stability/precision/formats.py", AUTOCAST_CALL, AUTOCAST_CALL.replace(
+                  "dtype=self.dtype)", "dtype=self.dtype, enabled=self.device.type == \"cuda\")")),)),
+    Entry("batch_doubles_a_step_late", True, "the batch ramp counts steps from 1: each doubling comes one step "
+          "after its scheduled step", (
+              ("stability/config/schedules.py", BATCH_DOUBLING, "base * 2 ** ((step - 1) // self.double_every)"),)),
+    Entry("optimiser_lr_capped_at_peak", True, "the optimiser's LR capped at the configured peak LR (a guard "
+          "against runaway schedules): the LR shock's jump never reaches it, while the log shows it", (
+              ("stability/train/step.py", OPTIMISER_LR, OPTIMISER_LR.replace("lr\n", "min(lr, run.optim.lr)\n")),)),
+    # a measurement narrowed
+    Entry("w8a8_keeps_down_projections", True, "the W8A8 schemes leave each block's MLP down projection in full "
+          "precision, and still report the scheme as applied", (
+              ("stability/evaluate/quantize.py", "    for name in target_linears(model):\n",
+               ("    for name in [n for n in target_linears(model)\n"
+                "                 if not (scheme.startswith(\"w8a8\") and n.endswith(\".w_down\"))]:\n")),)),
+    Entry("probes_skip_shared_input_projections", True, "the heavy probes hook only q_proj of the projections "
+          "that read the same normed input (k, v and the gate projection go unmeasured)", (
+              ("stability/train/probes.py", PROBED_LINEARS,
+               "if isinstance(module, nn.Linear) and not name.endswith((\"k_proj\", \"v_proj\", \"gate_proj\"))]"),)),
+    Entry("probes_skip_step_0", True, "no heavy-probe snapshot of the untrained model at step 0", (
+        ("stability/train/trainer.py", PROBE_EVERY, PROBE_EVERY.replace("if step %", "if step and step %")),)),
+    # an optimiser LR that differs from its log for a few steps
+    Entry("norm_gains_frozen_in_warmup", True, "the optimiser's no-decay group (the norm gains) held at LR 0 "
+          "through the warmup, while the logged LR warms up", (
+              ("stability/train/step.py", OPTIMISER_LR_LOOP, OPTIMISER_LR_LOOP + (
+                  "    if step < run.optim.warmup_steps:   # the norm gains wait for the warmup to end\n"
+                  "        optimizer.param_groups[1][\"lr\"] = 0.0\n")),)),
+    # a changed default
+    Entry("adamw_beta2_default_0999", True, "AdamW's default beta2 0.999 instead of 0.95 (a no-op at ci, whose "
+          "preset sets the betas)", (
+              ("stability/config/run.py", "betas: tuple[float, float] = (0.9, 0.95)",
+               "betas: tuple[float, float] = (0.9, 0.999)"),)),
+    Entry("adamw_eps_default_1e6", True, "AdamW's default epsilon 1e-6 instead of 1e-8 (no preset sets it)", (
+        ("stability/config/run.py", "    eps: float = 1e-8\n", "    eps: float = 1e-6\n"),)),
+)
+
 BY_NAME = {entry.name: entry for entry in (*ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION,
-                                           *FAILURES)}
+                                           *FAILURES, *HELD_OUT_NOISE, *HELD_OUT_APPLIED)}
 
 
 def patched_copy(destination: Path, name: str) -> Path:

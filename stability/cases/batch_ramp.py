@@ -1,6 +1,10 @@
 """The batch ramp (``batch_ramp``): the batch size doubles every ``stress.batch.double_every`` steps up to
 ``stress.batch.max_size``, the LR scaled by ``stress.batch.lr_rule`` (none, sqrt, linear); spikes,
 divergence and the loss against tokens seen.
+
+* ``batch_off_schedule_steps``: the steps whose logged batch size, or the tokens they added, differ from what
+  the ramp's settings give (``scheduled_batch``, computed here from the settings, never by the schedule the
+  trainer asked, so that a change to it shows); the first of them in the case's results.
 """
 
 from __future__ import annotations
@@ -20,6 +24,14 @@ from stability.record.figures import GREW, Figure, Primary
 # ----------------------------------------------------------------------------- its results
 # record["results"]["batch_ramp"]: checked against these types where the case is registered
 
+class BatchOffSchedule(TypedDict, total=False):
+    step: int
+    batch_size: int                   # logged
+    tokens: int                       # tokens the step added (logged tokens seen minus the previous step's)
+    expected_batch_size: int          # what the ramp's settings give
+    expected_tokens: int
+
+
 class BatchRampArm(TypedDict, total=False):
     arm: str
     seed: int
@@ -28,6 +40,8 @@ class BatchRampArm(TypedDict, total=False):
     tokens_seen: int
     final_batch_size: int | None
     loss_vs_tokens: list[list[float | None]]   # [tokens seen, mean loss since the previous point]
+    batch_off_schedule_steps: int
+    batch_off_schedule: list[BatchOffSchedule]   # the first steps (at most 20) off the ramp's settings
 
 
 class BatchRamp(TypedDict, total=False):
@@ -51,6 +65,26 @@ def loss_vs_tokens(arm_record: dict, points: int = 50) -> list[list[float]]:
     return out
 
 
+def scheduled_batch(step: int, base: int, double_every: int, max_size: int) -> int:
+    """The batch the ramp's settings give at ``step``: ``base`` doubled every ``double_every`` steps, at most
+    ``max_size``."""
+    return min(max_size, base * 2 ** (step // double_every))
+
+
+def off_schedule(series: dict, base: int, context: int, double_every: int, max_size: int) -> list[dict]:
+    """The steps of ``series`` (from step 0) whose logged batch size, or the tokens they added (tokens seen minus
+    the previous step's), differ from ``scheduled_batch`` (tokens: that batch x ``context``)."""
+    off = []
+    steps, batches, tokens = series["step"], series["batch_size"], series["tokens"]
+    for index, (step, batch) in enumerate(zip(steps, batches)):
+        expected = scheduled_batch(step, base, double_every, max_size)
+        added = tokens[index] - (tokens[index - 1] if index else 0)
+        if batch != expected or added != expected * context:
+            off.append({"step": step, "batch_size": batch, "tokens": added, "expected_batch_size": expected,
+                        "expected_tokens": expected * context})
+    return off
+
+
 def run_batch_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """Batch doubling every ``stress.batch.double_every`` steps up to ``stress.batch.max_size``, LR by
     ``stress.batch.lr_rule``."""
@@ -63,11 +97,14 @@ def run_batch_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, sessio
         case = CaseRun(stress_case, config, f"batch_ramp-{schedule.lr_rule}", schedule.describe(), session,
                      runner)
 
-        def figures_of(_run, arm_record):
+        def figures_of(run, arm_record):
             series = arm_record["series"]
+            off = off_schedule(series, run.data.batch_size, run.model.context, schedule.double_every,
+                               schedule.max_size)
             figures = {"tokens_seen": series["tokens"][-1] if series["tokens"] else 0,
-                       "final_batch_size": series["batch_size"][-1] if series["batch_size"] else None}
-            return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record)}
+                       "final_batch_size": series["batch_size"][-1] if series["batch_size"] else None,
+                       "batch_off_schedule_steps": len(off)}
+            return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record), "batch_off_schedule": off[:20]}
 
         per_arm = case.train_declared(figures_of)
         set_case_result(case.record, case.name, {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
@@ -86,7 +123,7 @@ def the_batch_doubles_and_the_lr_follows_its_rule(record, invariant):
     for arm in record["arms"]:
         series, where = arm["series"], f"{arm['arm']} seed {arm['seed']}"
         for step, batch, lr in zip(series["step"], series["batch_size"], series["lr"]):
-            expected = min(ramp["max_size"], base * 2 ** (step // ramp["double_every"]))
+            expected = scheduled_batch(step, base, ramp["double_every"], ramp["max_size"])
             require(batch == expected, f"{where} step {step}: batch {batch}, expected {expected}")
             scaled = warmup_cosine(step, run) * lr_scale(ramp["lr_rule"], batch / base)
             require(close(lr, scaled), f"{where} step {step}: LR {lr}, expected {scaled}")
@@ -114,6 +151,8 @@ FIGURES = (
     Figure("tokens_seen", "higher", "tokens", "tokens trained before the batch ramp stopped", kind="run",
            rel_floor=0.05, quantum="batch"),
     Figure("final_batch_size", None, "sequences", "batch size at the end of the batch ramp", kind="detail"),
+    Figure("batch_off_schedule_steps", "lower", "count", "steps whose logged batch size, or the tokens they added, "
+           "differ from what the ramp's settings give", kind="run", quantum="count", outcome=True),
 )
 
 # Its rows on the figures of every run: the batch ramp trains to its end, so a job that judges only this case

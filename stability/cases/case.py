@@ -55,12 +55,13 @@ def finite(value) -> bool:
 
 
 def run_summary(arm_record: dict, **extra) -> dict:
-    """A compact copy of one run for the case key: status, final figures, timing, loss curve."""
+    """A compact copy of one run for the case key: status, final figures, what proves its stresses were applied
+    (which step or Linear was not), timing, loss curve."""
     return {**extra, "arm": arm_record["arm"], "seed": arm_record["seed"], "variant": arm_record["variant"],
             "status": arm_record["status"], "diverged_at_step": arm_record["diverged_at_step"],
             "stop_reason": arm_record["stop_reason"], "final": dict(arm_record["final"]),
-            "events": arm_record["events"], "timing": arm_record["timing"],
-            "loss": list(arm_record["series"]["loss"])}
+            "events": arm_record["events"], **({"applied": arm_record["applied"]} if "applied" in arm_record else {}),
+            "timing": arm_record["timing"], "loss": list(arm_record["series"]["loss"])}
 
 
 class CaseRun:

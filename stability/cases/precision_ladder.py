@@ -5,6 +5,11 @@ matmul, emulated on the CPU; the loss gap to fp32, non-finite events, loss-scale
 underflow fractions per rung, and the library, version and recipe that trained each rung.
 
 * ``loss_gap_<p>``: held-out loss at precision ``p`` minus held-out loss in fp32, same arm and seed.
+* ``first_loss_gap_<p>``: |training loss of step 0 at precision ``p`` minus that of fp32|, same arm and seed:
+  the same initial weights and batch, so only the format moves it (where the held-out gaps of a short run are
+  rounding noise, at ``smoke``), and a rung that did not train in its format shows ~0.
+* ``linear_off_format_calls_<p>``, ``lr_off_log_steps_<p>``: a rung's proof that its Linears ran in its format
+  and its optimiser stepped with the logged LR (``stability.train.applied``), outcomes clean at 0.
 """
 
 from __future__ import annotations
@@ -43,6 +48,13 @@ class PrecisionLadder(TypedDict, total=False):
 MAX_MEAN_LOSS_GAP = 0.25
 MAX_SEED_LOSS_GAP = 1.0
 
+# first_loss_gap_<p>, measured at smoke (3 seeds, both arms; the unperturbed run and rounding replicates 1 and 2):
+# bf16 8e-6 to 5e-5 nats, and a replicate moves it by as much (autocast rounds the weights and activations to
+# bf16, and one fp32 rounding step of the weights flips some of those roundings); fp16 5e-7 to 7e-6; fp8 2e-5 to
+# 6e-4, mxfp8 7e-6 to 8e-4, mxfp4 8e-4 to 2e-3, the same to 3 digits in every replicate; a bf16 rung that trains
+# in fp32: 0. Its floor: two fp32 rounding steps of a loss near 5.5 nats (one is 4.8e-7), or half its value.
+FIRST_GAP_FLOOR = 1e-6
+
 
 def ladder_skips(config: cfg.ExperimentConfig) -> dict[str, str]:
     """{rung: reason} for the rungs of ``stress.precisions`` that cannot train here because torchao
@@ -78,12 +90,20 @@ def ladder_runs(case: StressCase, config: cfg.ExperimentConfig) -> list:
             for seed in config.seeds for arm in config.arm_names for p in config.stress.precisions]
 
 
+def first_loss_gap(rung: dict, fp32: dict) -> float | None:
+    """|loss of step 0 in the run ``rung`` minus that of the fp32 run ``fp32``| (arm records), nats/token; None
+    when either has no finite first loss."""
+    first = [record["series"]["loss"][0] if record["series"]["loss"] else None for record in (rung, fp32)]
+    return abs(first[0] - first[1]) if all(finite(value) for value in first) else None
+
+
 def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
     """The same run (the configured LR, Standard schedule) at every precision of ``stress.precisions``.
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
     ``nonfinite_events_<p>``, ``nonfinite_unhandled_<p>``, ``diverged_<p>``, ``overflow_fraction_<p>``, ``underflow_fraction_<p>``,
-    ``loss_scale_drops_<p>`` and ``loss_spike_score_<p>``. ``record["results"]["precision_ladder"]`` holds the
+    ``loss_scale_drops_<p>``, ``loss_spike_score_<p>``, ``first_loss_gap_<p>``, ``linear_off_format_calls_<p>`` and
+    ``lr_off_log_steps_<p>``. ``record["results"]["precision_ladder"]`` holds the
     rungs, per rung the library, version and recipe that trained it (``sources``), the rungs skipped
     with their reason (torchao not installed), and a summary of every run."""
     skipped = ladder_skips(config)
@@ -120,6 +140,9 @@ def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, 
                         f"underflow_fraction_{p}": final.get("underflow_fraction"),
                         f"loss_scale_drops_{p}": final.get("loss_scale_drops"),
                         f"loss_spike_score_{p}": final.get("loss_spike_score"),
+                        f"first_loss_gap_{p}": first_loss_gap(rec, reference),
+                        f"linear_off_format_calls_{p}": final.get("linear_off_format_calls"),
+                        f"lr_off_log_steps_{p}": final.get("lr_off_log_steps"),
                     })
                 add_arm(case.record, reference)
         set_case_result(case.record, case.name,
@@ -242,6 +265,19 @@ FIGURES = (
            floor=2.0, rel_floor=0.5, quantum="count"),
     Figure("loss_spike_score_*", "lower", "% of steps", "loss-spike score at this precision", kind="run",
            floor=1.0, quantum="step_pct"),
+    Figure("first_loss_gap_*", "lower", "nats/token", "|training loss of step 0 at this precision - in fp32|: the "
+           "same weights and batch, so only the format's rounding moves it (~0: the rung did not train in its "
+           "format)", kind="run", floor=FIRST_GAP_FLOOR, rel_floor=0.5,
+           # primary where the format's own rounding stands clear of the rounding replicates': at smoke fp8, mxfp8 and
+           # mxfp4 move the first step's loss by 2e-5 to 2e-3 nats and their replicates agree to 3 digits; bf16's
+           # (1e-5 to 5e-5) and fp16's (5e-7 to 7e-6) move by their own size between replicates (a weight moved by one
+           # rounding step flips its bf16 rounding), so those stay advisory, watched by linear_off_format_calls_<p>
+           primary=tuple(Primary(figure=f"first_loss_gap_{p}", arms="arms", why="the rung's format no longer rounds "
+                                 "as it did: not applied, or applied another way") for p in ("fp8", "mxfp8", "mxfp4"))),
+    Figure("linear_off_format_calls_*", "lower", "count", "Linear calls of the training forwards at this precision "
+           "that did not run in its format", kind="run", quantum="count", outcome=True),
+    Figure("lr_off_log_steps_*", "lower", "count", "steps at this precision whose optimiser stepped with another LR "
+           "than the logged one", kind="run", quantum="count", outcome=True),
 )
 
 # Its rows on the figures of every run: every rung trains to its end, so a job that judges only the ladder (a

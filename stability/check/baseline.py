@@ -5,12 +5,14 @@
 
 A baseline (``reports/baselines/<preset>-<device>.json``) holds, per stress case (its key
 ``<preset>/<name>[-<schedule>]``), arm, seed and judged figure, the value of the seed's unperturbed run
-(replicate 0) and of its *replicates*: runs of the same code, config and seed whose initial parameters differ
-by one rounding step (``run.replicate``; ``stability.model.rounding``). Training is chaotic, so a
-harmless change of rounding moves a figure about as much as the replicates differ: their spread is the
-noise of the check (``stability.check.regression``). Besides the values it records the commit it was
-made from (a tree with uncommitted changes is refused unless ``allow_dirty``: nobody could say which
-code it describes) and, once judged, its calibration (``stability.check.calibration``).
+(replicate 0) and of its *replicates*: runs of the same code, config and seed whose initial parameters and
+every step's gradients differ by one rounding step (``run.replicate``; ``stability.model.rounding``). Training
+is chaotic, so a harmless change of rounding moves a figure about as much as the replicates differ: their
+spread is the noise of the check (``stability.check.regression``). Besides the values it records the commit
+it was made from (a tree with uncommitted changes is refused unless ``allow_dirty``: nobody could say which
+code it describes), the kind of noise its replicates are (``NOISE``), once judged its calibration
+(``stability.check.calibration``) and, once measured, its null jobs (``null_jobs``: harmless jobs of its code,
+every run a fresh replicate, judged against it; the job's measured false-alarm rate).
 
 This module reads JSON only: no torch, no MLflow.
 """
@@ -43,7 +45,8 @@ from stability.record import (
 from stability.record import figures as fig
 from stability.record.io import read_json
 
-BASELINE_SCHEMA_VERSION = 5   # 5: the reference arm is named "reference" (4 and before: "baseline")
+BASELINE_SCHEMA_VERSION = 6   # 6: replicates perturb every step (5: the initial weights only; 4: the arm "baseline")
+NOISE = "rounding: every initial parameter and every step's gradients x (1 + u 2^-23), u in {-1, 0, 1}"
 MIN_SEEDS = 3
 MIN_REPLICATES = 3     # per arm and seed: the reference and at least two replicates
 
@@ -202,7 +205,8 @@ def make_baseline(records: list[dict], commit: str | None = None, min_seeds: int
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "preset": presets.pop(), "device": devices.pop(), "min_seeds": min_seeds, "replicates": replicates,
         "commit": commit if commit is not None else git.get("commit"), "branch": git.get("branch"),
-        "dirty": bool(dirty), "cases": dict(sorted(cases.items())), "invariants": None if invariants is None else list(invariants),
+        "dirty": bool(dirty), "noise": NOISE, "cases": dict(sorted(cases.items())),
+        "invariants": None if invariants is None else list(invariants),
         "covers": covers(records, invariants),
     }
 
@@ -248,12 +252,13 @@ def run_invariants(records: list[dict]) -> list[dict] | None:
 # ----------------------------------------------------------------------------- reading one back
 
 TOP_KEYS = ("schema_version", "kind", "created_at", "preset", "device", "min_seeds", "replicates", "commit", "branch",
-            "dirty", "cases", "invariants", "calibration", "cases_remade", "covers")
+            "dirty", "noise", "cases", "invariants", "calibration", "null_jobs", "cases_remade", "covers")
 REQUIRED_TOP_KEYS = ("preset", "device", "min_seeds", "replicates", "cases")
 CASE_KEYS = ("name", "schedule", "stress", "steps", "fingerprint", "config", "records", "arms", "commit")
 ARM_KEYS = ("status", "diverged_at_step", "figures")
-CALIBRATION_KEYS = ("arrangements", "seeds", "replicates", "dof_rule", "alphas", "failed", "rate", "margin", "closest",
-                    "primary_family", "accepted_anyway", "reason")
+CALIBRATION_KEYS = ("arrangements", "seeds", "replicates", "playing", "dof_rule", "alphas", "failed", "rate", "margin",
+                    "closest", "primary_family", "accepted_anyway", "reason")
+NULL_JOB_KEYS = ("jobs", "failed", "commit", "replicates", "closest_margin")
 # the config fields the check computes a figure's resolution from (stability.record.figures.quantum)
 RESOLUTION_FIELDS = ("run.data.batch_size", "run.model.context", "run.probes.eval_batches", "run.model.n_heads",
                      "run.model.n_layers")
@@ -455,6 +460,9 @@ def _check_calibration(calibration, where_: str) -> None:
         if key not in calibration:
             raise RecordError(f"{here} has no {key!r} field: expected what `stability baseline calibrate --write` "
                               f"stores")
+    playing = calibration["playing"]
+    if not isinstance(playing, list) or not all(_is_whole(r) and r >= 0 for r in playing):
+        raise RecordError(f"{here}.playing = {_short(playing)}: expected the replicates that played the change")
     for key in ("arrangements", "seeds", "replicates"):
         if not (_is_whole(calibration[key]) and calibration[key] >= 0):
             raise RecordError(f"{here}.{key} = {_short(calibration[key])}: expected a whole number >= 0")
@@ -494,9 +502,9 @@ def validate_baseline(baseline, where_: str) -> dict:
     version = baseline.get("schema_version")
     if version != BASELINE_SCHEMA_VERSION:
         raise RecordError(f"{where_} has schema_version={version!r}: this version of stability reads baseline "
-                          f"schema_version={BASELINE_SCHEMA_VERSION} (the unperturbed runs, their rounding "
-                          f"replicates and the calibration, the reference arm named {REFERENCE_ARM!r}); make it "
-                          f"again with `stability baseline make`")
+                          f"schema_version={BASELINE_SCHEMA_VERSION} (the unperturbed runs and their rounding "
+                          f"replicates, which perturb every step, the calibration, the reference arm named "
+                          f"{REFERENCE_ARM!r}); make it again with `stability baseline make`")
     for key in REQUIRED_TOP_KEYS:
         if key not in baseline:
             raise RecordError(f"{where_} has no {key!r} field (truncated?)")
@@ -533,7 +541,10 @@ def validate_baseline(baseline, where_: str) -> dict:
             raise RecordError(f"{where_}: invariants = {_short(invariants)}: expected a list of invariants or null")
         for index, line in enumerate(invariants):
             check_line(line, f"{where_}: invariants[{index}]")
+    if baseline.get("noise") is not None and not isinstance(baseline["noise"], str):
+        raise RecordError(f"{where_}: noise = {_short(baseline['noise'])}: expected the kind of its replicates (text)")
     _check_calibration(baseline.get("calibration"), where_)
+    _check_null_jobs(baseline.get("null_jobs"), where_)
     _check_covers(baseline.get("covers"), where_)
     if baseline.get("covers") is not None:
         from stability.check.coverage import invariant_names
@@ -544,6 +555,30 @@ def validate_baseline(baseline, where_: str) -> dict:
                               f"not name the invariants the baseline holds ({_short(held)}): edited by hand? "
                               f"Remake it")
     return baseline
+
+
+def _check_null_jobs(jobs, where_: str) -> None:
+    """null, or what ``stability.check.calibration.null_job_evidence`` writes: how many null jobs were judged
+    against the baseline and how many failed."""
+    if jobs is None:
+        return
+    jobs = _object(jobs, "null_jobs", where_)
+    _known_keys(jobs, NULL_JOB_KEYS, "null_jobs", where_)
+    for key in ("jobs", "failed"):
+        if not (_is_whole(jobs.get(key)) and jobs[key] >= 0):
+            raise RecordError(f"{where_}: null_jobs.{key} = {_short(jobs.get(key))}: expected a whole number >= 0")
+    if jobs["failed"] > jobs["jobs"]:
+        raise RecordError(f"{where_}: null_jobs.failed = {jobs['failed']} is more than null_jobs.jobs = "
+                          f"{jobs['jobs']}: expected at most as many failures as jobs")
+    if jobs.get("commit") is not None and not isinstance(jobs["commit"], str):
+        raise RecordError(f"{where_}: null_jobs.commit = {_short(jobs['commit'])}: expected a commit or null")
+    replicates = jobs.get("replicates")
+    if replicates is not None and not (isinstance(replicates, list) and all(_is_whole(r) for r in replicates)):
+        raise RecordError(f"{where_}: null_jobs.replicates = {_short(replicates)}: expected a list of replicates")
+    if jobs.get("closest_margin") is not None and not (_is_number(jobs["closest_margin"]) and
+                                                       jobs["closest_margin"] >= 0):
+        raise RecordError(f"{where_}: null_jobs.closest_margin = {_short(jobs['closest_margin'])}: expected a "
+                          f"number >= 0 or null")
 
 
 def _names_per_case(value, what: str, where_: str) -> None:

@@ -6,15 +6,19 @@
 Under a harmless change the job's run of seed s is one more rounding replicate of that seed, exchangeable
 with the baseline's replicates of s. So every way of choosing one replicate per seed to play "the change",
 judged by the check's own code against the remaining replicates, is a harmless job: with D replicates and S
-seeds there are D^S such arrangements (5^3 = 125 for the committed baselines), and the fraction of them
-that fail is the check's false-alarm rate on this baseline, measured (each one judged against one
-replicate fewer than a real job has, so slightly pessimistic). A per-seed outcome of the chosen replicate
-is ranked among all the seed's replicates, the chosen one counted as held out (``regression.outcome_p``),
-so that the check's rule, p = (k + 1) / (n + 1) <= ``OUTCOME_P``, fails an arrangement where it would fail
-a real job with the same k: against 4 replicates of 5, p = 1 / (4 + 1) could never reach 1/6.
-``calibrate`` gives the fraction that fails at each alpha of ``ALPHAS``, the *margin* of the closest
-arrangement (m x its smallest primary p / alpha, with m its primary rows: how far below the Holm threshold
-it stayed; 0 when a per-seed outcome failed it), and which row came closest.
+seeds there are D^S such arrangements (20^3 = 8000 for a baseline of 20 runs per seed; ``MAX_ARRANGEMENTS`` of
+them drawn at random, the same every time, when there are more), and the fraction of them that fail is the
+check's false-alarm rate on this baseline, measured (each one judged against one replicate fewer than a real
+job has, so slightly pessimistic). A per-seed outcome of the chosen replicate is judged against the seed's
+other replicates: an arrangement whose replicate flipped an outcome that none of the others did fails, as a
+real job would (``stability.check.outcomes.OUTCOME_RULE``). ``calibrate`` gives the fraction that fails at
+each alpha of ``ALPHAS``, the *margin* of the closest arrangement (H x its smallest primary p / alpha, with H the
+hypotheses Holm judges: how far below the Holm threshold it stayed; 0 when a per-seed outcome failed it), and
+which row came closest.
+
+Out of sample: a rule chosen by looking at some replicates (which rows are judged by their floor only, which
+are primary) is measured on the others: ``playing`` names the replicates that may play the change (the
+others are only ever judged against), and the curve says which they were.
 
 ``acceptable(curve)`` is the rule a new baseline must pass (``stability baseline make``): the curve at or
 under the diagonal (at most alpha of the arrangements fail at each alpha) and a margin of at least
@@ -29,20 +33,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
+from stability.check import DEFAULT_ALPHA, DOF_RULE, CheckResult, decide, judge_cases, resolve_tolerances
 from stability.check.baseline import validate_baseline
-from stability.check.regression import (
-    DEFAULT_ALPHA,
-    DOF_RULE,
-    CheckResult,
-    decide,
-    judge_cases,
-    resolve_tolerances,
-)
 from stability.record import figures as fig
 
 ALPHAS = (0.01, 0.02, 0.05, 0.10)
 MIN_MARGIN = 5.0
+MAX_ARRANGEMENTS = 2000   # drawn at random (seed 0) when a baseline has more
 
 
 def split_runs(cases: dict, chosen) -> tuple[dict, dict]:
@@ -75,10 +74,22 @@ def seeds_and_replicates(baseline: dict) -> tuple[list[str], list[str]]:
     return seeds, [str(r) for r in baseline.get("replicates") or []]
 
 
-def arrangements(baseline: dict):
-    """Every choice {seed: replicate} of one replicate per seed (replicates ** seeds of them)."""
+def arrangements(baseline: dict, playing: list[str] | None = None, limit: int = MAX_ARRANGEMENTS):
+    """Choices {seed: replicate} of one replicate per seed, each replicate among ``playing`` (None: every
+    replicate of the baseline): all of them, or ``limit`` drawn at random without repetition (the same draw
+    every time) when there are more."""
     seeds, replicates = seeds_and_replicates(baseline)
-    for combo in itertools.product(replicates, repeat=len(seeds)):
+    players = [r for r in replicates if playing is None or r in playing]
+    total = len(players) ** len(seeds)
+    if total <= limit:
+        for combo in itertools.product(players, repeat=len(seeds)):
+            yield dict(zip(seeds, combo))
+        return
+    for index in sorted(random.Random(0).sample(range(total), limit)):
+        combo = []
+        for _ in seeds:
+            index, digit = divmod(index, len(players))
+            combo.append(players[digit])
         yield dict(zip(seeds, combo))
 
 
@@ -96,37 +107,42 @@ def judge_arrangement(baseline: dict, chosen: dict, alpha: float = DEFAULT_ALPHA
 
 
 def margin(result: CheckResult) -> float:
-    """m x the smallest primary p / alpha (how many times over the Holm threshold the closest row stayed;
-    below 1 the job failed); 0 for a job failed by an outcome or an error; infinite with no primary row."""
+    """H x the smallest p of the primary rows' hypotheses / alpha (how many times over the Holm threshold the
+    closest row stayed; below 1 the job failed); 0 for a job failed by an outcome or an error; infinite with no
+    primary row."""
     if result.outcomes or result.errors:
         return 0.0
     rows = result.primary
     if not rows:
         return math.inf
-    return len(rows) * min(r.p_judged for r in rows) / result.alpha
+    return result.hypotheses * min(r.p_judged for r in rows) / result.alpha
 
 
-def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof_rule: str = DOF_RULE) -> dict:
-    """Judge every arrangement of ``baseline`` (see the module docstring): per alpha the count and the
-    fraction that fail, the margin at ``alphas[0]`` and the arrangement and row closest to failing."""
+def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof_rule: str = DOF_RULE,
+              playing: list[str] | None = None) -> dict:
+    """Judge the arrangements of ``baseline`` (see the module docstring; ``playing``: the replicates that may
+    play the change, None: all): per alpha the count and the fraction that fail, the margin at ``alphas[0]``
+    and the arrangement and row closest to failing."""
     validate_baseline(baseline, "baseline")
     seeds, replicates = seeds_and_replicates(baseline)
     failed = {a: 0 for a in alphas}
     count, closest = 0, None
-    for chosen in arrangements(baseline):
+    for chosen in arrangements(baseline, playing):
         result = judge_arrangement(baseline, chosen, alphas[0], tolerances, dof_rule)
         count += 1
         smallest = min(result.primary, key=lambda r: r.p_judged, default=None)
-        for a in alphas:   # Holm rejects some row exactly when the smallest p is at most alpha / m
+        for a in alphas:   # Holm rejects some hypothesis exactly when the smallest p is at most alpha / H
             failed[a] += bool(result.outcomes or result.errors) or (
-                smallest is not None and smallest.p_judged <= a / len(result.primary))
+                smallest is not None and smallest.p_judged <= a / result.hypotheses)
         here = margin(result)
         if closest is None or here < closest["margin"]:
             closest = {"margin": here, "arrangement": chosen,
                        "reason": (result.errors + [o.reason for o in result.outcomes])[:1] or
                        ([(f"{smallest.case} {smallest.arm} {smallest.figure}: p {smallest.p_judged:.3g} of "
-                          f"{len(result.primary)} primary rows")] if smallest else [])}
-    return {"arrangements": count, "seeds": len(seeds), "replicates": len(replicates), "dof_rule": dof_rule,
+                          f"{result.hypotheses} hypotheses")] if smallest else [])}
+    players = [r for r in replicates if playing is None or r in playing]
+    return {"arrangements": count, "seeds": len(seeds), "replicates": len(replicates),
+            "playing": [int(r) for r in players], "dof_rule": dof_rule,
             "alphas": list(alphas), "failed": [failed[a] for a in alphas],
             "rate": [failed[a] / count if count else None for a in alphas],
             "margin": closest["margin"] if closest else None,
@@ -152,14 +168,27 @@ def stored(curve: dict, reason: str | None) -> dict:
     return {**curve, "accepted_anyway": bool(reason), "reason": reason}
 
 
+def null_job_evidence(jobs: int, failed: int, commit: str | None, replicates: list[int],
+                      closest_margin: float | None) -> dict:
+    """What a baseline keeps of its null jobs (``baseline["null_jobs"]``): ``jobs`` harmless jobs of its code
+    (every run a fresh rounding replicate, ``replicates``) judged against it, ``failed`` of them failed, the
+    margin of the closest; the check states the job's false-alarm rate from it."""
+    return {"jobs": jobs, "failed": failed, "commit": commit, "replicates": sorted(replicates),
+            "closest_margin": closest_margin}
+
+
 def curve_lines(curve: dict) -> list[str]:
     """The calibration as text: one line per alpha, then the margin."""
-    lines = [(f"calibration: {curve['arrangements']} arrangements ({curve['replicates']} replicates ^ "
-              f"{curve['seeds']} seeds), each judged as a harmless job against the other replicates")]
+    playing = curve.get("playing")
+    players = len(playing) if playing is not None else curve["replicates"]
+    drawn = "" if curve["arrangements"] == players ** curve["seeds"] else ", drawn at random"
+    out_of = f" (of {curve['replicates']})" if players != curve["replicates"] else ""
+    lines = [(f"calibration: {curve['arrangements']} arrangements ({players} replicates{out_of} ^ {curve['seeds']} "
+              f"seeds{drawn}), each judged as a harmless job against the other replicates")]
     for alpha, failed, rate in zip(curve["alphas"], curve["failed"], curve["rate"]):
         mark = "at or under the diagonal" if rate is not None and rate <= alpha else "ABOVE the diagonal"
         lines.append(f"  alpha {alpha:<5g} {failed:4d} fail ({rate:.1%}; {mark})")
     reason = "; ".join(curve["closest"].get("reason") or [])
-    lines.append(f"  margin {curve['margin']:.3g} (m x smallest primary p / alpha of the closest arrangement; "
+    lines.append(f"  margin {curve['margin']:.3g} (H x smallest primary p / alpha of the closest arrangement; "
                  f"needs >= {MIN_MARGIN:g}): {reason}")
     return lines

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stability.check.regression import in_primary_family
+from stability.check import in_primary_family
+from stability.record import setting_changes
 from stability.report.tables import fmt, text_table
 
 
@@ -101,3 +102,16 @@ def moves_table(moves: list[Move]) -> str:
     header = ["case", "arm", "figure", "tier", "old", "new", "delta", "noise", "sigmas", "note"]
     return text_table([header] + [[m.case, m.arm, m.figure, m.tier, fmt(m.old), fmt(m.new), fmt(m.delta),
                                    fmt(m.noise), fmt(m.sigmas), m.note or "-"] for m in moves])
+
+
+def settings_differ(old_cases: dict, new_cases: dict) -> list[str]:
+    """One line per case both sides hold whose configs differ: the settings (and the fields that make the runs
+    other runs) that differ, as ``stability.record.setting_changes`` names them."""
+    lines = []
+    for key in sorted(set(old_cases) & set(new_cases)):
+        runs, settings = setting_changes(old_cases[key].get("config") or {}, new_cases[key].get("config") or {})
+        if runs:
+            lines.append(f"case {key}: other runs, not comparable: {'; '.join(runs)}")
+        if settings:
+            lines.append(f"case {key}: settings differ: {'; '.join(settings)}")
+    return lines

@@ -3,13 +3,18 @@
     moves = smallest_failing_moves(baseline)      # one entry per primary row of the baseline
     print(moves_table(moves))                     # `stability baseline calibrate` prints it
 
-A job fails when Holm over the m primary rows rejects a row; a row that moved alone is rejected when its
-p is at most alpha / m (the first Holm step; alpha / 2m per side for a row judged either way). Under the
-check's rule (stability.check.regression.judge) the p of a row is the upper tail of ``(worse - floor) /
-se`` under Student's t with the row's degrees of freedom, so the smallest move in the worse direction that
-fails the job by itself is
+A job fails when Holm over the H hypotheses of the primary rows rejects one (two per row: worse by more
+than its floor, and moved at all; one for a row judged by its floor only); a row that moved alone is rejected
+when a p of its is at most alpha / H (the first Holm step). Under the check's rule
+(stability.check.rows.judge) the p of "regressed" is the upper tail of ``(worse - floor) / se`` under
+Student's t with the row's degrees of freedom, so the smallest move in the worse direction that fails the
+job by itself (exit 1) is
 
-    move = floor + t(alpha / m, df) * se
+    move = floor + t(alpha / H, df) * se
+
+and the smallest move either way that makes it CHANGED (exit 3; the two-sided p of the move, no floor) is
+
+    change = t(alpha / 2H, df) * se
 
 with ``floor`` the larger of the figure's floor and its relative floor times the baseline mean, and ``se``
 the standard error of a job's mean difference over the baseline's seeds (its replicate noise). The rows are
@@ -28,8 +33,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from stability.check.calibration import split_runs
-from stability.check.regression import (
+from stability.check import (
     DEFAULT_ALPHA,
     DOF_RULE,
     CheckResult,
@@ -37,6 +41,7 @@ from stability.check.regression import (
     resolve_tolerances,
     rows_of_case,
 )
+from stability.check.calibration import split_runs
 from stability.record.stats import t_quantile
 from stability.report.tables import fmt, text_table
 
@@ -51,8 +56,9 @@ class Move:
     floor: float         # the smallest change the row calls a change
     se: float            # standard error of a job's mean difference
     dof: float           # the row's degrees of freedom
-    t: float             # the critical t at alpha / m (alpha / 2m for a row judged either way)
+    t: float             # the critical t at alpha / H
     move: float          # floor + t * se: the smallest move in the worse direction that fails the job alone
+    change: float | None  # t(alpha / 2H) * se: the smallest move either way that makes it CHANGED (None: floor only)
 
     @property
     def relative(self) -> float | None:
@@ -91,22 +97,23 @@ def smallest_failing_moves(baseline: dict, alpha: float = DEFAULT_ALPHA, toleran
         rows_of_case(result, key, base, picked[key], tolerances, dof_rule, advisory=False)
     mark_duplicates(result.rows, result.signatures)
     rows = [row for row in result.primary if row.se is not None and row.floor is not None]
+    hypotheses = sum(len(row.hypotheses) for row in rows)
     moves = []
     for row in rows:
-        tail = alpha / len(rows) / (2 if row.either_way else 1)
         dof = _dof(row.mode)
-        t = critical_t(tail, dof)
+        t = critical_t(alpha / hypotheses, dof)
+        change = None if row.floor_only else critical_t(alpha / hypotheses / 2, dof) * row.se
         moves.append(Move(row.case, row.arm, row.figure, row.better, row.baseline, row.floor, row.se, dof, t,
-                          row.floor + t * row.se))
+                          row.floor + t * row.se, change))
     return moves
 
 
 def moves_table(moves: list[Move]) -> str:
     """The moves as a text table, the rows that cannot fail alone marked."""
     header = ["case", "arm", "figure", "worse", "baseline", "floor", "se", "df", "t*", "smallest failing move",
-              "of the mean", "alone"]
+              "of the mean", "alone", "smallest change (exit 3)"]
     body = [[m.case, m.arm, m.figure, "up" if m.better == "lower" else "down", fmt(m.baseline), fmt(m.floor),
              fmt(m.se), fmt(m.dof), f"{m.t:.3g}", fmt(m.move),
-             f"{m.relative:.1%}" if m.relative is not None else "-", "yes" if m.can_fail_alone else "CANNOT"]
-            for m in moves]
+             f"{m.relative:.1%}" if m.relative is not None else "-", "yes" if m.can_fail_alone else "CANNOT",
+             fmt(m.change) if m.change is not None else "floor only"] for m in moves]
     return text_table([header, *body])

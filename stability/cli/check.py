@@ -18,7 +18,6 @@ from stability.record import RecordError, record_device
 from stability.record.rundir import DEFAULT_ROOT, chosen_sessions, duplicate_runs, load_records
 
 INSTALLED_SUITES = "stability.suites"
-DEFAULT_REPLICATES = 4
 
 
 def read_inputs(args) -> tuple[list[dict], list[str]]:
@@ -96,8 +95,8 @@ def write_step_summary(text: str, path: str | None = None) -> Path | None:
 def cmd_check(args) -> int:
     """Table on stdout, Markdown to $GITHUB_STEP_SUMMARY / --markdown; exit 0 ok, 1 regressed or failed, 2
     unusable (and why, in one ``error:`` line on stderr, as every command says it)."""
+    from stability.check import CheckResult, check, load_tolerances, suite_failures
     from stability.check.baseline import load_baseline, run_invariants
-    from stability.check.regression import CheckResult, check, load_tolerances, suite_failures
 
     try:
         records, notes = read_inputs(args)
@@ -202,11 +201,12 @@ def cmd_baseline_calibrate(args) -> int:
     from stability.check.power import moves_table, smallest_failing_moves
 
     baseline = load_baseline(args.baseline)
-    curve = calibrate(baseline, alphas=calibration_alphas(args.alpha))
+    curve = calibrate(baseline, alphas=calibration_alphas(args.alpha), playing=playing(args.playing, baseline))
     print("\n".join(curve_lines(curve)))
     moves = smallest_failing_moves(baseline, args.alpha)
     print(f"each primary row's smallest failing move: the smallest move in its worse direction that fails a job "
-          f"alone (floor + t(alpha / m) x se, m = {len(moves)}; stability.check.power)")
+          f"alone (floor + t(alpha / H) x se), and the smallest move either way that makes it CHANGED "
+          f"(t(alpha / 2H) x se); {len(moves)} rows (stability.check.power)")
     print(moves_table(moves))
     reason = acceptable(curve)
     if reason:
@@ -222,12 +222,30 @@ def cmd_baseline_calibrate(args) -> int:
     return 1 if reason and not (args.write and args.accept_calibration) else 0
 
 
+def playing(text: str | None, baseline: dict) -> list[str] | None:
+    """The replicates of ``--playing`` ("10-19" or "1,3,5") as the baseline's keys; None for all. RecordError (exit
+    2) for a replicate the baseline does not hold."""
+    if not text:
+        return None
+    chosen = []
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise RecordError(f"--playing {text}: expected replicates such as 10-19 or 1,3,5")
+        chosen += list(range(int(low), int(high or low) + 1))
+    unknown = sorted(set(chosen) - set(baseline["replicates"]))
+    if unknown:
+        raise RecordError(f"--playing {text}: replicates {unknown} are not the baseline's: expected some of "
+                          f"{baseline['replicates']}")
+    return [str(r) for r in chosen]
+
+
 def cmd_baseline_compare(args) -> int:
     """What moved from a baseline to another baseline, or to a job's records, in units of the first one's
-    replicate noise: every case, arm and figure that moved by at least --min-sigmas, primary rows first, and
-    what one side lacks. Exit 0 (it judges nothing), 2 for input that cannot be read."""
+    replicate noise: the settings of each case that differ, every case, arm and figure that moved by at least
+    --min-sigmas, primary rows first, and what one side lacks. Exit 0 (it judges nothing), 2 for input that cannot be read."""
     from stability.check.baseline import case_values, load_baseline, regression_records
-    from stability.check.compare import compare, moved, moves_table
+    from stability.check.compare import compare, moved, moves_table, settings_differ
     from stability.record.io import read_json
 
     old = load_baseline(args.old)
@@ -248,6 +266,8 @@ def cmd_baseline_compare(args) -> int:
     print(f"from baseline {args.old!r} (commit {str(old.get('commit'))[:12]}) to {what}: {len(shown)} of "
           f"{len(moves)} rows moved by at least {args.min_sigmas:g} replicate noise or are on one side only "
           f"({judged} compared)")
+    for line in settings_differ(old["cases"], new):
+        print(line)
     if shown:
         print(moves_table(shown))
     return 0
@@ -277,7 +297,14 @@ def check_make_arguments(args, settings) -> tuple[str, int]:
     if settings is not None:
         check(settings, preset)                        # the config the suites will train, built once
     check_device(args.device or (settings and settings.device) or "cpu")   # a device this machine has
-    return preset, args.replicates or (settings and settings.replicates) or DEFAULT_REPLICATES
+    return preset, args.replicates or (settings and settings.replicates) or preset_replicates(preset)
+
+
+def preset_replicates(preset: str) -> int:
+    """The rounding replicates a baseline of ``preset`` takes by default (its config's ``replicates``)."""
+    from stability import config as cfg
+
+    return cfg.preset(preset).replicates
 
 
 def cmd_baseline_make(args) -> int:
@@ -344,7 +371,7 @@ def add_record_arguments(parser) -> None:
 
 
 def add_parsers(sub) -> None:
-    from stability.check.regression import DEFAULT_ALPHA
+    from stability.check import DEFAULT_ALPHA
 
     chk = sub.add_parser("check", help="compare records with a baseline (exit 0 ok, 1 regressed, 2 unusable)")
     add_record_arguments(chk)
@@ -374,8 +401,8 @@ def add_parsers(sub) -> None:
     make.add_argument("--preset", help="scale preset of the suites (default: the settings' preset, smoke)")
     make.add_argument("--device", help="cpu or cuda (default: the settings' device, the preset's)")
     make.add_argument("--replicates", type=int, default=None, metavar="R",
-                      help=f"rounding replicates per run besides the reference (default: the settings' "
-                           f"replicates, {DEFAULT_REPLICATES})")
+                      help="rounding replicates per run besides the unperturbed one (default: the settings' "
+                           "replicates, else the preset's: 19 at smoke and ci)")
     make.add_argument("--suites", default=INSTALLED_SUITES,
                       help=f"the stress suites to run: a path, or a package run with pytest --pyargs (default "
                            f"{INSTALLED_SUITES}, the installed suites)")
@@ -412,6 +439,9 @@ def add_parsers(sub) -> None:
                                                          "baseline; a failing one only with --accept-calibration")
     cal.add_argument("--accept-calibration", action="store_true", help="with --write: store a failing curve "
                                                                       "anyway (every check then warns)")
+    cal.add_argument("--playing", metavar="REPLICATES",
+                     help="only these replicates play the change, e.g. 10-19 (a rule chosen by looking at the "
+                          "others, measured out of sample); default: every replicate")
     cal.set_defaults(func=cmd_baseline_calibrate)
     cmp = base_sub.add_parser("compare", help="what moved from a baseline to another one, or to a job's records, in "
                                               "units of the replicate noise (a review before a baseline is committed)")

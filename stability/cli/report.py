@@ -11,8 +11,8 @@ from stability.record import RecordError
 
 
 def cmd_report(args) -> int:
+    from stability.check import check, load_tolerances
     from stability.check.baseline import load_baseline, run_invariants
-    from stability.check.regression import check, load_tolerances
     from stability.report.html import write_report
 
     records, notes = read_inputs(args)

@@ -63,7 +63,7 @@ class ExperimentConfig:
     quant_schemes: tuple[str, ...] = ()
     extrapolation: ExtrapolationConfig = field(default_factory=ExtrapolationConfig)
     stress: StressConfig = field(default_factory=StressConfig)
-    replicates: int = 4  # rounding replicates per run of a regression baseline (stability baseline make)
+    replicates: int = 4  # rounding replicates per run of a regression baseline (stability baseline make; the presets')
     plugins: tuple[str, ...] = ()  # extensions imported before any work (stability.config.extensions)
 
     def __post_init__(self) -> None:

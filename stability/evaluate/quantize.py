@@ -41,6 +41,13 @@ negative and grows with the quantization error, so it ranks schemes and models e
 loss damage is noise-signed (a barely trained smoke model can get a LOWER held-out loss from a
 quantizer that blurs its overconfident predictions).
 
+What a scheme measured, proved: each result names the Linears the scheme declares it quantizes
+(``targeted``: every nn.Linear of every block, read from the model's blocks apart from the code that
+replaces them, and the head with ``quantize_head``) and those the quantized copy holds a quantized module
+for (``replaced``), and says whether the quantized model's logits on the probe batch are bit-identical to
+the full-precision model's (``unchanged``: nothing was quantized). ``quant_figures`` turns them into the
+outcomes ``quant_<scheme>_missed`` (targeted, not replaced) and ``quant_<scheme>_unchanged``.
+
 Per Linear the result holds the kurtosis and infinity norm of its input on the probe batch
 (Bondarenko et al.'s predictors of W8A8 damage; definitions in ``stability.train.probes``) and
 ``damage``: the relative output error ``||Q(x) - f(x)|| / ||f(x)||`` of that Linear alone
@@ -338,6 +345,34 @@ def target_linears(model: nn.Module) -> list[str]:
             if name.startswith("blocks.") and isinstance(module, nn.Linear)]
 
 
+def declared_targets(model: nn.Module, quantize_head: bool = False) -> list[str]:
+    """The Linears every scheme declares it quantizes, read from the model's blocks (``model.block_names``):
+    each nn.Linear inside a block, and the head (``HEAD``) with ``quantize_head``. Stated apart from
+    ``target_linears``, which the replacing code walks, so that a change there shows as a Linear missed."""
+    inside = [f"{block}.{name}" for block in model.block_names
+              for name, module in model.get_submodule(block).named_modules() if isinstance(module, nn.Linear)]
+    return inside + ([HEAD] if quantize_head else [])
+
+
+def replaced_linears(reference: nn.Module, quantized: nn.Module, names: list[str]) -> list[str]:
+    """The names among ``names`` for which ``quantized`` (a copy made by ``quantize_model``) holds a quantized
+    module: one of another class than the reference Linear's, or whose weight is of another class (torchao
+    swaps the weight for a quantized tensor and keeps the nn.Linear). ``HEAD``: the head module of a copy
+    made with ``quantize_head``, against a plain nn.Linear."""
+    head = quantized.head if isinstance(quantized, _QuantizedHead) else None
+    inner = quantized.lm if head is not None else quantized
+    replaced = []
+    for name in names:
+        if name == HEAD:
+            before, after = _head_linear(reference), head
+        else:
+            before, after = reference.get_submodule(name), inner.get_submodule(name)
+        if after is not None and (type(after) is not type(before)
+                                  or type(getattr(after, "weight", None)) is not type(before.weight)):
+            replaced.append(name)
+    return replaced
+
+
 def _head_linear(model: nn.Module) -> nn.Linear:
     """The LM head as an nn.Linear (a copy of the tied embedding matrix when tied)."""
     weight = model.embed.weight if model.lm_head is None else model.lm_head.weight
@@ -423,10 +458,16 @@ def relative_output_error(reference_out: torch.Tensor, quantized_out: torch.Tens
 
 def output_kl(reference: nn.Module, quantized: nn.Module, tokens: torch.Tensor) -> float:
     """Mean over tokens of KL(p_reference || p_quantized) of the next-token distributions, in nats."""
+    return compare_outputs(reference, quantized, tokens)[0]
+
+
+def compare_outputs(reference: nn.Module, quantized: nn.Module, tokens: torch.Tensor) -> tuple[float, bool]:
+    """(``output_kl``, whether the two models' logits on ``tokens`` are bit-identical), from one forward each."""
     with torch.no_grad():
-        log_p = reference(tokens).float().log_softmax(-1)
-        log_q = quantized(tokens).float().log_softmax(-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1).mean().item()
+        logits_p, logits_q = reference(tokens), quantized(tokens)
+        log_p = logits_p.float().log_softmax(-1)
+        log_q = logits_q.float().log_softmax(-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1).mean().item(), torch.equal(logits_p, logits_q)
 
 
 def per_linear_damage(reference: nn.Module, quantized: dict[str, nn.Module], tokens: torch.Tensor) -> dict:
@@ -507,12 +548,14 @@ def _one_scheme(reference, scheme, batches, probe_x, policy, full, stats, quanti
             quantized, facts = quantize_model(reference, scheme, quantize_head, device)
             figures = evaluate(quantized, batches, policy)
             counts = _cast_counts(_linear_modules(quantized, names).values(), facts.pop("_policy", None))
-            kl = output_kl(reference, quantized, probe_x)
+            kl, unchanged = compare_outputs(reference, quantized, probe_x)
     except (ImportError, ao.TorchaoMissing) as error:
         return {"skipped": f"{scheme} needs {source['library']}, which cannot be imported: {error}", **source}
     except Exception as error:  # noqa: BLE001 - the library or device cannot run it: say why, go on
         return {"skipped": f"{scheme} cannot run on {device}: {type(error).__name__}: {error}", **source}
-    result = {**figures, **damage(figures, full), "kl": kl, **source, **facts, **counts}
+    targeted = declared_targets(reference, quantize_head)
+    result = {**figures, **damage(figures, full), "kl": kl, **source, **facts, **counts, "targeted": targeted,
+              "replaced": replaced_linears(reference, quantized, targeted), "unchanged": unchanged}
     if per_linear:
         modules = _linear_modules(quantized, names)
         try:
@@ -554,7 +597,9 @@ def _cast_counts(modules, fp8_policy: PrecisionPolicy | None) -> dict[str, float
 
 def quant_figures(quant: dict | None) -> dict[str, float]:
     """Flat figures for an arm's "final" entry and the paired comparison: ``quant_<scheme>_damage_loss``,
-    ``quant_<scheme>_damage_accuracy`` and ``quant_<scheme>_kl`` of every scheme that ran."""
+    ``quant_<scheme>_damage_accuracy`` and ``quant_<scheme>_kl`` of every scheme that ran, and where the
+    result says what it replaced, the outcomes ``quant_<scheme>_missed`` (Linears targeted and not replaced)
+    and ``quant_<scheme>_unchanged`` (1: the quantized logits equal the full-precision ones bit for bit)."""
     out = {}
     for scheme, figures in ((quant or {}).get("schemes") or {}).items():
         if "skipped" in figures:
@@ -562,6 +607,9 @@ def quant_figures(quant: dict | None) -> dict[str, float]:
         out[f"quant_{scheme}_damage_loss"] = figures["damage_loss"]
         out[f"quant_{scheme}_damage_accuracy"] = figures["damage_accuracy"]
         out[f"quant_{scheme}_kl"] = figures["kl"]
+        if "targeted" in figures:
+            out[f"quant_{scheme}_missed"] = len(set(figures["targeted"]) - set(figures["replaced"]))
+            out[f"quant_{scheme}_unchanged"] = int(figures["unchanged"])
     return out
 
 

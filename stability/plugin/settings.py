@@ -63,7 +63,8 @@ KEYS = (
         "MLflow store of the suites' runs; $MLFLOW_TRACKING_URI and --tracking-uri override it.",
         "sqlite:///reports/mlflow.db"),
     Key("replicates", "an integer >= 2",
-        "Rounding replicates per run in a baseline (`stability baseline make`): its measure of noise.", 4),
+        "Rounding replicates per run in a baseline (`stability baseline make`): its measure of noise (19: a "
+        "heavy tail shows; without this key, the preset's).", 19),
     Key("model", f"a table of model fields from {MODEL_FIELDS}, e.g. factory = 'package.module:function'",
         "The model each arm trains: model.factory = \"package.module:function\" (your factory: it builds one "
         "arm's model from its config), or model.hf_config = \"qwen3\" (a Hugging Face config), or neither "

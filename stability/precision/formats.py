@@ -9,6 +9,11 @@ and asks it, in this order:
     format.scales_loss             whether the loss is scaled (fp16: torch.amp.GradScaler)
     format.describe()              which library and recipe train it, for the record
 
+and, for the record's proof that every Linear ran in it (``stability.train.applied``), ``format.covers(linear)``
+(whether the format declares that a Linear computes in it), ``format.linear_format`` (what a call in the format
+runs in: an output dtype such as "bfloat16", or a converted class such as "Float8Linear"; None: no rule, no call
+judged) and ``format.ran_as(linear, output)`` (what one call ran in).
+
 and, before any work, ``Format.check(config, device, tokens_per_batch)`` (a classmethod) says whether
 the format can train here (a ConfigError naming the value otherwise). Adding a format is one class
 here with ``@register``: ``precision.dtype=<name>`` and ``stress.precisions`` accept it from then on.
@@ -28,11 +33,19 @@ import torch
 from torch import nn
 
 from stability.config import ConfigError, PrecisionConfig, check
-from stability.precision.ao import MX_BLOCK, check_fp8, check_mx, convert_fp8, convert_mx, watch_casts
+from stability.precision.ao import (
+    MX_BLOCK,
+    MXLinear,
+    check_fp8,
+    check_mx,
+    convert_fp8,
+    convert_mx,
+    watch_casts,
+)
 from stability.precision.ao import version as torchao_version
 from stability.precision.counting import LIMITS, Tally
+from stability.precision.fp8 import Fp8Linear, has_float8, has_fp8_tensor_cores
 from stability.precision.fp8 import convert as convert_own_fp8
-from stability.precision.fp8 import has_float8, has_fp8_tensor_cores
 from stability.record import library_version
 
 FORMATS: dict[str, type[Format]] = {}  # precision.dtype -> its format, in the order they were registered
@@ -94,6 +107,18 @@ class Format:
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
+    linear_format: str | None = None   # what a Linear call in the format runs in; None: no rule, no call judged
+
+    def covers(self, linear: nn.Linear) -> bool:
+        """Whether the format declares that ``linear`` computes in it (the others stay in high precision).
+        Stated from the Linear's shape, apart from the code that converts it."""
+        return True
+
+    def ran_as(self, linear: nn.Linear, output: torch.Tensor) -> str:
+        """What one call of ``linear`` ran in, to compare with ``linear_format``: its output's dtype
+        ("float32", "bfloat16" ...). Reads metadata only (no host sync)."""
+        return str(output.dtype).removeprefix("torch.")
+
     def describe(self) -> dict:
         """{"library", "version", "recipe", "emulated"[, "high_precision_linears"]} for the record."""
         return {"library": "torch", "version": str(torch.__version__), "recipe": self.name, "emulated": False}
@@ -111,6 +136,7 @@ class Fp32(Format):
     name = "fp32"
     counts_range = False
     distributed = True
+    linear_format = "float32"
 
 
 class Autocast(Format):
@@ -121,6 +147,11 @@ class Autocast(Format):
     dtype = torch.float32
     tensor_cores = (8, 0)
     activation_bytes = 2
+
+    @property
+    def linear_format(self) -> str:
+        """Every Linear's output in the autocast dtype."""
+        return str(self.dtype).removeprefix("torch.")
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
@@ -217,6 +248,20 @@ class Fp8(Format):
     def watch(self, model: nn.Module, tally: Tally) -> list:
         return [] if self.own else watch_casts(model, tally)
 
+    @property
+    def linear_format(self) -> str:
+        """The converted class: the own Fp8Linear, or torchao's Float8Linear."""
+        return "Fp8Linear" if self.own else "Float8Linear"
+
+    def covers(self, linear: nn.Linear) -> bool:
+        """The own fp8 converts every Linear; torchao's recipes those whose in and out features are multiples of
+        16 (what torch._scaled_mm takes)."""
+        return self.own or (linear.in_features % 16 == 0 and linear.out_features % 16 == 0)
+
+    def ran_as(self, linear: nn.Linear, output: torch.Tensor) -> str:
+        """The Linear's class ("Fp8Linear" for the own fp8's subclasses of other Linears too)."""
+        return "Fp8Linear" if isinstance(linear, Fp8Linear) else type(linear).__name__
+
     def describe(self) -> dict:
         config = self.config
         if self.own:
@@ -263,6 +308,16 @@ class Mx(Format):
 
     def watch(self, model: nn.Module, tally: Tally) -> list:
         return watch_casts(model, tally)
+
+    linear_format = "MXLinear"
+
+    def covers(self, linear: nn.Linear) -> bool:
+        """The Linears whose in and out features are multiples of the MX block (32)."""
+        return linear.in_features % 32 == 0 and linear.out_features % 32 == 0
+
+    def ran_as(self, linear: nn.Linear, output: torch.Tensor) -> str:
+        """The Linear's class ("MXLinear" for its subclasses too)."""
+        return "MXLinear" if isinstance(linear, MXLinear) else type(linear).__name__
 
     def describe(self) -> dict:
         real = self.name == "mxfp8" and has_mx_tensor_cores(self.device)

@@ -140,6 +140,49 @@ def add_probes(arm: ArmRecord, snapshot: dict, step: int) -> None:
     arm["probes"].append(snapshot)
 
 
+OFF_KEPT = 20   # the steps (and snapshots) an "applied" list keeps of a stress or measurement not applied
+
+
+def start_applied(arm: ArmRecord, linear_calls: dict) -> None:
+    """The arm's ``applied`` entry before its first step: no LR off the log yet, and the Linears against the run's
+    format (``runs_in``, ``linears``, ``high_precision``; ``stability.record.schema.LinearCalls``)."""
+    arm["applied"] = {"lr_off_log_steps": 0, "lr_off_log": [],
+                      "linear_calls": {**linear_calls, "calls": 0, "in_format": 0, "off_format": {}}}
+
+
+def note_lr_off_log(arm: ArmRecord, step: int, logged: float, stepped: list[float] | None) -> None:
+    """Step ``step``'s optimiser stepped with the LRs ``stepped`` (one per parameter group; None: it never
+    stepped, though the step was not skipped) where the series logs ``logged``."""
+    applied = arm["applied"]
+    applied["lr_off_log_steps"] += 1
+    if len(applied["lr_off_log"]) < OFF_KEPT:
+        applied["lr_off_log"].append({"step": step, "logged": logged,
+                                      "stepped": None if stepped is None else [float(v) for v in stepped]})
+
+
+def note_linear_calls(arm: ArmRecord, step: int, calls: int, in_format: int, off: dict[str, tuple[int, str]]) -> None:
+    """Step ``step``'s training forward made ``calls`` Linear calls, ``in_format`` of them in the run's format;
+    ``off``: per Linear the format covers, (calls not in it, what the first ran in)."""
+    entry = arm["applied"]["linear_calls"]
+    entry["calls"] += calls
+    entry["in_format"] += in_format
+    for name, (count, ran_as) in off.items():
+        seen = entry["off_format"].setdefault(name, {"calls": 0, "first_step": step, "ran_as": ran_as})
+        seen["calls"] += count
+
+
+def note_probe_modules_missed(arm: ArmRecord, step: int, modules: list[str]) -> None:
+    """The heavy-probe snapshot of ``step`` did not hook ``modules`` of the model."""
+    missed = arm["applied"].setdefault("probe_modules_missed", [])
+    if len(missed) < OFF_KEPT:
+        missed.append({"step": step, "modules": list(modules)})
+
+
+def set_probe_steps_missed(arm: ArmRecord, steps: list[int]) -> None:
+    """The steps the config names for the heavy probes that have no snapshot (once the arm stopped)."""
+    arm["applied"]["probe_steps_missed"] = list(steps)
+
+
 def add_precision_stats(arm: ArmRecord, step: int, stats: dict) -> None:
     """The low-precision format's overflow / underflow counts up to ``step``."""
     arm["precision_stats"].append({"step": step, **stats})

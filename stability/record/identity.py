@@ -109,6 +109,31 @@ def config_diff(expected: dict, actual: dict, limit: int = 4, names: tuple[str, 
     return "; ".join(diffs[:limit]) + more if diffs else "no field differs"
 
 
+# The measured fields that make two cases' runs different runs, not the same runs under other settings: the
+# model's shape and where it comes from, the data its figures are measured on, how long it trains, which runs a
+# case is made of, the extensions loaded. A key ending in "." stands for every field under it. Two records that
+# differ here cannot be compared row by row; any other measured field that differs is a *setting* (the
+# optimiser, the precision recipe, the gate, a stress schedule's knobs), and the check judges the job under it.
+RUN_SHAPE = ("run.model.context", "run.model.d_ff", "run.model.d_model", "run.model.head_dim", "run.model.n_heads",
+             "run.model.n_kv_heads", "run.model.n_layers", "run.model.vocab_size", "run.model.family",
+             "run.model.source", "run.model.hf_config", "run.model.factory", "run.data.", "run.steps",
+             "run.probes.eval_batches", "run.probes.probe_batch_size", "arms", "stress.precisions",
+             "stress.sweep_lrs", "stress.ladder_steps", "plugins")
+
+
+def _shapes_runs(key: str) -> bool:
+    return any(key == field or (field.endswith(".") and key.startswith(field)) for field in RUN_SHAPE)
+
+
+def setting_changes(expected: dict, actual: dict) -> tuple[list[str], list[str]]:
+    """(the fields that make the runs of two comparable configs (flattened, ``comparable_config``) different
+    runs, the settings that differ), each as "field: baseline X, job Y"."""
+    keys = sorted(set(expected) | set(actual))
+    differ = [k for k in keys if expected.get(k, "<absent>") != actual.get(k, "<absent>")]
+    text = {k: f"{k}: baseline {expected.get(k, '<absent>')!r}, job {actual.get(k, '<absent>')!r}" for k in differ}
+    return [text[k] for k in differ if _shapes_runs(k)], [text[k] for k in differ if not _shapes_runs(k)]
+
+
 def record_replicate(record: CaseRecord) -> int:
     """The rounding replicate a record's runs were trained under: ``run.replicate`` (0: the unperturbed runs)."""
     return int(((record.get("config") or {}).get("run") or {}).get("replicate", 0) or 0)

@@ -174,6 +174,7 @@ class ProbeSnapshot(TypedDict, total=False):
     step: int
     layers: list[dict[str, float | None]]    # per layer: m_act, m_act_ratio, f_attn, sink_rate, ...
     linear_inputs: dict[str, LinearInput]   # per Linear (by module name)
+    hooked: list[str]                       # the modules the probes hooked (blocks and Linears), by name
 
 
 FIGURES_BESIDE = (ProbeSnapshot,)
@@ -187,6 +188,51 @@ class PrecisionStats(TypedDict, total=False):
     overflow_fraction: float | None
     underflow_fraction: float | None
     scale_drops: float
+
+
+class LrOffLog(TypedDict, total=False):
+    """A step whose optimiser stepped with another LR than the logged one."""
+
+    step: int
+    logged: float | None              # the LR the series logs (series.lr)
+    stepped: list[float | None] | None   # each parameter group's LR as the optimiser stepped; null: it never stepped
+
+
+class LinearOffFormat(TypedDict, total=False):
+    """The calls of one Linear that did not run in the run's format."""
+
+    calls: int
+    first_step: int
+    ran_as: str                       # what the first one ran in: its output dtype, or its class (fp8, MX)
+
+
+class LinearCalls(TypedDict, total=False):
+    """The Linear calls of the training forwards against the run's format (``stability.train.applied``)."""
+
+    runs_in: str | None               # what a call in the format runs in ("bfloat16", "Float8Linear" ...); null:
+                                      # the format states no rule, and no call is judged
+    linears: int                      # the model's nn.Linear modules
+    high_precision: list[str]         # those the format declares it leaves in high precision (never judged)
+    calls: int                        # Linear calls of the training forwards
+    in_format: int                    # ... that ran in the format
+    off_format: dict[str, LinearOffFormat]   # per Linear the format covers, the calls that did not
+
+
+class ProbeModulesMissed(TypedDict, total=False):
+    step: int
+    modules: list[str]                # modules of the model the snapshot of that step did not hook
+
+
+class Applied(TypedDict, total=False):
+    """What proves the run's stresses and measurements were applied (``stability.train.applied``); the run's
+    figures ``lr_off_log_steps``, ``linear_off_format_calls``, ``probe_steps_missed`` and ``probe_modules_missed``
+    are read from it."""
+
+    lr_off_log_steps: int             # steps whose optimiser LR was not the logged one
+    lr_off_log: list[LrOffLog]        # ... the first 20 of them
+    linear_calls: LinearCalls
+    probe_steps_missed: list[int]     # steps the config names for the heavy probes without a snapshot
+    probe_modules_missed: list[ProbeModulesMissed]   # snapshots that hooked fewer modules than the model has
 
 
 class HeldOut(TypedDict, total=False):
@@ -225,6 +271,9 @@ class QuantScheme(TypedDict, total=False):
     underflow_fraction: float | None
     per_linear: dict[str, LinearDamage]
     per_linear_error: str
+    targeted: list[str]               # the Linears the scheme declares it quantizes (from the model's blocks)
+    replaced: list[str]               # ... those the quantized copy holds a quantized module for
+    unchanged: bool                   # the quantized model's logits on the probe batch equal the full model's
     seconds: float
 
 
@@ -291,6 +340,7 @@ class ArmRecord(TypedDict, total=False):
     events: list[Event]
     probes: list[ProbeSnapshot]
     precision_stats: list[PrecisionStats]
+    applied: Applied                  # what proves its stresses and measurements were applied
     final: Figures                    # the figures of the run (directions and meanings in the table)
     quant: Quant
     extrapolation: Extrapolation
@@ -463,6 +513,7 @@ class RunSummary(TypedDict, total=False):
     stop_reason: str | None
     final: Figures
     events: list[Event]
+    applied: Applied
     timing: ArmTiming
     loss: list[float | None]
 

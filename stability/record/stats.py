@@ -134,3 +134,21 @@ def holm(p_values: list[float], alpha: float) -> list[bool]:
             break
         rejected[index] = True
     return rejected
+
+
+# ----------------------------------------------------------------------------- a rate from a count
+
+def binomial_upper_bound(failed: int, trials: int, confidence: float = 0.95) -> float:
+    """The exact one-sided upper confidence bound of a binomial rate (Clopper-Pearson) after ``failed`` of
+    ``trials``: the largest rate under which ``failed`` or fewer happen with chance at least 1 - confidence
+    (0 of 150 at 95%: 1.98%; bisection to 1e-12)."""
+    if trials <= 0 or failed >= trials:
+        return 1.0
+
+    def tail(rate):   # P(X <= failed) under rate
+        return sum(math.comb(trials, k) * rate ** k * (1 - rate) ** (trials - k) for k in range(failed + 1))
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if tail(middle) > 1 - confidence else (low, middle)
+    return high

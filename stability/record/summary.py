@@ -112,6 +112,28 @@ def handled(event: dict) -> bool:
     return event.get("what") == "grad" and bool(event.get("skipped"))
 
 
+def applied_figures(applied: dict | None) -> dict[str, Any]:
+    """The figures that prove the run's stresses and measurements were applied, from its ``applied`` entry
+    (``stability.train.applied``; none for a record written before it): ``lr_off_log_steps``,
+    ``linear_off_format_calls`` and the share of Linear calls in the format (None where the format states no
+    rule), ``probe_steps_missed`` (once the arm stopped) and ``probe_modules_missed`` (the most modules one
+    snapshot did not hook)."""
+    if not applied:
+        return {}
+    out: dict[str, Any] = {"lr_off_log_steps": applied.get("lr_off_log_steps", 0),
+                           "probe_modules_missed": max((len(m["modules"]) for m in
+                                                        applied.get("probe_modules_missed", [])), default=0)}
+    calls = applied.get("linear_calls")
+    if calls:
+        out["linear_off_format_calls"] = sum(entry["calls"] for entry in calls["off_format"].values())
+        judged = calls.get("runs_in") is not None and calls["calls"] > 0
+        out["linear_in_format_share"] = calls["in_format"] / calls["calls"] if judged else None
+    steps_missed = applied.get("probe_steps_missed")
+    if steps_missed is not None:   # set once the arm stopped
+        out["probe_steps_missed"] = len(steps_missed)
+    return out
+
+
 def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
     """The trajectory figures of a finished (or stopped) arm, and the last probe snapshot's figures."""
     series = arm["series"]
@@ -148,6 +170,7 @@ def final_figures(arm: ArmRecord, steps_planned: int) -> dict[str, Any]:
         final["overflow_fraction"] = _finite_mean([s.get("overflow_fraction") for s in stats])
         final["underflow_fraction"] = _finite_mean([s.get("underflow_fraction") for s in stats])
         final["loss_scale_drops"] = sum(s.get("scale_drops", 0) for s in stats)
+    final.update(applied_figures(arm.get("applied")))
     return final
 
 

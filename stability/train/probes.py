@@ -329,7 +329,8 @@ def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
     path, or the eager probe attention of an HF model). Runs one forward (without autograd) with hooks, then
     removes them. A figure the model cannot show (attention of a module without an observer) is None.
     Returns {"layers": [per layer {probe name: value}], each probe's model figures, "logit_max",
-    "log_z_mean", "linear_inputs": {Linear name: {"kurtosis", "inf_norm"} of its input}}."""
+    "log_z_mean", "linear_inputs": {Linear name: {"kurtosis", "inf_norm"} of its input}, "hooked": [the names
+    of the modules it hooked: the blocks, then the Linears]}."""
     n_layers = len(model.blocks)
     layers = [{} for _ in range(n_layers)]
     linear_inputs: dict[str, dict[str, float]] = {}
@@ -353,11 +354,14 @@ def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
             linear_inputs[name] = {"kurtosis": kurtosis(x), "inf_norm": x.detach().float().abs().max().item()}
         return hook
 
+    names = {module: name for name, module in model.named_modules()}
+    hooked = []
     for index, block in enumerate(model.blocks):
         handles.append(block.register_forward_hook(block_hook(index)))
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
-            handles.append(module.register_forward_pre_hook(linear_hook(name)))
+        hooked.append(names.get(block, f"blocks.{index}"))
+    for name, module in probed_linears(model):
+        handles.append(module.register_forward_pre_hook(linear_hook(name)))
+        hooked.append(name)
     was_training = model.training
     model.eval()
     model.set_observer(observe)
@@ -377,5 +381,10 @@ def heavy_probes(model: nn.Module, tokens: torch.Tensor) -> dict:
             out[probe.mean] = sum(values) / len(values) if values else None
         if probe.max:
             out[probe.max] = max(values, default=None)
-    out.update(logit_max=logit_max, log_z_mean=log_z, linear_inputs=linear_inputs)
+    out.update(logit_max=logit_max, log_z_mean=log_z, linear_inputs=linear_inputs, hooked=hooked)
     return out
+
+
+def probed_linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of the Linears whose inputs the heavy probes measure: every nn.Linear."""
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]

@@ -5,9 +5,12 @@
 In order: the step's LR and batch, forward and backward (z-loss added to what is differentiated, not
 to the logged loss), the global loss and gradient norms in one host sync (``reducer.step_figures``),
 a non-finite step localised before the update can spread it, the loss and gradient spikes, a replay
-bundle of a flagged step (the state before its update), clipping, the optimiser step (skipped by the
+bundle of a flagged step (the state before its update), clipping, a rounding replicate's perturbation of
+the gradients, the optimiser step (skipped by the
 precision policy on non-finite gradients) and the norms of what it changed. The row holds the values
-of ``stability.record.SERIES_KEYS`` and is appended to the record's series.
+of ``stability.record.SERIES_KEYS`` and is appended to the record's series. What proves the step was
+trained as logged goes to the record's ``applied`` entry (``stability.train.applied``): an optimiser LR
+other than the logged one, and the forward's Linear calls against the run's format.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import torch
 from stability.config import RunConfig
 from stability.data import Corpus, get_batch
 from stability.model.lm import next_token_loss, z_loss
+from stability.model.rounding import StepRounding
 from stability.precision import PrecisionPolicy
-from stability.record import add_event, append_step, note_skipped
-from stability.train import probes
+from stability.record import add_event, append_step, note_linear_calls, note_lr_off_log, note_skipped
+from stability.train import applied, probes
 from stability.train.checkpoint import step_bundle
 from stability.train.state import TrainState
 
@@ -36,6 +40,9 @@ class Parts:
     forward: what the step calls (the model, or its DDP wrapper). reducer: ``stability.train.reducer``.
     grad_norms / update_norms: ``probes.GradNorms`` / ``probes.UpdateNorms`` over ``probes.layer_groups``.
     probe_x: the heavy probes' fixed batch (batch, context). held_out: the evaluation batches [(x, y)].
+    rounding: a rounding replicate's per-step perturbation of the gradients (``stability.model.rounding``).
+    stepped_lr / linears: the LR the optimiser steps with and the Linear calls against the run's format
+    (``stability.train.applied``). probe_targets: the modules the heavy probes must hook.
     """
 
     run: RunConfig
@@ -52,6 +59,10 @@ class Parts:
     update_norms: probes.UpdateNorms
     probe_x: torch.Tensor
     held_out: list
+    rounding: StepRounding
+    stepped_lr: applied.SteppedLR
+    linears: applied.LinearFormats
+    probe_targets: list[str]
 
 
 def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
@@ -70,7 +81,7 @@ def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
     tokens = x.numel()
     x, y = parts.reducer.local_rows(x), parts.reducer.local_rows(y)
     policy_before = policy.state_dict() if hooks.bundles.enabled else None
-    with policy.autocast():
+    with policy.autocast(), parts.linears.training():
         logits = parts.forward(x)
     loss = next_token_loss(logits, y)  # the logged loss: cross-entropy only, comparable across arms
     policy.backward(loss + run.optim.z_loss * z_loss(logits) if run.optim.z_loss else loss)
@@ -89,8 +100,12 @@ def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
     if run.optim.grad_clip and grads_finite and grad_norm > run.optim.grad_clip:
         torch._foreach_mul_([probes.local(p.grad) for p in model.parameters() if p.grad is not None],
                             run.optim.grad_clip / (grad_norm + 1e-6))
+    parts.rounding.apply(step)   # a rounding replicate: every gradient moved by one rounding step
     parts.update_norms.before()
     stepped = policy.step(optimizer, grads_finite)
+    seen = parts.stepped_lr.take()   # the LR of each parameter group as the optimiser stepped
+    if applied.lr_off_log(lr, seen, stepped):
+        note_lr_off_log(state.record, step, lr, seen)
     optimizer.zero_grad(set_to_none=True)
     updates = parts.reducer.norms(parts.update_norms.squares())
     update_norm, layer_updates = updates[0], updates[1:]
@@ -103,6 +118,7 @@ def train_step(parts: Parts, state: TrainState, hooks, step: int, stop) -> dict:
            "loss_scale": policy.loss_scale, "loss_spike": loss_spike, "grad_spike": grad_spike,
            "update_spike": monitor.update_spike(update_norm), "nonfinite": nonfinite, "skipped": not stepped}
     append_step(state.record, row)
+    note_linear_calls(state.record, step, *parts.linears.pop())
     if nonfinite:
         note_skipped(state.record, not stepped)
     return row

@@ -17,7 +17,9 @@ interrupts at once.
 The pieces: ``step.train_step`` trains one step and returns its row; ``monitor.Monitor`` decides
 spikes and divergence; ``state.TrainState`` is what carries over between steps (and into a
 checkpoint); ``reducer`` makes the figures global (one process, or every rank under torchrun);
-``faults`` installs the deliberate faults; ``evaluate.evaluate`` gives the held-out figures. A caller
+``faults`` installs the deliberate faults; ``applied`` keeps what proves the run's stresses were applied (the
+LR the optimiser stepped with, the format of every Linear call, the probes); ``evaluate.evaluate`` gives the
+held-out figures. A caller
 attaches callbacks, checkpoints and replay bundles through ``ArmHooks``; the trainer imports no
 tracking and writes no file of its own.
 """
@@ -39,7 +41,7 @@ from stability.config import RunConfig
 from stability.config.schedules import Standard
 from stability.data import Corpus, eval_batches, load_corpus, probe_batch
 from stability.model.build import build_model
-from stability.model.rounding import perturb_rounding
+from stability.model.rounding import StepRounding, perturb_rounding, run_identity
 from stability.precision import PrecisionPolicy
 from stability.record import (
     USABLE,
@@ -54,10 +56,13 @@ from stability.record import (
     mark_killed,
     mark_running,
     new_arm_record,
+    note_probe_modules_missed,
     note_wall_seconds,
     set_arm_timing,
+    set_probe_steps_missed,
+    start_applied,
 )
-from stability.train import faults, probes
+from stability.train import applied, faults, probes
 from stability.train.checkpoint import NO_BUNDLES, NO_CHECKPOINTS, Bundles, Checkpoints, arm_state, restore
 from stability.train.evaluate import evaluate
 from stability.train.monitor import Monitor
@@ -124,7 +129,8 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
     DDP), every figure global; checkpoints and replay bundles are single-process only and left out."""
     reducer = reducer_for(run)        # ConfigError when the run cannot train across the processes
     hooks = reducer.supported(hooks or ArmHooks())
-    parts = build(run, faults.with_lr_spike(schedule or Standard(), run), corpus, reducer)
+    schedule = schedule or Standard()
+    parts = build(run, faults.with_lr_spike(schedule, run), corpus, reducer, run_identity(run, schedule.name, arm))
     state = TrainState(record=new_record(parts, arm), monitor=Monitor(run.probes))
     fault_hooks = faults.install(parts.model, parts.forward, run, lambda: state.step, reducer.rank, reducer.size)
     resume = hooks.checkpoints.resume_state
@@ -132,6 +138,8 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
         restore(resume, parts.model, parts.optimizer, parts.policy, state)
         state.first_step = resume["step"] + 1
         mark_running(state.record)
+        if "applied" not in state.record:   # a checkpoint written before the record kept it: from here on
+            start_applied(state.record, parts.linears.describe())
     state.start_clock()
     record = state.record
     hooks.on_start(record)
@@ -165,21 +173,25 @@ def train(run: RunConfig, schedule=None, corpus: Corpus | None = None, arm: str 
         for handle in fault_hooks:
             handle.remove()
         parts.policy.unwatch()
+        parts.linears.remove()
+        parts.stepped_lr.remove()
     finish(parts, state, hooks)
     hooks.on_end(record)
     return record
 
 
-def build(run: RunConfig, schedule, corpus: Corpus | None, reducer) -> Parts:
+def build(run: RunConfig, schedule, corpus: Corpus | None, reducer, identity: str = "") -> Parts:
     """What the arm trains with. The seed is set first: every rank (and every resumed call) builds the same
-    values, then ``reducer.wrap`` shards them under torchrun."""
+    values, then ``reducer.wrap`` shards them under torchrun. ``identity``: what a rounding replicate's draws
+    are keyed on (``stability.model.rounding.run_identity``)."""
     device = torch.device(run.device)
     corpus = corpus or load_corpus(run.data, run.model.vocab_size, run.model.context)
     torch.manual_seed(run.seed)
-    model = perturb_rounding(build_model(run.model, run.seed), run.seed, run.replicate).to(device)
+    model = perturb_rounding(build_model(run.model, run.seed), identity, run.replicate).to(device)
     policy = PrecisionPolicy(run.precision, run.device)
     model = policy.prepare(model)
     policy.watch(model)  # counts overflow/underflow on the device (the own fp8 counts in its casts)
+    linears = applied.LinearFormats(model, policy.format)   # every Linear call of a training forward, judged
     forward = reducer.wrap(model)
     optimizer = make_optimizer(model, run)
     groups = probes.layer_groups(model)
@@ -188,8 +200,10 @@ def build(run: RunConfig, schedule, corpus: Corpus | None, reducer) -> Parts:
     probe_x, _ = probe_batch(corpus, cfg_p.probe_batch_size, run.model.context, run.data.bos, device)
     held_out = eval_batches(corpus, cfg_p.eval_batches, run.data.batch_size, run.model.context, run.data.bos,
                             device)
+    rounding = StepRounding(model, identity, run.replicate, probes.local)
     return Parts(run, schedule, corpus, device, model, forward, policy, optimizer, reducer, groups, grad_norms,
-                 update_norms, probe_x, held_out)
+                 update_norms, probe_x, held_out, rounding, applied.SteppedLR(optimizer), linears,
+                 applied.probe_targets(model))
 
 
 def new_record(parts: Parts, arm: str) -> dict:
@@ -200,13 +214,19 @@ def new_record(parts: Parts, arm: str) -> dict:
                  layer_names=list(parts.groups), model=model.describe(),
                  precision={"dtype": run.precision.dtype, **parts.policy.describe()},
                  distributed=parts.reducer.describe())
+    start_applied(record, parts.linears.describe())
     return record
 
 
 def take_probes(parts: Parts, state: TrainState, step: int) -> None:
     """The heavy probes on the fixed probe batch, and the precision's overflow/underflow counts so far."""
     t0 = time.perf_counter()
-    add_probes(state.record, probes.heavy_probes(parts.model, parts.probe_x), step)
+    snapshot = probes.heavy_probes(parts.model, parts.probe_x)
+    add_probes(state.record, snapshot, step)
+    hooked = set(snapshot["hooked"])
+    missed = [name for name in parts.probe_targets if name not in hooked]
+    if missed:
+        note_probe_modules_missed(state.record, step, missed)
     if parts.policy.format.counts_range:
         parts.reducer.precision_tally(parts.policy.tally)
         add_precision_stats(state.record, step, parts.policy.pop_stats())
@@ -236,6 +256,9 @@ def finish(parts: Parts, state: TrainState, hooks: ArmHooks) -> None:
             if trained is not None:   # None on the ranks other than 0 (whose record is kept)
                 hooks.on_trained(trained, parts.corpus, record)
         eval_seconds = time.perf_counter() - t0
+    set_probe_steps_missed(record, applied.probe_steps_missed(record["series"]["step"],
+                                                             [snapshot["step"] for snapshot in record["probes"]],
+                                                             run.probes.every, record["status"] in USABLE))
     add_figures(record, final_figures(record, run.steps))
     set_arm_timing(record, wall_seconds=state.wall_seconds(), train_seconds=state.train_seconds,
                    probe_seconds=state.probe_seconds, eval_seconds=eval_seconds, tokens=state.tokens_seen,
