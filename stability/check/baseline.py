@@ -46,7 +46,8 @@ from stability.record import figures as fig
 from stability.record.io import read_json
 
 BASELINE_SCHEMA_VERSION = 6   # 6: replicates perturb every step (5: the initial weights only; 4: the arm "baseline")
-NOISE = "rounding: every initial parameter and every step's gradients x (1 + u 2^-23), u in {-1, 0, 1}"
+NOISE = ("rounding: every initial parameter x (1 + u 2^-23), u in {-1, 0, 1}; every step's gradients "
+         "+ e 2^-23 rms(gradient), e ~ N(0, 1)")
 MIN_SEEDS = 3
 MIN_REPLICATES = 3     # per arm and seed: the reference and at least two replicates
 

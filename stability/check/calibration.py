@@ -21,8 +21,9 @@ are primary) is measured on the others: ``playing`` names the replicates that ma
 others are only ever judged against), and the curve says which they were.
 
 ``acceptable(curve)`` is the rule a new baseline must pass (``stability baseline make``): the curve at or
-under the diagonal (at most alpha of the arrangements fail at each alpha) and a margin of at least
-``MIN_MARGIN``. A curve measures one rule: it names the primary family and the degrees-of-freedom rule
+under the diagonal (at most alpha of the arrangements fail at each alpha). The margin is reported, not
+required: with replicates that perturb every step and a thousand arrangements, a rule whose rate sits at
+0.5% has arrangements that fail, so the closest one always stays under 1. A curve measures one rule: it names the primary family and the degrees-of-freedom rule
 it judged with, and a check whose rule differs says its calibration is stale (``stability baseline
 calibrate --write`` measures it again; no training).
 
@@ -40,7 +41,6 @@ from stability.check.baseline import validate_baseline
 from stability.record import figures as fig
 
 ALPHAS = (0.01, 0.02, 0.05, 0.10)
-MIN_MARGIN = 5.0
 MAX_ARRANGEMENTS = 2000   # drawn at random (seed 0) when a baseline has more
 
 
@@ -151,14 +151,11 @@ def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof
 
 
 def acceptable(curve: dict) -> str | None:
-    """None when the curve is at or under the diagonal and the margin at least MIN_MARGIN; else why not."""
+    """None when the curve is at or under the diagonal at every alpha; else why not."""
     for alpha, rate, failed in zip(curve["alphas"], curve["rate"], curve["failed"]):
         if rate is not None and rate > alpha:
             return (f"{failed} of {curve['arrangements']} arrangements fail at alpha {alpha:g} ({rate:.1%}, above "
                     f"the diagonal)")
-    if curve["margin"] is not None and curve["margin"] < MIN_MARGIN:
-        reason = "; ".join(curve["closest"].get("reason") or [])
-        return f"margin {curve['margin']:.3g} under {MIN_MARGIN:g} (closest: {reason})"
     return None
 
 
@@ -190,5 +187,5 @@ def curve_lines(curve: dict) -> list[str]:
         lines.append(f"  alpha {alpha:<5g} {failed:4d} fail ({rate:.1%}; {mark})")
     reason = "; ".join(curve["closest"].get("reason") or [])
     lines.append(f"  margin {curve['margin']:.3g} (H x smallest primary p / alpha of the closest arrangement; "
-                 f"needs >= {MIN_MARGIN:g}): {reason}")
+                 f"under 1: it failed): {reason}")
     return lines

@@ -135,7 +135,7 @@ def one_line(errors: list[str]) -> str:
 
 def cmd_baseline_update(args) -> int:
     """Write a baseline from the records of a run directory, calibrated: refused (exit 2, nothing written)
-    when its calibration crosses the diagonal or its margin is under the minimum, unless
+    when its calibration crosses the diagonal, unless
     --accept-calibration (then every check that uses it warns)."""
     from stability.check.baseline import default_baseline_path, make_baseline, run_invariants, write_baseline
     from stability.check.calibration import acceptable, calibrate, curve_lines, stored
@@ -194,7 +194,7 @@ def calibration_alphas(alpha: float) -> tuple[float, ...]:
 
 def cmd_baseline_calibrate(args) -> int:
     """Judge every arrangement of a baseline's replicates: the false-alarm curve and the margin; exit 1 when
-    the curve crosses the diagonal or the margin is under the minimum. ``--write`` stores the curve in the
+    the curve crosses the diagonal. ``--write`` stores the curve in the
     baseline (a failing one only with --accept-calibration, as ``baseline update``), nothing else changed."""
     from stability.check.baseline import load_baseline, write_baseline
     from stability.check.calibration import acceptable, calibrate, curve_lines, stored
