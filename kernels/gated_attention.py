@@ -434,48 +434,99 @@ _INTERPRETER_MISMATCH = INTERPRETED != isinstance(getattr(tl.standard, "sigmoid"
 # interpreter fast; tests shrink them to push many blocks through tiny shapes.
 INTERPRETER_BLOCKS = {"fwd": (64, 64), "dkdv": (64, 64), "dq": (64, 64)}
 _PRE_BLOCK_M = 64
+PREPROCESS_ELEMENTS = 2048   # values of one preprocess tile on the GPU: rows x BLOCK_D, so no head dim spills
+
+
+def preprocess_rows(block_d: int) -> int:
+    """Rows of one preprocess program on the GPU (4 warps): 2048 / BLOCK_D, at most 64. 64 rows spill with triton
+    3.9.0 (bf16, elementwise gate, compiled on the CPU by ``validation.kernel_compile``): a 128-wide tile on sm_80
+    and sm_100, a 256-wide one on sm_80, sm_90 and sm_100; the rows kept are in docs/kernel.md's table. The
+    interpreter keeps _PRE_BLOCK_M."""
+    return min(_PRE_BLOCK_M, PREPROCESS_ELEMENTS // block_d)
 
 
 def _configs(entries):
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in entries]
 
 
-# (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages), chosen for Hopper. "fast": fp16 /
-# bf16 with D <= 128; "big": D = 256 or fp32 tiles (shared memory is the limit, and fp32 dots
-# compile slowly, so few candidates). The last entry of each list fits in any case; configs
-# that do not fit are skipped by the autotuner (OutOfResources).
-_GPU_CONFIGS = {
-    # forward and dq: BLOCK_M % BLOCK_N == 0; dkdv: BLOCK_N % BLOCK_M == 0
-    ("fwd", "fast"): [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (32, 32, 4, 1)],
-    ("fwd", "big"): [(64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)],
-    ("dkdv", "fast"): [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (32, 32, 4, 1)],
-    ("dkdv", "big"): [(32, 64, 4, 2), (32, 32, 4, 1)],
-    ("dq", "fast"): [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 8, 2), (64, 32, 4, 3), (32, 32, 4, 1)],
-    ("dq", "big"): [(64, 32, 4, 2), (32, 32, 4, 1)],
+# (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages) per target (compute capability: 80 Ampere, 90 Hopper,
+# 100 Blackwell) and tier ("fast": fp16 / bf16 with D <= 128; "big": D = 256 or fp32 tiles). Each list holds
+# configs that compile for that target without spilling a register, within its shared memory, for every dtype,
+# gate mode and head dim of the tier; the last of each fast list is the smallest. The evidence is the table in
+# docs/kernel.md (every compile: reports/kernel-compile.md), made on the CPU by ``python -m
+# validation.compile_kernels``; tests/test_kernel_compile.py keeps lists and table in step. The configs tried and
+# left out (they spilled, did not compile within the time limit, or compiled to a kernel that traps) are in the
+# table too.
+# forward and dq: BLOCK_M % BLOCK_N == 0; dkdv: BLOCK_N % BLOCK_M == 0
+GPU_CONFIGS = {
+    80: {
+        ("fwd", "fast"): [(64, 64, 8, 2), (64, 32, 4, 3), (64, 32, 4, 2), (32, 32, 4, 2)],
+        ("fwd", "big"): [(32, 16, 4, 2), (16, 16, 4, 1)],
+        ("dkdv", "fast"): [(32, 32, 4, 2), (16, 32, 4, 1)],
+        ("dkdv", "big"): [(16, 32, 8, 1), (16, 16, 8, 2)],
+        ("dq", "fast"): [(128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 3), (32, 32, 4, 2), (32, 32, 4, 1)],
+        ("dq", "big"): [(32, 32, 8, 1), (32, 16, 4, 2), (32, 16, 4, 1), (16, 16, 4, 1)],
+    },
+    90: {
+        ("fwd", "fast"): [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 8, 2), (32, 32, 4, 2)],
+        ("fwd", "big"): [(32, 16, 4, 2), (16, 16, 4, 1)],
+        ("dkdv", "fast"): [(32, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1)],
+        ("dkdv", "big"): [(16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1)],
+        ("dq", "fast"): [(128, 64, 8, 3), (128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 3), (32, 32, 4, 1)],
+        ("dq", "big"): [(32, 16, 4, 2), (16, 16, 4, 1)],
+    },
+    100: {
+        ("fwd", "fast"): [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (32, 32, 4, 2)],
+        ("fwd", "big"): [(32, 16, 8, 1), (32, 16, 4, 2), (16, 16, 8, 1)],
+        ("dkdv", "fast"): [(32, 32, 4, 2), (32, 32, 4, 1)],
+        ("dkdv", "big"): [(16, 32, 8, 1), (16, 16, 4, 1)],
+        ("dq", "fast"): [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 8, 2), (64, 32, 4, 3), (32, 32, 4, 1)],
+        ("dq", "big"): [(32, 16, 4, 2), (16, 16, 4, 1)],
+    },
 }
+GPU_TARGETS = tuple(sorted(GPU_CONFIGS))
 _KERNELS = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
 _TUNED = {}
 
 
-def _kernel(name, block_d, dtype):
+def tier(block_d: int, dtype: torch.dtype) -> str:
+    """The config list a launch draws from: "big" for D > 128 or fp32 tiles, else "fast"."""
+    return "big" if block_d > 128 or dtype == torch.float32 else "fast"
+
+
+def target_of(capability: tuple[int, int]) -> int:
+    """The target whose lists a device of compute capability (major, minor) uses: the highest of GPU_TARGETS
+    at or below it (sm_86 and sm_89 take sm_80's; a config over their 99 KB of shared memory per block is
+    skipped by the autotuner). ValueError below sm_80."""
+    number = 10 * capability[0] + capability[1]
+    below = [target for target in GPU_TARGETS if target <= number]
+    if not below:
+        raise ValueError(f"compute capability {capability[0]}.{capability[1]} is below sm_{GPU_TARGETS[0]}, the "
+                         "oldest target the kernel has configs for")
+    return max(below)
+
+
+def _kernel(name, block_d, dtype, device):
     """(kernel, block kwargs): the raw kernel with fixed blocks under the interpreter, else an
-    autotuned wrapper (built on first use) that picks the blocks itself."""
+    autotuned wrapper (built on first use per target) that picks the blocks itself from the lists of the
+    device's target (``target_of`` its compute capability)."""
     if INTERPRETED:
         block_m, block_n = INTERPRETER_BLOCKS[name]
         return _KERNELS[name], {"BLOCK_M": block_m, "BLOCK_N": block_n}
-    tier = "big" if block_d > 128 or dtype == torch.float32 else "fast"
-    if (name, tier) not in _TUNED:
-        key = ["seq_bucket", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"] + (["GATE", "STORE_O"] if name == "fwd" else [])
-        _TUNED[name, tier] = triton.autotune(configs=_configs(_GPU_CONFIGS[name, tier]), key=key)(_KERNELS[name])
-    return _TUNED[name, tier], {}
+    key = (name, tier(block_d, dtype), target_of(torch.cuda.get_device_capability(device)))
+    if key not in _TUNED:
+        tuned_on = ["seq_bucket", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"] + (["GATE", "STORE_O"] if name == "fwd" else [])
+        configs = _configs(GPU_CONFIGS[key[2]][key[:2]])
+        _TUNED[key] = triton.autotune(configs=configs, key=tuned_on)(_KERNELS[name])
+    return _TUNED[key], {}
 
 
 def tuned_configs() -> dict[str, dict[str, str]]:
-    """The blocks the autotuner chose in this process: {"fwd/fast": {autotune key: config}, ...}. Two
+    """The blocks the autotuner chose in this process: {"fwd/fast/sm_90": {autotune key: config}, ...}. Two
     processes that chose different blocks for a shape sum in a different order (their outputs differ
     in the last bits); this is what to compare (``validation/gpu_check.py`` prints it)."""
-    return {f"{name}/{tier}": {str(key): str(config) for key, config in getattr(tuned, "cache", {}).items()}
-            for (name, tier), tuned in _TUNED.items()}
+    return {f"{name}/{kind}/sm_{target}": {str(key): str(config) for key, config in getattr(tuned, "cache", {}).items()}
+            for (name, kind, target), tuned in _TUNED.items()}
 
 
 # --------------------------------------------------------------------------------------
@@ -601,7 +652,7 @@ def _forward(q, k, v, gate, causal, scale, store_o):
     g = gate if gate is not None else q  # dummy pointer when ungated, never read
     sg = gate.stride() if gate is not None else (0, 0, 0, 0)
     grid = lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), batch * n_heads)
-    kernel, blocks = _kernel("fwd", consts["BLOCK_D"], q.dtype)
+    kernel, blocks = _kernel("fwd", consts["BLOCK_D"], q.dtype, q.device)
     kernel[grid](
         q, k, v, g, y, o if store_o else y, lse,
         *q.stride(), *k.stride(), *v.stride(), *sg, *y.stride(),
@@ -626,22 +677,23 @@ def _backward(dy, q, k, v, gate, o, lse, causal, scale):
     do = _new((batch, n_heads, seq_len, head_dim), q.dtype, q.device) if gate is not None else dy
     g, sg = (gate, gate.stride()) if gate is not None else (q, (0, 0, 0, 0))
     dg_arg, sdg = (dg, dg.stride()) if dg is not None else (delta, (0, 0, 0, 0))
-    _bwd_preprocess[(triton.cdiv(seq_len, _PRE_BLOCK_M), batch * n_heads)](
+    pre_rows = _PRE_BLOCK_M if INTERPRETED else preprocess_rows(consts["BLOCK_D"])
+    _bwd_preprocess[(triton.cdiv(seq_len, pre_rows), batch * n_heads)](
         dy, o, g, do, dg_arg, delta,
         *dy.stride(), *o.stride(), *sg, *do.stride(), *sdg,
         n_heads, seq_len,
-        HEAD_DIM=head_dim, BLOCK_D=consts["BLOCK_D"], BLOCK_M=_PRE_BLOCK_M, GATE=_gate_mode(gate, head_dim))
+        HEAD_DIM=head_dim, BLOCK_D=consts["BLOCK_D"], BLOCK_M=pre_rows, GATE=_gate_mode(gate, head_dim))
 
     qk_scale, group = scale * LOG2E, n_heads // n_kv_heads
     grid = lambda meta: (triton.cdiv(seq_len, meta["BLOCK_N"]), batch * n_kv_heads)
-    kernel, blocks = _kernel("dkdv", consts["BLOCK_D"], q.dtype)
+    kernel, blocks = _kernel("dkdv", consts["BLOCK_D"], q.dtype, q.device)
     kernel[grid](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         n_heads, n_kv_heads, group, seq_len, qk_scale, scale, bucket,
         CAUSAL=causal, **consts, **blocks)
     grid = lambda meta: (triton.cdiv(seq_len, meta["BLOCK_M"]), batch * n_heads)
-    kernel, blocks = _kernel("dq", consts["BLOCK_D"], q.dtype)
+    kernel, blocks = _kernel("dq", consts["BLOCK_D"], q.dtype, q.device)
     kernel[grid](
         q, k, v, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),

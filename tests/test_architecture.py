@@ -97,8 +97,8 @@ def test_only_the_cli_package_builds_parsers():
 
 
 # Which rooms of the package each room may import (docs: README "What is where"). Data flows one way:
-# config -> data + model -> precision -> train -> evaluate -> session -> cases -> record -> track / check / report, with the CLI and
-# the pytest plugin on top; record, check, report and track read JSON and never need torch.
+# config -> data + model -> precision -> train -> evaluate -> session -> cases -> record -> track / check / report, with the CLI,
+# the plan (what a preset costs, from the runs its cases declare) and the pytest plugin on top; record, check, report and track read JSON and never need torch.
 ALLOWED = {
     "config": set(),
     "record": {"config"},
@@ -112,9 +112,10 @@ ALLOWED = {
     "evaluate": {"config", "record", "data", "model", "precision", "train"},
     "session": {"config", "record", "track", "train"},
     "cases": {"config", "record", "report", "track", "data", "model", "precision", "train", "evaluate", "session"},
+    "plan": {"config", "model", "precision", "train", "cases"},   # counts the runs each case declares; measures the CPU
     "plugin": {"config", "record", "cases", "session"},
     "cli": {"config", "record", "report", "track", "check", "data", "model", "precision", "train", "evaluate", "cases",
-            "session", "plugin"},
+            "session", "plugin", "plan"},
 }
 TORCH_FREE = ("config", "record", "report", "check", "track")
 

@@ -238,7 +238,7 @@ def test_report_against_a_baseline_that_cannot_judge_the_records_exits_2_and_wri
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--preset", "nosuch"], "preset = 'nosuch' is invalid: expected one of ('smoke', 'ci', 'full', 'sink')"),
+    (["--preset", "nosuch"], "preset = 'nosuch' is invalid: expected one of ('smoke', 'ci', 'gpu-pr', 'full', 'sink')"),
     (["--device", "gpu"], "device = 'gpu' is invalid: expected 'cpu', 'cuda' or 'cuda:N'"),
     (["--replicates", "1"], "replicates = 1 is invalid: expected an integer >= 2"),
     (["--stability-config", "bad.toml"], "bad.toml: seeds = [] is invalid"),

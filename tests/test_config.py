@@ -21,7 +21,7 @@ from stability.config import (
 )
 
 
-@pytest.mark.parametrize("preset", ["smoke", "ci", "full", "sink"])
+@pytest.mark.parametrize("preset", ["smoke", "ci", "gpu-pr", "full", "sink"])
 def test_every_preset_is_valid_and_round_trips_through_a_dict(preset):
     config = resolve(preset)
     assert from_dict(ExperimentConfig, to_dict(config)) == config

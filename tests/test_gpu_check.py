@@ -1,5 +1,5 @@
-"""validation/gpu_check.py: what runs without a GPU (arguments, the table, the correctness rule, a run
-that skips every GPU part cleanly). The GPU parts themselves run only on a CUDA machine."""
+"""validation/gpu_check.py: what runs without a GPU (arguments, the table, the correctness rule, the dry run and its
+plan of a full step, a refusal that names what it needs). The GPU parts themselves run only on a CUDA machine."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_arguments():
-    args = gpu_check.parse_args(["--parts", "bench, pair", "--pair-seconds", "30"])
-    assert args.parts == ["bench", "pair"] and args.pair_seconds == 30 and args.seqlens == [1024, 2048, 4096, 8192]
+    args = gpu_check.parse_args(["--parts", "bench, step", "--steps", "20"])
+    assert args.parts == ["bench", "step"] and args.steps == 20 and args.seqlens == [1024, 2048, 4096, 8192]
     assert gpu_check.parse_args([]).parts == list(gpu_check.PARTS)
 
 
-@pytest.mark.parametrize("argv", [["--parts", "bench,warp"], ["--parts", ","], ["--pair-seconds", "0"]])
+@pytest.mark.parametrize("argv", [["--parts", "bench,warp"], ["--parts", ","], ["--steps", "0"]])
 def test_bad_arguments_exit_2_naming_the_value(argv, capsys):
     with pytest.raises(SystemExit) as stop:
         gpu_check.parse_args(argv)
@@ -34,13 +34,13 @@ def test_bad_arguments_exit_2_naming_the_value(argv, capsys):
 def test_table_lists_every_row_and_counts_the_failures():
     rows = [gpu_check.Row("bench", "S=1024 fused gated", "fwd 0.1 ms", "info"),
             gpu_check.Row("kernel-tests", "suites/test_kernel.py", "8 passed", "pass"),
-            gpu_check.Row("pair", "full pair", "over 240 s", "timeout"),
+            gpu_check.Row("step", "full step", "over 240 s", "timeout"),
             gpu_check.Row("determinism", "bit for bit", "a vs b", "fail")]
     text = gpu_check.table(rows, "### header")
     lines = text.splitlines()
     assert lines[0] == "### header" and lines[2] == "| part | check | value | verdict |"
     assert sum(line.startswith("| ") for line in lines) == 1 + len(rows)
-    assert lines[-1] == "2 failed: pair full pair; determinism bit for bit"
+    assert lines[-1] == "2 failed: step full step; determinism bit for bit"
     assert gpu_check.table(rows[:2], "h").splitlines()[-1] == "0 failed"
     with pytest.raises(ValueError, match="'maybe'"):
         gpu_check.Row("bench", "x", "y", "maybe")
@@ -71,11 +71,24 @@ def test_the_flash_rule_passes_the_torch_path_and_catches_an_injected_error():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the full check is a benchmark")
-def test_without_a_gpu_every_part_is_skipped_cleanly(tmp_path):
+def test_without_a_gpu_it_runs_nothing_and_names_what_it_needs(tmp_path):
     out = subprocess.run([sys.executable, "-m", "validation.gpu_check", "--out", str(tmp_path / "t.md")], cwd=ROOT,
                          capture_output=True, text=True, timeout=600, check=False)
-    assert out.returncode == 0, out.stderr
-    assert "no CUDA GPU" in out.stdout
-    table = (tmp_path / "t.md").read_text()
-    assert all(f"| {part} | needs a CUDA GPU | - | skipped |" in table for part in gpu_check.PARTS)
-    assert table.rstrip().endswith("0 failed")
+    assert out.returncode == 2, out.stdout + out.stderr
+    (error,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert "a CUDA GPU" in error and "torch >= 2.11" in error and "triton >= 3.6" in error and torch.__version__ in error
+    assert not (tmp_path / "t.md").exists()
+
+
+def test_the_dry_run_lists_the_parts_and_plans_a_full_step():
+    """The dry run needs no GPU: every part with its limit, and the plan's full step (the FLOPs agree with the count
+    of stability.plan; the time is the FLOPs at the plan's utilisation of an H200's BF16 peak)."""
+    from stability.plan import DEFAULT_MFU, GPUS
+
+    args = gpu_check.parse_args(["--dry-run"])
+    text = gpu_check.dry_run(args)
+    assert all(f"  {part}" in text for part in gpu_check.PARTS) and "needs a CUDA GPU" in text
+    plan = gpu_check.planned_step()
+    assert plan["seconds"] == pytest.approx(plan["flops"] / (GPUS["h200"].bf16 * DEFAULT_MFU))
+    assert 1e13 < plan["flops"] < 3e13 and 5e9 < plan["memory_bytes"] < GPUS["h200"].memory
+    assert gpu_check.gpu_name_of("NVIDIA H200") == "h200" and gpu_check.gpu_name_of("Tesla T4") is None

@@ -5,6 +5,7 @@ what it says when the suites fail, and the model invariants it lists."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -141,22 +142,32 @@ def _steps(job: dict) -> list[str]:
 
 @pytest.mark.parametrize("factory", ["", "mypackage.model:build"], ids=["own model", "factory"])
 def test_the_workflow_has_this_repositorys_jobs_and_steps(tmp_path, monkeypatch, factory, pytestconfig):
-    """The CPU and GPU jobs of this repository's workflow, step for step (the kernel steps only for the
-    harness's own model: a factory's attention never runs the harness's kernel); every command and option
-    it uses exists."""
+    """The CPU, GPU and nightly jobs of this repository's workflow, step for step (the kernel steps only for the
+    harness's own model: a factory's attention never runs the harness's kernel; the compile job of this
+    repository's kernel is its own); every command and option it uses exists."""
     init(tmp_path, monkeypatch, *(["--factory", factory] if factory else []))
-    generated = yaml.safe_load((tmp_path / ".github" / "workflows" / "stability.yml").read_text())
+    text = (tmp_path / ".github" / "workflows" / "stability.yml").read_text()
+    generated = yaml.safe_load(text)
     ours = yaml.safe_load(WORKFLOW.read_text())
     assert generated.keys() == ours.keys() and generated[True] == ours[True]   # YAML reads the key "on" as True
-    assert generated["jobs"].keys() == ours["jobs"].keys()
+    assert generated["jobs"].keys() == ours["jobs"].keys() - {"kernel-compile"}
+    said = re.search(r"^# Which job gates merges(.*?)^name:", text, re.MULTILINE | re.DOTALL).group(1)
+    gating, nightly = said.split("nightly", 1)
+    assert set(re.findall(r"stress-[a-z]+", said)) == {name for name in generated["jobs"] if name.startswith("stress-")}
+    assert all(generated["jobs"][name]["if"] == ours["jobs"]["stress-cpu"]["if"]     # a pull request's condition
+               for name in re.findall(r"stress-[a-z]+", gating))
+    assert re.findall(r"stress-[a-z]+", nightly) == ["stress-nightly"] and "gates nothing" in nightly
+    assert generated["jobs"]["stress-nightly"]["if"] == "github.event_name == 'schedule'"
     for name, job in generated["jobs"].items():
         expected = [s for s in _steps(ours["jobs"][name]) if factory == "" or s != "kernel"]
         assert _steps(job) == expected, name
-        assert job["runs-on"] == ours["jobs"][name]["runs-on"]
+        assert job["runs-on"] == ours["jobs"][name]["runs-on"] and job["if"] == ours["jobs"][name]["if"]
+        assert job["timeout-minutes"] == ours["jobs"][name]["timeout-minutes"]
         assert job["env"]["BASELINE"] == ours["jobs"][name]["env"]["BASELINE"]
     runs = {job: argv for job, argv in _commands(generated, "pytest") if "stress" in argv}
     assert _normal(runs["stress-cpu"])[:5] == ["--pyargs", "stability.suites", "-m", "stress", "--scale=smoke"]
-    assert "--device=cuda" in _normal(runs["stress-gpu"]) and "--scale=full" in _normal(runs["stress-gpu"])
+    assert "--device=cuda" in _normal(runs["stress-gpu"]) and "--scale=gpu-pr" in _normal(runs["stress-gpu"])
+    assert "--scale=full" in _normal(runs["stress-nightly"]) and "-n" in runs["stress-nightly"]
     for _, argv in _commands(generated, "pytest"):
         for word in argv:
             if word.startswith("-") and word != "--pyargs":
@@ -166,6 +177,7 @@ def test_the_workflow_has_this_repositorys_jobs_and_steps(tmp_path, monkeypatch,
         sub, rest = _subparsers(parser)[argv[0]], argv[1:]
         if _subparsers(sub):                       # stability baseline make|compare ...
             sub, rest = _subparsers(sub)[rest[0]], rest[1:]
+        rest = rest[:rest.index("--")] if "--" in rest else rest   # after "--": pytest's arguments
         assert all(w.split("=")[0] in _options(sub) for w in rest if w.startswith("-")), argv
 
 

@@ -14,7 +14,7 @@ import pytest
 from stability.cases.lr_ramp import ramp_figures
 from stability.cases.lr_sweep import reference_index, sweep_figures
 from stability.cases.shock import shock_figures
-from stability.cases.stress import run_case
+from stability.cases.stress import CASES, run_case
 from stability.check.claims import claim_rows, held_out
 from stability.config import ConfigError, resolve
 from stability.config.schedules import BatchRamp, ExponentialRamp, Schedule, Shock, Standard, lr_scale
@@ -334,3 +334,30 @@ def test_stress_config_rejects_bad_values():
     with pytest.raises(ConfigError, match="'cube'"):
         resolve("smoke", {"stress.batch.lr_rule": "cube"})
     assert math.isclose(resolve("smoke", {"stress.sweep_lrs": "1e-3,1e-2"}).stress.sweep_lrs[1], 1e-2)
+
+
+class Captured(Exception):
+    """Raised by the capturing runner once a case hands it its runs."""
+
+
+class Capture:
+    """A runner that keeps the units a case asks it to train, and trains none."""
+
+    def __init__(self):
+        self.units = []
+
+    def train(self, case_record, config, units):
+        self.units = list(units)
+        raise Captured
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_case_trains_exactly_the_runs_it_declares(name):
+    """What a case declares (``StressCase.units``: what ``stability plan`` counts) is what it hands its runner,
+    unit for unit (the runner keeps them and trains none)."""
+    config = resolve("smoke", {"seeds": "0,1"})
+    runner = Capture()
+    with pytest.raises(Captured):
+        run_case(name, config, runner=runner)
+    declared = CASES[name].units(config)
+    assert [u.id for u in runner.units] == [u.id for u in declared] and len(declared) >= 4

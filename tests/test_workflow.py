@@ -68,7 +68,8 @@ def test_gpu_and_cpu_jobs_run_the_stress_suites_at_their_scale(workflow):
     jobs = {name: job for name, job in workflow["jobs"].items() if name.startswith("stress-")}
     runners = {name: job["runs-on"] for name, job in jobs.items()}
     assert ["self-hosted", "gpu"] in runners.values() and "ubuntu-latest" in runners.values()
-    expected = {"self-hosted,gpu": ("full", "cuda"), "ubuntu-latest": ("smoke", "cpu")}
+    expected = {"self-hosted,gpu": ("gpu-pr", "cuda"), "self-hosted,gpu,gpu-4": ("full", "cuda"),
+                "ubuntu-latest": ("smoke", "cpu")}
     for job_name, job in jobs.items():
         key = ",".join(job["runs-on"]) if isinstance(job["runs-on"], list) else job["runs-on"]
         scale, device = expected[key]
@@ -86,18 +87,26 @@ def test_gpu_and_cpu_jobs_run_the_stress_suites_at_their_scale(workflow):
         assert steps[-1] is failing[-1], f"{job_name}: the failing step must come after the report and upload"
 
 
+PULL_REQUEST = "github.event_name != 'schedule' && (github.event_name != 'workflow_dispatch' || inputs.baseline == '')"
+
+
 def test_a_baseline_is_made_on_the_runner_of_each_job_by_hand_never_on_a_pull_request(workflow):
     """Each stress job has a baseline job on its runner, run only when dispatched by hand with the input
-    `baseline` (when the stress jobs are not): it makes the baseline of its preset and device (all, or the
-    cases named merged into the committed one), compares it with the committed one and uploads it."""
-    dispatch = (workflow.get("on") or workflow[True])["workflow_dispatch"]["inputs"]["baseline"]
-    assert dispatch["default"] == "" and dispatch["required"] is False
-    for device, preset in (("gpu", "full"), ("cpu", "smoke")):
-        stress, baseline = workflow["jobs"][f"stress-{device}"], workflow["jobs"][f"baseline-{device}"]
+    `baseline` (when the stress jobs are not; the nightly job's with `nightly` too): it makes the baseline of its
+    preset and device (all, or the cases named merged into the committed one), compares it with the committed one
+    and uploads it. The pull-request jobs never run on the nightly schedule, the nightly one only then."""
+    inputs = (workflow.get("on") or workflow[True])["workflow_dispatch"]["inputs"]
+    assert inputs["baseline"]["default"] == "" and inputs["baseline"]["required"] is False
+    assert inputs["nightly"]["default"] is False and inputs["nightly"]["type"] == "boolean"
+    made = "github.event_name == 'workflow_dispatch' && inputs.baseline != '' && "
+    for job, preset, stress_if, baseline_if in (("gpu", "gpu-pr", PULL_REQUEST, made + "!inputs.nightly"),
+                                                ("cpu", "smoke", PULL_REQUEST, made + "!inputs.nightly"),
+                                                ("nightly", "full", "github.event_name == 'schedule'",
+                                                 made + "inputs.nightly")):
+        stress, baseline = workflow["jobs"][f"stress-{job}"], workflow["jobs"][f"baseline-{job}"]
         assert stress["runs-on"] == baseline["runs-on"]
-        assert stress["if"] == "github.event_name != 'workflow_dispatch' || inputs.baseline == ''"
-        assert baseline["if"] == "github.event_name == 'workflow_dispatch' && inputs.baseline != ''"
-        makes = [argv for name, argv in _commands(workflow, "stability") if name == f"baseline-{device}"]
+        assert stress["if"] == stress_if and baseline["if"] == baseline_if, job
+        makes = [argv for name, argv in _commands(workflow, "stability") if name == f"baseline-{job}"]
         assert ["baseline", "make", "--preset", preset] == makes[0][:4] and "--cases" in makes[1], makes
         assert ["baseline", "compare", "$BASELINE", "$NEW_BASELINE"] in makes, makes
         assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in baseline["steps"])
@@ -128,7 +137,7 @@ def test_every_stability_subcommand_and_flag_in_the_workflow_exists(workflow):
         if nested:
             assert rest and rest[0] in nested, f"`stability {argv[0]} {rest[:1]}` is not a subcommand"
             sub, rest = nested[rest[0]], rest[1:]
-        for word in rest:
+        for word in rest[:rest.index("--")] if "--" in rest else rest:      # after "--": pytest's arguments
             if word.startswith("-"):
                 assert word.split("=")[0] in _options(sub), f"`stability {argv[0]}` has no option {word}"
 

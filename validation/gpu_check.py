@@ -1,25 +1,33 @@
-"""The GPU check in one go: on a machine with one CUDA GPU, about 8 minutes, one table at the end.
+"""The GPU check in one go, for the day a GPU is lent: on one H100 or H200, about 10 minutes (each test or
+benchmark part at most --limit 150 s, the step part about a minute), one table at the end and what to commit.
 
     python -m validation.gpu_check                    # every part
-    python -m validation.gpu_check --parts bench,pair --pair-seconds 60
+    python -m validation.gpu_check --parts bench,step --steps 20
     python -m validation.gpu_check --out gpu_check.md # also write the table to a file
+    python -m validation.gpu_check --dry-run          # what it would run, and the plan of one full step; no GPU
 
-Installs nothing beyond the project (``pip install -e ".[test]"``). The parts, each reusing what the
-project already has:
+Installs nothing beyond the project (``pip install -e ".[test]"``). The parts, each reusing what the project
+already has:
 
-    kernel-tests  the bf16 kernel correctness tests (suites/test_kernel.py -m gpu -k bfloat16: the
-                  flash-attention error rule against float64, forward and backward)
+    kernel-tests  the compiled kernel suite: suites/test_kernel.py on the GPU (every test there runs the
+                  compiled kernels, the flash-attention error rule against float64, forward and backward, the
+                  bf16 and compiled cases of the gpu marker included)
     fp8-tests     real fp8 matmuls (torch._scaled_mm) against their emulation (the gpu-marked fp8 tests
                   of tests/test_precision.py); compute capability >= 8.9 only, "skipped" below
     bench         benchmarks/bench_kernel.py's table: fused gated / fused ungated / SDPA + separate gate,
                   fwd and fwd+bwd, B4 H16 D128 S1k-8k causal bf16 (its own correctness check first)
     determinism   the fused kernel (fwd + bwd) on the same inputs in two fresh processes: bit for bit
                   the same, and the blocks the autotuner chose in each
-    pair          a ``full``-preset pair (one seed) with the Triton backend in bf16 for about
-                  --pair-seconds: tokens per second and the training share of the wall time
+    step          the ``full`` preset's gated arm (Triton kernel, bf16) trained for --steps steps after a short
+                  warm-up (which autotunes the kernels): seconds per step and peak memory against the plan's
+                  (``stability.plan``), and the model FLOP utilisation this GPU reached
 
-Without a CUDA GPU it says so, prints the table with every GPU part "skipped" and exits 0. Exit 1 when
-a part failed. A part that runs past its time limit is "timeout" (a failure).
+It ends with the lines to commit: the benchmark table for docs/kernel.md, the measured utilisation and step for
+docs/scale-out.md (and ``DEFAULT_MFU`` of ``stability/plan/rates.py`` when it is off by more than a tenth).
+
+Without a CUDA GPU it stops before any part (exit 2), naming what it needs; ``--dry-run`` prints the parts, their
+limits and the planned full step instead (exit 0, no GPU needed). Exit 1 when a part failed. A part that runs
+past its time limit is "timeout" (a failure).
 """
 
 from __future__ import annotations
@@ -36,7 +44,10 @@ from pathlib import Path
 from benchmarks import bench_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("kernel-tests", "fp8-tests", "bench", "determinism", "pair")
+PARTS = ("kernel-tests", "fp8-tests", "bench", "determinism", "step")
+WARMUP_STEPS = 5
+NEEDS = ("a CUDA GPU (one H100 or H200; torch.cuda.is_available() is True) with the CUDA build of torch >= 2.11 "
+         "and triton >= 3.6")
 VERDICTS = ("pass", "fail", "skipped", "timeout", "info")
 
 
@@ -57,17 +68,19 @@ class Row:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} (default all)")
-    p.add_argument("--pair-seconds", type=float, default=120.0, help="wall time of the full pair (default 120)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps of the full step part (default 30)")
     p.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192], help="bench S values")
-    p.add_argument("--limit", type=float, default=240.0, help="seconds a test or bench part may take (default 240)")
+    p.add_argument("--limit", type=float, default=150.0, help="seconds a test or bench part may take (default 150)")
     p.add_argument("--out", default=None, help="also write the table (markdown) to this file")
+    p.add_argument("--dry-run", action="store_true", help="print the parts, their limits and the planned full step; "
+                                                          "run nothing (no GPU needed)")
     args = p.parse_args(argv)
     args.parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = [part for part in args.parts if part not in PARTS]
     if unknown or not args.parts:
         p.error(f"--parts {','.join(unknown) or '(empty)'} is invalid: expected some of {', '.join(PARTS)}")
-    if not args.pair_seconds > 0 or not args.limit > 0:
-        p.error("--pair-seconds and --limit must be positive")
+    if not args.steps > 0 or not args.limit > 0:
+        p.error(f"--steps {args.steps} / --limit {args.limit} is invalid: expected positive numbers")
     return args
 
 
@@ -92,7 +105,7 @@ def table(rows: list[Row], header: str) -> str:
 # ----------------------------------------------------------------------------- the parts
 
 def run_pytest(part: str, args: list[str], limit: float) -> Row:
-    command = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", "-m", "gpu", *args]
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", *args]
     started = time.perf_counter()
     try:
         out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit, check=False)
@@ -106,7 +119,7 @@ def run_pytest(part: str, args: list[str], limit: float) -> Row:
 
 
 def kernel_tests(args) -> list[Row]:
-    return [run_pytest("kernel-tests", ["suites/test_kernel.py", "-k", "bfloat16 or bf16"], args.limit)]
+    return [run_pytest("kernel-tests", ["suites/test_kernel.py", "-m", "kernel"], args.limit)]
 
 
 def fp8_tests(args) -> list[Row]:
@@ -115,7 +128,7 @@ def fp8_tests(args) -> list[Row]:
     if torch.cuda.get_device_capability() < (8, 9):
         return [Row("fp8-tests", "real fp8 matmul", f"compute capability {torch.cuda.get_device_capability()}",
                     "skipped")]
-    return [run_pytest("fp8-tests", ["tests/test_precision.py", "-k", "fp8"], args.limit)]
+    return [run_pytest("fp8-tests", ["tests/test_precision.py", "-m", "gpu", "-k", "fp8"], args.limit)]
 
 
 def bench(args) -> list[Row]:
@@ -177,60 +190,129 @@ def determinism(args) -> list[Row]:
                 "pass" if same_blocks else "fail")]
 
 
-def pair(args) -> list[Row]:
-    from stability.cases.experiment import run_pair
+def planned_step(gpu_name: str | None = None) -> dict:
+    """The plan of one ``full`` step of the gated arm: FLOPs, seconds at the plan's utilisation on ``gpu_name``
+    (default h200) and peak memory (bytes)."""
     from stability.config import resolve
+    from stability.plan import DEFAULT_MFU, GPUS, gpu_rate, model_cost
 
-    overrides = {"model.backend": "triton", "precision.dtype": "bf16", "device": "cuda", "seeds": "0"}
-    calibration = run_pair(resolve("full", {**overrides, "steps": 10}))   # compiles; seconds per step
-    per_step = sum(a["timing"]["wall_seconds"] for a in calibration["arms"]) / (10 * len(calibration["arms"]))
-    full_steps = resolve("full").run.steps
-    steps = max(20, min(full_steps, int(args.pair_seconds / (2 * per_step))))
-    record = run_pair(resolve("full", {**overrides, "steps": steps}))
-    rows = []
-    for arm in record["arms"]:
-        timing = arm["timing"]
-        rows.append(Row("pair", f"full pair, {arm['arm']}, triton bf16, {steps} steps",
-                        f"{timing['tokens_per_second']:.0f} tokens/s, training {timing['train_seconds']:.1f} s of "
-                        f"{timing['wall_seconds']:.1f} s wall ({100 * timing['train_seconds'] / timing['wall_seconds']:.0f}%)"
-                        f", status {arm['status']}", "pass" if arm["status"] in ("completed", "diverged") else "fail"))
-    return rows
+    run = resolve("full").arm_config("gated", 0)
+    cost = model_cost(run.model, run.optim.optimizer, run.precision.dtype, run.data.batch_size)
+    flops = cost.train_flops_per_token * run.data.batch_size * run.model.context
+    gpu = GPUS[gpu_name or "h200"]
+    return {"flops": flops, "seconds": flops / gpu_rate(gpu, run.precision.dtype, DEFAULT_MFU),
+            "memory_bytes": cost.memory_bytes, "mfu": DEFAULT_MFU, "gpu": gpu}
+
+
+def gpu_name_of(device_name: str) -> str | None:
+    """The plan's name of a CUDA device (a100, h100, h200), None for one it does not know."""
+    from stability.plan import GPUS
+
+    return next((name for name in GPUS if name in device_name.lower()), None)
+
+
+def step(args) -> list[Row]:
+    import dataclasses
+
+    import torch
+
+    from stability.config import resolve
+    from stability.config.schedules import Standard
+    from stability.train.trainer import train
+
+    run = resolve("full").arm_config("gated", 0)
+    run = dataclasses.replace(run, probes=dataclasses.replace(run.probes, every=10**6))
+    train(dataclasses.replace(run, steps=WARMUP_STEPS), Standard(), arm="gated")    # compiles, autotunes
+    torch.cuda.reset_peak_memory_stats()
+    record = train(dataclasses.replace(run, steps=args.steps), Standard(), arm="gated")
+    seconds = record["timing"]["train_seconds"] / max(1, len(record["series"]["step"]))
+    memory = torch.cuda.max_memory_allocated()
+    name = gpu_name_of(torch.cuda.get_device_name())
+    plan = planned_step(name)
+    mfu = plan["flops"] / seconds / plan["gpu"].bf16 if name else None
+    args.measured = {"seconds": seconds, "memory": memory, "mfu": mfu, "plan": plan, "gpu": name,
+                     "status": record["status"]}
+    ok = record["status"] == "completed"
+    return [Row("step", f"full gated arm, triton bf16, {args.steps} steps after {WARMUP_STEPS}",
+                f"{seconds:.3f} s/step (planned {plan['seconds']:.3f} at MFU {plan['mfu']:.2f}), "
+                f"{plan['flops'] / seconds / 1e12:.0f} TFLOP/s, status {record['status']}", "pass" if ok else "fail"),
+            Row("step", "model FLOP utilisation", f"{mfu:.3f}" if mfu is not None else "unknown GPU: no peak", "info"),
+            Row("step", "peak memory of the step", f"{memory / 1e9:.1f} GB (planned {plan['memory_bytes'] / 1e9:.1f} GB)",
+                "info")]
+
+
+def to_commit(args) -> str:
+    """The lines to commit from this run (what the docs say is not measured yet)."""
+    lines = ["What to commit from this run:"]
+    bench_file = ROOT / "reports" / "gpu_check_bench.md"
+    if bench_file.is_file():
+        lines.append(f"  docs/kernel.md, Speed: the table of {bench_file.relative_to(ROOT)} (with the date, GPU and "
+                     "versions of the header above)")
+    measured = getattr(args, "measured", None)
+    if measured:
+        lines.append(f"  docs/scale-out.md, the GPU check: a full step {measured['seconds']:.3f} s, peak memory "
+                     f"{measured['memory'] / 1e9:.1f} GB (planned {measured['plan']['seconds']:.3f} s at "
+                     f"{measured['plan']['mfu']:.2f}, {measured['plan']['memory_bytes'] / 1e9:.1f} GB), measured "
+                     f"MFU {measured['mfu']:.3f}" if measured["mfu"] is not None else "  (unknown GPU: no MFU)")
+        if measured["mfu"] is not None and abs(measured["mfu"] / measured["plan"]["mfu"] - 1) > 0.1:
+            lines.append(f"  stability/plan/rates.py: DEFAULT_MFU = {measured['mfu']:.2f} (the plan's numbers in "
+                         "docs/scale-out.md and docs/merge-gate.md follow: `stability plan --preset gpu-pr` and "
+                         "`--preset full --gpus 4`)")
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
+def dry_run(args) -> str:
+    """What the check would run, with its limits, and the plan of one full step."""
+    plan = planned_step()
+    lines = ["gpu_check --dry-run: nothing is run. It needs " + NEEDS + "; then it runs:"]
+    for part in args.parts:
+        limit = f"at most {args.limit:.0f} s" if part in ("kernel-tests", "fp8-tests", "bench", "determinism") else \
+            f"{WARMUP_STEPS} + {args.steps} steps"
+        lines.append(f"  {part:13s} {limit}")
+    lines.append(f"planned full step (gated arm, bf16, {plan['gpu'].name} at MFU {plan['mfu']:.2f}): "
+                 f"{plan['flops']:.3g} FLOPs, {plan['seconds']:.3f} s, peak memory {plan['memory_bytes'] / 1e9:.1f} GB")
+    return "\n".join(lines)
 
 
 RUNNERS = {"kernel-tests": kernel_tests, "fp8-tests": fp8_tests, "bench": bench, "determinism": determinism,
-           "pair": pair}
+           "step": step}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        print(dry_run(args))
+        return 0
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA GPU available; every part needs one. Nothing was run.")
-        rows = [Row(part, "needs a CUDA GPU", "-", "skipped") for part in args.parts]
-        header = f"### GPU check: no CUDA GPU (torch {torch.__version__})"
-    else:
-        import triton
+        print(f"error: gpu_check needs {NEEDS}; here torch {torch.__version__} sees no CUDA device. Nothing was run "
+              "(--dry-run shows what it would run)", file=sys.stderr)
+        return 2
+    import triton
 
-        os.environ.setdefault("STABILITY_DEVICE", "cuda")
-        started = time.perf_counter()
-        rows = []
-        for part in args.parts:
-            print(f"gpu_check: {part} ...", flush=True)
-            t0 = time.perf_counter()
-            try:
-                rows += RUNNERS[part](args)
-            except Exception as error:  # noqa: BLE001 (one broken part must not hide the others)
-                rows.append(Row(part, "raised", f"{type(error).__name__}: {error}"[:200], "fail"))
-            print(f"gpu_check: {part} done in {time.perf_counter() - t0:.0f} s", flush=True)
-        props = torch.cuda.get_device_properties(0)
-        header = (f"### GPU check, {time.strftime('%Y-%m-%d')}: {props.name} (sm{props.major}{props.minor}, "
-                  f"{props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, triton {triton.__version__}, "
-                  f"CUDA {torch.version.cuda}; {time.perf_counter() - started:.0f} s in all")
+    os.environ.setdefault("STABILITY_DEVICE", "cuda")
+    started = time.perf_counter()
+    rows = []
+    for part in args.parts:
+        print(f"gpu_check: {part} ...", flush=True)
+        t0 = time.perf_counter()
+        try:
+            rows += RUNNERS[part](args)
+        except Exception as error:  # noqa: BLE001 (one broken part must not hide the others)
+            rows.append(Row(part, "raised", f"{type(error).__name__}: {error}"[:200], "fail"))
+        print(f"gpu_check: {part} done in {time.perf_counter() - t0:.0f} s", flush=True)
+    props = torch.cuda.get_device_properties(0)
+    header = (f"### GPU check, {time.strftime('%Y-%m-%d')}: {props.name} (sm{props.major}{props.minor}, "
+              f"{props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, triton {triton.__version__}, "
+              f"CUDA {torch.version.cuda}; {time.perf_counter() - started:.0f} s in all")
     report = table(rows, header)
     print("\n" + report)
+    commit = to_commit(args)
+    if commit:
+        print("\n" + commit)
     if args.out:
-        Path(args.out).write_text(report + "\n")
+        Path(args.out).write_text(report + "\n" + (f"\n{commit}\n" if commit else ""))
     return 1 if any(r.verdict in ("fail", "timeout") for r in rows) else 0
 
 

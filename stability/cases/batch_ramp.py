@@ -14,7 +14,7 @@ import math
 from typing import TypedDict
 
 from stability import config as cfg
-from stability.cases.case import CaseRun, StressCase, cpu_threads, finite
+from stability.cases.case import CaseRun, StressCase, cpu_threads, every_arm, finite
 from stability.cases.checks import close, learns, require
 from stability.config import RunConfig, from_dict
 from stability.config.schedules import lr_scale, warmup_cosine
@@ -106,7 +106,7 @@ def run_batch_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, sessio
                        "batch_off_schedule_steps": len(off)}
             return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record), "batch_off_schedule": off[:20]}
 
-        per_arm = case.train_each_arm(schedule, figures_of)
+        per_arm = case.train_declared(figures_of)
         set_case_result(case.record, case.name, {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
                                                     "max_batch_size": schedule.max_size, "per_arm": per_arm})
         return case.finish()
@@ -168,4 +168,5 @@ CASE = StressCase("batch_ramp", run_batch_ramp, figures=FIGURES, primary=PRIMARY
                   reported=lambda record: ["loss_spike_score", "grad_spike_score", "final_train_loss",
                                            "m_act_mean", "f_attn_mean"],
                   checks=(the_batch_doubles_and_the_lr_follows_its_rule, the_ramp_stays_trainable,
-                          the_loss_against_tokens_is_recorded))
+                          the_loss_against_tokens_is_recorded),
+                  runs=lambda case, config: every_arm(case, config, config.stress.batch))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from stability import config as cfg
 from stability.cases.runs import Rung, Unit
+from stability.config.schedules import Standard
 from stability.record import (
     RecordedCase,
     add_arm,
@@ -94,7 +95,7 @@ class CaseRun:
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
         """One run of the case, its rung as the case declares it."""
-        return Unit(self.name, arm, seed, run, schedule, self.case.rung(run) if self.case.rung else None)
+        return self.case.unit(arm, seed, run, schedule)
 
     def train_units(self, units: list[Unit]):
         """Yield the arm record of each unit, in order (trained here or by the runner)."""
@@ -108,9 +109,16 @@ class CaseRun:
         """Train every seed and arm under ``schedule``. ``figures_of(run, arm_record)`` returns
         (figures added to the arm's ``final``, extra entries for its summary). Returns one summary
         per arm: arm, seed, status, diverged_at_step, the figures and the extras."""
+        return self.train_runs(every_arm(self.case, self.config, schedule), figures_of)
+
+    def train_declared(self, figures_of) -> list[dict]:
+        """``train_each_arm`` over the runs the case declares (``StressCase.units``: one per arm and seed)."""
+        return self.train_runs(self.case.units(self.config), figures_of)
+
+    def train_runs(self, units: list[Unit], figures_of) -> list[dict]:
+        """Train ``units`` (one per arm and seed) and add ``figures_of(run, arm_record)`` to each (see
+        ``train_each_arm``)."""
         per_arm = []
-        units = [self.unit(arm, seed, self.config.arm_config(arm, seed), schedule)
-                 for seed in self.config.seeds for arm in self.config.arm_names]
         for unit, arm_record in zip(units, self.train_units(units)):
             figures, extras = figures_of(unit.run, arm_record)
             add_figures(arm_record, figures)
@@ -126,6 +134,12 @@ class CaseRun:
         return record
 
 
+def every_arm(case: StressCase, config: cfg.ExperimentConfig, schedule) -> list[Unit]:
+    """One run per seed and arm, each at its arm's run config, under ``schedule``: the runs of most cases."""
+    return [case.unit(arm, seed, config.arm_config(arm, seed), schedule)
+            for seed in config.seeds for arm in config.arm_names]
+
+
 @dataclass(frozen=True)
 class StressCase:
     """A stress case, declared once: everything the harness knows about it.
@@ -138,7 +152,10 @@ class StressCase:
     result: the type (a TypedDict, declared in its module) of its own results, ``record["results"][name]``;
     None for none; registering the case declares it to the record (``stability.record.cases``), so the
     results are checked wherever the case is registered. steps: the run length of one of its runs
-    (``steps(config) -> int``; None: ``run.steps``), which its records say ("run_steps").
+    (``steps(config) -> int``; None: ``run.steps``), which its records say ("run_steps"). runs: the runs it trains
+    (``runs(case, config) -> list[Unit]``, in the order it trains them; ``every_arm`` for one per arm and seed
+    under a schedule): what ``stability plan`` counts, and what its training function asks ``units`` for;
+    None: one run per seed and arm under the standard schedule.
 
     What the merge check judges of it: figures: the figures only this case makes (``Figure`` s: direction,
     unit, floor, resolution, and the primary rows each declares, ``Primary(...)`` with the case's name left
@@ -166,6 +183,7 @@ class StressCase:
     reported: Callable[[dict], list[str]] | None = None
     checks: tuple[Callable[..., None], ...] = ()
     rerun: bool = False
+    runs: Callable[[StressCase, cfg.ExperimentConfig], list[Unit]] | None = None
 
     @property
     def recorded(self) -> RecordedCase:
@@ -182,6 +200,17 @@ class StressCase:
 
     def _named(self, rows: tuple[Primary, ...]) -> tuple[Primary, ...]:
         return tuple(row if row.case else replace(row, case=self.name) for row in rows)
+
+    def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
+        """One run of the case, named by its rung where the case declares one."""
+        return Unit(self.name, arm, seed, run, schedule, self.rung(run) if self.rung else None)
+
+    def units(self, config: cfg.ExperimentConfig) -> list[Unit]:
+        """The runs it trains on ``config``, in the order it trains them (``runs``; without, one run per seed
+        and arm under the standard schedule). Nothing is built or trained: the plan counts these."""
+        if self.runs is not None:
+            return self.runs(self, config)
+        return every_arm(self, config, Standard())
 
     def run_steps(self, config: cfg.ExperimentConfig) -> int:
         """The steps one of its runs trains on ``config``."""

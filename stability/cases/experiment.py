@@ -167,11 +167,12 @@ def after_training(run: cfg.RunConfig, config: cfg.ExperimentConfig):
 
 
 def run_pair(config: cfg.ExperimentConfig, schedule=None, description: str = "", purpose: str = "regression",
-             session=None, runner=None) -> dict:
+             session=None, runner=None, units: list[Unit] | None = None) -> dict:
     """Train every (seed, arm) of ``config``, seed by seed, and return the pair record.
 
-    ``session``: see ``train_arm``; ``runner``: see ``train_units``. Ctrl-C ends the arm in flight as
-    "killed" and raises ``Interrupted`` with the record so far."""
+    ``session``: see ``train_arm``; ``runner``: see ``train_units``; ``units``: the runs (default one per seed
+    and arm under ``schedule``; the standard case hands its own, ``StressCase.units``). Ctrl-C ends the arm in
+    flight as "killed" and raises ``Interrupted`` with the record so far."""
     from stability.config.schedules import Standard
 
     schedule = schedule or Standard()
@@ -180,8 +181,8 @@ def run_pair(config: cfg.ExperimentConfig, schedule=None, description: str = "",
                              purpose=purpose)
     corpus = load_inputs(config)
     set_corpus(record, corpus.info)
-    units = [Unit("standard", arm, seed, config.arm_config(arm, seed), schedule)
-             for seed in config.seeds for arm in config.arm_names]
+    units = units if units is not None else [Unit("standard", arm, seed, config.arm_config(arm, seed), schedule)
+                                             for seed in config.seeds for arm in config.arm_names]
     for arm_record in train_units(record, config, units, corpus, session, runner):
         add_arm(record, arm_record)
         set_paired(record)

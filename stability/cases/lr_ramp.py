@@ -16,7 +16,7 @@ import math
 from typing import TypedDict
 
 from stability import config as cfg
-from stability.cases.case import CaseRun, StressCase, cpu_threads, finite
+from stability.cases.case import CaseRun, StressCase, cpu_threads, every_arm, finite
 from stability.cases.checks import close, require
 from stability.record import Status, set_case_result
 from stability.record.figures import Figure, Primary
@@ -92,7 +92,7 @@ def run_lr_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, session=N
     schedule = stress.ramp
     with cpu_threads(stress.threads):
         case = CaseRun(stress_case, config, "lr_ramp", schedule.describe(), session, runner)
-        per_arm = case.train_each_arm(schedule, lambda run, arm_record: (ramp_figures(
+        per_arm = case.train_declared(lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, schedule.end_lr), {}))
         set_case_result(case.record, case.name, {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,
                                                  "per_arm": per_arm})
@@ -178,4 +178,5 @@ CASE = StressCase("lr_ramp", run_lr_ramp, figures=FIGURES, primary=PRIMARY, resu
                   reported=lambda record: ["ramp_divergence_lr", "ramp_divergence_step", "ramp_spikes",
                                            "m_act_mean", "f_attn_mean"],
                   checks=(the_lr_rises_exponentially, the_ramp_finds_divergence,
-                          the_loss_is_finite_until_divergence))
+                          the_loss_is_finite_until_divergence),
+                  runs=lambda case, config: every_arm(case, config, config.stress.ramp))

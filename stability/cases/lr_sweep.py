@@ -82,6 +82,12 @@ def reference_index(lrs: tuple[float, ...], lr: float) -> int:
     return min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i]) - math.log(lr)))
 
 
+def sweep_runs(case: StressCase, config: cfg.ExperimentConfig) -> list:
+    """Its runs: every seed and arm at every peak LR of ``stress.sweep_lrs``, LR by LR (``Standard`` schedule)."""
+    return [case.unit(arm, seed, with_lr(config.arm_config(arm, seed), lr), Standard())
+            for seed in config.seeds for arm in config.arm_names for lr in config.stress.sweep_lrs]
+
+
 def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, session=None, runner=None) -> dict:
     """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
 
@@ -97,9 +103,7 @@ def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, s
         case = CaseRun(stress_case, config, "lr_sweep",
                      f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session, runner)
         per_arm, runs = [], []
-        units = [case.unit(arm, seed, with_lr(config.arm_config(arm, seed), lr), Standard())
-                 for seed in config.seeds for arm in config.arm_names for lr in grid]
-        trained = case.train_units(units)
+        trained = case.train_units(stress_case.units(config))
         for seed in config.seeds:
             for arm in config.arm_names:
                 records = []
@@ -184,4 +188,4 @@ CASE = StressCase("lr_sweep", run_sweep, figures=FIGURES, rung=lr_rung, result=L
                   reported=lambda record: ["lr_sensitivity", "critical_lr", "m_act_mean", "f_attn_mean",
                                            "loss_spike_score", "heldout_loss"],
                   checks=(the_grid_is_fully_trained, the_reference_lr_is_finite_and_learns,
-                          the_sweep_figures_are_consistent))
+                          the_sweep_figures_are_consistent), runs=sweep_runs)

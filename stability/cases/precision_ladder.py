@@ -83,6 +83,13 @@ def rung_steps(config: cfg.ExperimentConfig) -> int:
     return config.stress.ladder_steps or config.run.steps
 
 
+def ladder_runs(case: StressCase, config: cfg.ExperimentConfig) -> list:
+    """Its runs: every seed and arm at every rung of ``stress.precisions``, rung by rung, for ``rung_steps``
+    (``Standard`` schedule); a rung skipped for want of torchao is left out when the ladder trains."""
+    return [case.unit(arm, seed, at_precision(config.arm_config(arm, seed), p, config.stress.ladder_steps), Standard())
+            for seed in config.seeds for arm in config.arm_names for p in config.stress.precisions]
+
+
 def first_loss_gap(rung: dict, fp32: dict) -> float | None:
     """|loss of step 0 in the run ``rung`` minus that of the fp32 run ``fp32``| (arm records), nats/token; None
     when either has no finite first loss."""
@@ -106,9 +113,8 @@ def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, 
                      f"the same run in {', '.join(precisions)}"
                      + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session, runner)
         runs, sources = [], {}
-        units = [case.unit(arm, seed, at_precision(config.arm_config(arm, seed), p, config.stress.ladder_steps),
-                           Standard()) for seed in config.seeds for arm in config.arm_names for p in precisions]
-        trained = case.train_units(units)
+        trained = case.train_units([unit for unit in stress_case.units(config)
+                                    if unit.run.precision.dtype not in skipped])
         for seed in config.seeds:
             for arm in config.arm_names:
                 by_precision = {}
@@ -297,4 +303,5 @@ CASE = StressCase("precision_ladder", run_precision_ladder, figures=FIGURES, pri
                   reported=lambda record: [f"loss_gap_{p}" for p in rungs_of(record)]
                   + ["m_act_mean", "f_attn_mean", "max_attn_logit"],
                   checks=(every_rung_trained, each_rung_names_its_library_and_recipe, fp32_is_finite_and_learns,
-                          each_rung_stays_within_its_loss_gap_of_fp32, the_precision_statistics_are_recorded))
+                          each_rung_stays_within_its_loss_gap_of_fp32, the_precision_statistics_are_recorded),
+                  runs=ladder_runs)

@@ -16,7 +16,7 @@ import math
 from typing import TypedDict
 
 from stability import config as cfg
-from stability.cases.case import CaseRun, StressCase, cpu_threads, finite
+from stability.cases.case import CaseRun, StressCase, cpu_threads, every_arm, finite
 from stability.cases.checks import close, require
 from stability.config import RunConfig, from_dict
 from stability.config.schedules import Shock as ShockSchedule
@@ -86,7 +86,7 @@ def run_shock(stress_case: StressCase, config: cfg.ExperimentConfig, session=Non
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
         case = CaseRun(stress_case, config, f"shock-{schedule.kind}", schedule.describe(), session, runner)
-        per_arm = case.train_each_arm(schedule, lambda run, arm_record: (shock_figures(
+        per_arm = case.train_declared(lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
         set_case_result(case.record, case.name, {"kind": schedule.kind, "step": schedule.shock_step,
@@ -154,4 +154,5 @@ CASE = StressCase("shock", run_shock, figures=FIGURES, result=Shock, title="LR s
                   reported=lambda record: ["shock_peak_excess", "shock_recovery_steps", "shock_spikes",
                                            "loss_spike_score", "m_act_mean", "f_attn_mean"],
                   checks=(the_shock_is_applied_as_configured,
-                          the_loss_is_finite_before_the_shock_and_its_figures_defined))
+                          the_loss_is_finite_before_the_shock_and_its_figures_defined),
+                  runs=lambda case, config: every_arm(case, config, config.stress.shock))

@@ -21,7 +21,7 @@ def run_standard(stress_case: StressCase, config: cfg.ExperimentConfig, session=
     from stability.cases.experiment import run_pair  # training imports torch when the case runs
 
     with cpu_threads(config.stress.threads):
-        return run_pair(quantized_by_default(config), session=session, runner=runner)
+        return run_pair(quantized_by_default(config), session=session, runner=runner, units=stress_case.units(config))
 
 
 def quantized_by_default(config: cfg.ExperimentConfig) -> cfg.ExperimentConfig:

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from stability import config as cfg
 from stability.cases import batch_ramp, lr_ramp, lr_sweep, precision_ladder, shock, standard
-from stability.cases.case import CaseRun, StressCase, cpu_threads
+from stability.cases.case import CaseRun, StressCase, cpu_threads, every_arm
 from stability.record import declare
 from stability.record import figures as fig
 
-__all__ = ["CASES", "CaseRun", "StressCase", "check_cases", "cpu_threads", "register", "run_case"]
+__all__ = ["CASES", "CaseRun", "StressCase", "check_cases", "cpu_threads", "every_arm", "register", "run_case"]
 
 # every stress case, in the order `stability stress` runs them; ``register`` adds one
 CASES: dict[str, StressCase] = {}

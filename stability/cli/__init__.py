@@ -7,6 +7,7 @@
     stability baseline make [--preset smoke] [--replicates 4]     the stress suites with replicates -> a baseline
     stability baseline update [RUN_DIR] --out reports/baselines/smoke-cpu.json
     stability init     [--factory mypackage.model:build]     settings table + CI workflow in this repository
+    stability plan     --preset full [--gpu h200] [--json plan.json]   runs, FLOPs, memory and time, before a run
     stability report   [RUN_DIR] --out reports/report.html [--baseline ...]
     stability upload   RECORD ...                                                   send to MLflow later
     stability replay   BUNDLE                                                       re-run one flagged step
@@ -29,11 +30,11 @@ from stability.record import RecordError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from stability.cli import check, init, replay, report, run, stress, upload
+    from stability.cli import check, init, plan, replay, report, run, stress, upload
 
     parser = argparse.ArgumentParser(prog="stability", description="Numerical-stability harness for gated attention.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (run, stress, check, report, upload, replay, init):
+    for module in (run, stress, plan, check, report, upload, replay, init):
         module.add_parsers(sub)
     return parser
 

@@ -7,11 +7,12 @@ Writes, asking nothing:
 * the settings table, every key with its comment (``stability.plugin.settings.KEYS``): ``[tool.stability]``
   appended to ./pyproject.toml (the rest of the file kept byte for byte), or ./stability.toml when there is
   no pyproject.toml;
-* ``.github/workflows/stability.yml``: the CPU job (the preset on the CPU) and the GPU job (``full`` on
-  CUDA), each running the stress suites, the kernel check where the model is the harness's own,
-  ``stability check`` against the committed baseline, the report, the upload, and failing on a regression;
-  its ``push`` trigger names the repository's default branch (``git``: origin's HEAD, else the branch checked
-  out, else main);
+* ``.github/workflows/stability.yml``: on every pull request the CPU job (the preset on the CPU) and the GPU
+  job (``gpu-pr`` on one GPU, sized to its 240 minutes by ``stability plan``), and every night the ``full``
+  job on four GPUs (one per pytest-xdist worker), each running the stress suites, the kernel check where the
+  model is the harness's own, ``stability check`` against the committed baseline, the report, the upload, and
+  failing on a regression; its ``push`` trigger names the repository's default branch (``git``: origin's HEAD,
+  else the branch checked out, else main);
 * ``.gitignore``: the run output (``reports/*``) ignored, the baselines (``reports/baselines/``) kept,
   appended to an existing file (lines it already has are not repeated);
 
@@ -163,14 +164,27 @@ HEADER = """\
 # made by `stability baseline make`; no job passes without it). The regression table goes to the job summary;
 # reports/ (records, report, JUnit XML) is uploaded; the job fails when a figure regressed (exit 1), changed
 # (exit 3) or the inputs are unusable (exit 2).
+#
+# Which job gates merges (make them the branch's required checks): on a pull request, the CPU job (stress-cpu,
+# @PRESET@ on the CPU) and the GPU job (stress-gpu, gpu-pr on one GPU, 240 minutes). The `full` preset runs nightly
+# (stress-nightly, on the schedule) on a runner with 4 GPUs, one per pytest-xdist worker: it gates nothing, its
+# failure is a failed nightly run. What a preset's job and baseline cost: `stability plan --preset NAME --gpu h200`.
 name: stability
 
 on:
   pull_request:
   push:
     branches: [@BRANCH@]
+  schedule:
+    - cron: "0 1 * * *"   # nightly: the full preset (stress-nightly)
   workflow_dispatch:
     inputs:
+      nightly:
+        description: >-
+          With baseline: make the nightly job's baseline (full, 4 GPUs) instead of the pull-request jobs' ones.
+        required: false
+        default: false
+        type: boolean
       baseline:
         description: >-
           Make a baseline on the runners instead of checking: "all" (the whole baseline), or the stress cases to
@@ -188,14 +202,16 @@ concurrency:
 jobs:
 """
 
+PULL_REQUEST = "github.event_name != 'schedule' && (github.event_name != 'workflow_dispatch' || inputs.baseline == '')"
+
 GPU_JOB = """\
   stress-gpu:
-    name: stress (full, cuda)
-    if: github.event_name != 'workflow_dispatch' || inputs.baseline == ''
+    name: stress (gpu-pr, cuda)
+    if: @PULL_REQUEST@
     runs-on: [self-hosted, gpu]
     timeout-minutes: 240
     env:
-      BASELINE: @BASELINES@/full-cuda.json
+      BASELINE: @BASELINES@/gpu-pr-cuda.json
       STABILITY_RUN_DIR: reports/runs/job-${{ github.run_id }}-${{ github.run_attempt }}-cuda
       STABILITY_PACKAGE: "@PACKAGE@"
     steps:
@@ -211,13 +227,13 @@ GPU_JOB = """\
         id: stress
         run: |
           . .venv/bin/activate
-          pytest --pyargs stability.suites -m stress --scale full --device cuda --junitxml=reports/junit-stress-full.xml
+          pytest --pyargs stability.suites -m stress --scale gpu-pr --device cuda --junitxml=reports/junit-stress-gpu-pr.xml
 @KERNEL_GPU@"""
 
 CPU_JOB = """\
   stress-cpu:
     name: stress (@PRESET@, cpu)
-    if: github.event_name != 'workflow_dispatch' || inputs.baseline == ''
+    if: @PULL_REQUEST@
     runs-on: ubuntu-latest
     timeout-minutes: 60
     env:
@@ -251,7 +267,7 @@ KERNEL_GPU = """\
         if: always()
         run: |
           . .venv/bin/activate
-          pytest --pyargs stability.suites -m kernel --junitxml=reports/junit-kernel-full.xml
+          pytest --pyargs stability.suites -m kernel --junitxml=reports/junit-kernel-gpu-pr.xml
 """
 
 KERNEL_CPU = """\
@@ -329,40 +345,68 @@ BASELINE_STEPS = """\
 """
 
 
-def baseline_job(stress_job: str, job_preset: str, job_device: str) -> str:
+def nightly_job(gpu_job: str) -> str:
+    """The nightly job: ``gpu_job`` on the ``full`` preset, on a runner with four GPUs, one per pytest-xdist worker
+    (docs/scale-out.md: by the plan ``full`` cannot fit the 240 minutes of a pull request's job)."""
+    return (gpu_job.replace("  stress-gpu:", "  stress-nightly:", 1)
+            .replace("name: stress (gpu-pr, cuda)", "name: stress (full, cuda, nightly)")
+            .replace("if: @PULL_REQUEST@", "if: github.event_name == 'schedule'")
+            .replace("runs-on: [self-hosted, gpu]", "runs-on: [self-hosted, gpu, gpu-4]")
+            .replace("timeout-minutes: 240", "timeout-minutes: 600")
+            .replace("gpu-pr-cuda.json", "full-cuda.json")
+            .replace("-${{ github.run_attempt }}-cuda\n", "-${{ github.run_attempt }}-cuda-nightly\n")
+            .replace("--scale gpu-pr --device cuda --junitxml=reports/junit-stress-gpu-pr.xml",
+                     "--scale full --device cuda -n 4 --dist loadfile --junitxml=reports/junit-stress-full.xml")
+            .replace("junit-kernel-gpu-pr.xml", "junit-kernel-full.xml"))
+
+
+def baseline_job(stress_job: str, job_preset: str, job_device: str, nightly: bool = False) -> str:
     """The job that makes a baseline on the runner of ``stress_job`` (its text up to its stress step, the
-    same install), dispatched by hand with the input ``baseline``."""
+    same install), dispatched by hand with the input ``baseline`` (and ``nightly`` for the nightly job's)."""
     head = stress_job[:stress_job.index("      - name: stress suites")]
-    head = head.replace("if: github.event_name != 'workflow_dispatch' || inputs.baseline == ''",
-                        "if: github.event_name == 'workflow_dispatch' && inputs.baseline != ''")
+    head = head.replace("if: @PULL_REQUEST@" if not nightly else "if: github.event_name == 'schedule'",
+                        "if: github.event_name == 'workflow_dispatch' && inputs.baseline != '' && "
+                        + ("inputs.nightly" if nightly else "!inputs.nightly"))
     head = head.replace("  stress-", "  baseline-", 1).replace("    name: stress (", "    name: baseline (", 1)
-    head = head.replace("timeout-minutes: 240", "timeout-minutes: 600")
-    name = "full-cuda" if job_device == "cuda" else "@PRESET@-cpu"
+    head = head.replace("timeout-minutes: 240", "timeout-minutes: 720").replace("timeout-minutes: 600",
+                                                                                "timeout-minutes: 2880")
+    name = f"{job_preset}-cuda" if job_device == "cuda" else "@PRESET@-cpu"
     head = head.replace(f"      BASELINE: @BASELINES@/{name}.json\n", f"      BASELINE: @BASELINES@/{name}.json\n"
                         f"      NEW_BASELINE: @BASELINES@/new/{name}.json\n      CASES: ${{{{ inputs.baseline }}}}\n")
     head = "\n".join(line for line in head.splitlines() if "STABILITY_RUN_DIR" not in line) + "\n"
-    return head + BASELINE_STEPS.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device)
+    steps = BASELINE_STEPS.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device)
+    if nightly:
+        steps = steps.replace('--out "$NEW_BASELINE"\n', '--out "$NEW_BASELINE" -- -n 4 --dist loadfile\n')
+    return head + steps
 
 
 def workflow_text(settings_file: str, preset: str, baselines: str, package: str, own_model: bool,
                   branch: str = "main") -> str:
-    """The workflow: the GPU job (full, cuda) and the CPU job (``preset``, cpu), as this package's own has
-    them; the kernel steps only when the arms train the harness's own model (the code they check); pushes to
-    ``branch`` run it."""
+    """The workflow: the GPU job (gpu-pr, cuda), the nightly job (full, cuda, four GPUs) and the CPU job
+    (``preset``, cpu), as this package's own has them; the kernel steps only when the arms train the harness's
+    own model (the code they check); pushes to ``branch`` run it."""
     def job(text: str, kernel: str, job_preset: str, job_device: str, junit: list[str]) -> str:
         text = text.replace("@KERNEL_GPU@", kernel).replace("@KERNEL_CPU@", kernel) + CHECK_STEPS
         junit = " ".join(f"--junit reports/{name}" for name in junit)   # the tests' outcome: one verdict
         return text.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device).replace("@JUNIT@", junit)
 
-    text = (HEADER + job(GPU_JOB, KERNEL_GPU if own_model else "", "full", "cuda",
-                         ["junit-stress-full.xml"] + (["junit-kernel-full.xml"] if own_model else [])) + "\n"
+    gpu = job(GPU_JOB, KERNEL_GPU if own_model else "", "gpu-pr", "cuda",
+              ["junit-stress-gpu-pr.xml"] + (["junit-kernel-gpu-pr.xml"] if own_model else []))
+    nightly = nightly_job(gpu).replace("@JOB_PRESET@", "full").replace("stability-reports-gpu-pr-cuda",
+                                                                       "stability-reports-full-cuda-nightly")
+    nightly = nightly.replace("--preset gpu-pr --device cuda", "--preset full --device cuda")
+    nightly = nightly.replace("--junit reports/junit-stress-gpu-pr.xml", "--junit reports/junit-stress-full.xml")
+    text = (HEADER + gpu + "\n" + nightly + "\n"
             + job(CPU_JOB, KERNEL_CPU if own_model else "", preset, "cpu",
                   [f"junit-stress-{preset}.xml"] + (["junit-kernel.xml"] if own_model else []))
             + "\n  # A baseline made where the job runs (dispatched by hand with the input `baseline`): the reference "
               "runs and their\n  # rounding replicates of every case (\"all\") or of the cases named, merged into "
               "the committed baseline.\n"
-            + baseline_job(GPU_JOB, "full", "cuda") + "\n" + baseline_job(CPU_JOB, preset, "cpu"))
-    return (text.replace("@SETTINGS@", settings_file).replace("@PRESET@", preset)
+            + baseline_job(GPU_JOB, "gpu-pr", "cuda") + "\n"
+            + baseline_job(nightly_job(GPU_JOB), "full", "cuda", nightly=True).replace(
+                "stability-baseline-full-cuda", "stability-baseline-full-cuda-nightly") + "\n"
+            + baseline_job(CPU_JOB, preset, "cpu"))
+    return (text.replace("@SETTINGS@", settings_file).replace("@PRESET@", preset).replace("@PULL_REQUEST@", PULL_REQUEST)
             .replace("@BASELINES@", baselines).replace("@PACKAGE@", package).replace("@BRANCH@", branch))
 
 
@@ -453,8 +497,8 @@ def cmd_init(args) -> int:
         for line in found:
             print(f"    {line}")
     print(f"wrote {where}: preset {preset} on the cpu, {model}")
-    print(f"wrote {WORKFLOW}: the CPU job ({preset}) and the GPU job (full, cuda), run on pull requests and on "
-          f"pushes to {branch}")
+    print(f"wrote {WORKFLOW}: the CPU job ({preset}) and the GPU job (gpu-pr, cuda), run on pull requests and on "
+          f"pushes to {branch}; the nightly job (full, cuda, four GPUs)")
     print(f"{'wrote' if ignore is not None else 'kept'} {GITIGNORE}: {' and '.join(IGNORED)} (the run output is "
           f"not committed, the baselines are)")
     if note:

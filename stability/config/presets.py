@@ -1,5 +1,7 @@
-"""The named scale presets: ``smoke`` (CPU, seconds), ``ci`` (CPU, the stress suites in minutes) and
-``full`` (GPU); and the study ``sink`` (CPU, the positive control of the first-token share: reports/sink.md)."""
+"""The named scale presets: ``smoke`` (CPU, seconds), ``ci`` (CPU, the stress suites in minutes), ``gpu-pr``
+(GPU, the stress suites of a pull request on one GPU in about 1.5 hours) and ``full`` (GPU, nightly, on
+several GPUs); and the study ``sink`` (CPU, the positive control of the first-token share: reports/sink.md).
+What the GPU presets cost, by the plan (``stability plan --preset NAME``): docs/scale-out.md."""
 
 from __future__ import annotations
 
@@ -80,16 +82,23 @@ def _ci() -> ExperimentConfig:
 # arms=gated,gated_floored, the floored gate's F-Attn between the gate's and the reference arm's.
 
 
+def _full_model() -> ModelConfig:
+    """The GPU presets' model: 76M parameters (83M gated), byte-level, the Triton kernel."""
+    return ModelConfig(vocab_size=257, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4, context=1024,
+                       backend="triton")
+
+
 def _full() -> ExperimentConfig:
-    """GPU: a 76M-parameter byte-level model (83M gated), bf16, the Triton kernel, on the Python standard library's
-    source files (real text every machine has). A tokenized corpus is an override: data.corpus=<file.bin>
+    """GPU, nightly: a 76M-parameter byte-level model (83M gated), bf16, the Triton kernel, on the Python standard
+    library's source files (real text every machine has). A tokenized corpus is an override: data.corpus=<file.bin>
     (or a text/JSONL/Parquet file with data.tokenizer=<dir>) and model.vocab_size to match. What its first
-    run should show: the comment above."""
+    run should show: the comment above. The precision ladder's rungs train 1000 steps (fp32 and the MX formats
+    torchao emulates on a GPU without MX tensor cores run at the FP32 rate: at 5000 steps the ladder alone
+    would be a day on one GPU, docs/scale-out.md)."""
     return ExperimentConfig(
         name="full", preset="full",
         run=RunConfig(
-            model=ModelConfig(vocab_size=257, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4,
-                              context=1024, backend="triton"),
+            model=_full_model(),
             data=DataConfig(corpus="stdlib", batch_size=32),
             optim=OptimConfig(lr=1e-3, warmup_steps=200),
             precision=PrecisionConfig(dtype="bf16"),
@@ -102,7 +111,32 @@ def _full() -> ExperimentConfig:
         # Wortsman et al.'s grid plus 1.0; the ramp crosses 1e-2 at mid-run; batch 32 -> 128
         stress=StressConfig(sweep_lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
                             ramp=ExponentialRamp(1e-5, 10.0), batch=BatchRamp(double_every=1000, max_size=128),
-                            shock=Shock(at_step=2500, factor=10.0), threads=0),
+                            shock=Shock(at_step=2500, factor=10.0), ladder_steps=1000, threads=0),
+    )
+
+
+def _gpu_pr() -> ExperimentConfig:
+    """GPU, every pull request: the ``full`` model, data and optimiser for 1000 steps, sized by the plan to train
+    the six stress cases on one H200 in about half the GPU job's 240 minutes (docs/scale-out.md). A decade LR
+    grid from 1e-3 up to one that diverges; the ramp crosses 1e-2 at mid-run; two batch doublings; the
+    ladder's fp32, bf16, fp16 and fp8 rungs for 200 steps (the MX rungs, emulated on Hopper at the FP32 rate,
+    train in the nightly ``full`` job only)."""
+    return ExperimentConfig(
+        name="gpu-pr", preset="gpu-pr",
+        run=RunConfig(
+            model=_full_model(),
+            data=DataConfig(corpus="stdlib", batch_size=32),
+            optim=OptimConfig(lr=1e-3, warmup_steps=100),
+            precision=PrecisionConfig(dtype="bf16"),
+            probes=ProbeConfig(every=250, spike_window=100, spike_k=6.0, eval_batches=32, probe_batch_size=8),
+            checkpoint=CheckpointConfig(every=500),
+            steps=1000,
+            device="cuda",
+        ),
+        seeds=(0, 1, 2),
+        stress=StressConfig(sweep_lrs=(1e-3, 1e-2, 1e-1, 1.0), ramp=ExponentialRamp(1e-5, 10.0),
+                            batch=BatchRamp(double_every=250, max_size=128), shock=Shock(at_step=500, factor=10.0),
+                            precisions=("fp32", "bf16", "fp16", "fp8"), ladder_steps=200, threads=0),
     )
 
 
@@ -133,11 +167,11 @@ def _sink() -> ExperimentConfig:
     )
 
 
-PRESETS = {"smoke": _smoke, "ci": _ci, "full": _full, "sink": _sink}
+PRESETS = {"smoke": _smoke, "ci": _ci, "gpu-pr": _gpu_pr, "full": _full, "sink": _sink}
 
 
 def preset(name: str) -> ExperimentConfig:
-    """The named preset ("smoke", "ci", "full" or "sink")."""
+    """The named preset ("smoke", "ci", "gpu-pr", "full" or "sink")."""
     if name not in PRESETS:
         raise ConfigError(f"preset={name!r} is unknown: expected one of {tuple(PRESETS)}")
     return PRESETS[name]()

@@ -6,7 +6,7 @@ Registered through the ``pytest11`` entry point, so pytest loads it wherever the
 and gives the suites (``pytest --pyargs stability.suites -m stress``; ``pytest suites/`` in this
 repository):
 
-* options --scale smoke|ci|full, --device cpu|cuda, --seeds 0,1,2, --tracking-uri URI, --ray
+* options --scale smoke|ci|gpu-pr|full, --device cpu|cuda, --seeds 0,1,2, --tracking-uri URI, --ray
   auto|local:N|HOST:PORT, --replicates R, --replicate N, --run-slow; each is also --stability-NAME, the
   name nothing else takes (the short name is added only where no other plugin or conftest has it);
 * the markers of ``MARKERS``; ``gpu`` tests are skipped without CUDA, ``slow`` ones unless --run-slow;
@@ -66,11 +66,11 @@ MARKERS = {
 
 # --stability-NAME (and --NAME where free): the keyword arguments of addoption
 OPTIONS = {
-    "scale": {"default": None, "choices": ("smoke", "ci", "full"),
+    "scale": {"default": None, "choices": ("smoke", "ci", "gpu-pr", "full"),
               "help": "scale preset of the stress suites (default $STABILITY_SCALE, the table's preset, smoke)"},
     "device": {"default": None, "metavar": "cpu|cuda",
                "help": "cpu or cuda (default $STABILITY_DEVICE, the table's device, the preset's: cpu for smoke "
-                       "and ci, cuda for full); under pytest-xdist worker gwN sees only entry N of "
+                       "and ci, cuda for gpu-pr and full); under pytest-xdist worker gwN sees only entry N of "
                        "CUDA_VISIBLE_DEVICES, as cuda:0"},
     "seeds": {"default": None, "metavar": "0,1,2",
               "help": "comma-separated seeds overriding the table's and the preset's"},

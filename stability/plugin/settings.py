@@ -43,7 +43,8 @@ MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "gate")
 
 KEYS = (
     Key("preset", f"one of {tuple(PRESETS)}",
-        "Scale preset of the stress suites: smoke (CPU, minutes), ci (CPU, longer runs), full (GPU). "
+        "Scale preset of the stress suites: smoke (CPU, minutes), ci (CPU, longer runs), gpu-pr (GPU, a pull "
+        "request's job), full (GPU, nightly). "
         "--scale overrides it.", "smoke"),
     Key("device", "'cpu', 'cuda' or 'cuda:N'",
         "Device of the suites: cpu or cuda. --device overrides it (the workflow's GPU job passes --device cuda).",

@@ -75,6 +75,11 @@ class Format:
     counts_range = True      # whether the probes report what it cannot hold (overflow / underflow fractions)
     distributed = False      # whether an arm can train in it under torchrun (stability.train.distributed)
     shard_dtype = None       # the dtype FSDP2 gathers parameters in for it (None: as stored, fp32)
+    # what a plan of its cost reads (stability.plan): the compute capability (major, minor) from which its matmuls
+    # run on tensor cores at the 16-bit rate (None: never, the FP32 rate; below it torchao emulates them in
+    # high precision), and the bytes of an activation autograd keeps for the backward
+    tensor_cores: tuple[int, int] | None = None
+    activation_bytes = 4
 
     def __init__(self, config: PrecisionConfig, device: torch.device, real_fp8: bool | None = None) -> None:
         self.config = config
@@ -140,6 +145,8 @@ class Autocast(Format):
     (flushed to zero), and the outputs that overflowed to +/-inf."""
 
     dtype = torch.float32
+    tensor_cores = (8, 0)
+    activation_bytes = 2
 
     @property
     def linear_format(self) -> str:
@@ -210,6 +217,7 @@ class Fp8(Format):
     8.9 and above, emulated elsewhere."""
 
     name = "fp8"
+    tensor_cores = (8, 9)
 
     def __init__(self, config: PrecisionConfig, device: torch.device, real_fp8: bool | None = None) -> None:
         super().__init__(config, device)
@@ -324,6 +332,7 @@ class Mxfp8(Mx):
     """mxfp8: e4m3 elements in every operand."""
 
     name = "mxfp8"
+    tensor_cores = (10, 0)
 
 
 @register
