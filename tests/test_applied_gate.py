@@ -82,7 +82,7 @@ def test_a_changed_model_width_cannot_be_compared(tmp_path):
 @pytest.mark.slow
 def test_the_bf16_rung_trained_in_fp32_fails_naming_its_linears(tmp_path):
     """The precision ladder (2 minutes at smoke): autocast left off on the CPU, so the bf16 and fp16 rungs train in
-    fp32 while reported as bf16 and fp16 (the regression zoo keeps this job at both presets)."""
+    fp32 while reported as bf16 and fp16 (the regression zoo keeps this job at smoke)."""
     code, out, _ = job(tmp_path, "autocast_on_cuda_only", "precision_ladder")
     assert code == 1, out[-3000:]
     assert "linear_off_format_calls_bf16 = " in out and "linear_off_format_calls_fp16 = " in out
