@@ -660,17 +660,23 @@ def test_a_figure_new_or_gone_by_hand():
     assert jump["z"] > 1e5 and jump["p"] == 0.0 and jump["p_change"] == 0.0
 
 
+def two_seed_baseline() -> dict:
+    """A standard case's baseline by hand: two seeds of two completed replicates, held-out loss 3.0 in the
+    reference arm and 2.9 in the gated arm in every run."""
+    done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
+    return {"config": {}, "steps": 10, "stress": "standard", "arms": {
+        "reference": {"status": done, "diverged_at_step": {},
+                      "figures": {"heldout_loss": replicates(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
+        "gated": {"status": done, "diverged_at_step": {},
+                  "figures": {"heldout_loss": replicates(s0=[2.9, 2.9], s1=[2.9, 2.9])}}}}
+
+
 def test_rows_of_one_case_by_hand():
     """Arms baseline and gated, two seeds of two replicates; arm "new" only in the job (a note). baseline:
     heldout_loss 3.0 everywhere, unchanged: ok. gated: seed 1's held-out loss went non-finite in a completed
     run: a failed outcome naming case, arm and seed, and its row judges seed 0 alone; accuracy only now:
     new. Paired gated - reference: heldout_loss from seed 0; accuracy has no reference arm value: no row."""
-    done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
-    base = {"config": {}, "steps": 10, "stress": "standard", "arms": {
-        "reference": {"status": done, "diverged_at_step": {},
-                     "figures": {"heldout_loss": replicates(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
-        "gated": {"status": done, "diverged_at_step": {},
-                  "figures": {"heldout_loss": replicates(s0=[2.9, 2.9], s1=[2.9, 2.9])}}}}
+    base = two_seed_baseline()
     now = {"0": {"0": "completed"}, "1": {"0": "completed"}}
     case = {"config": {}, "steps": 10, "arms": {
         "reference": {"status": now, "diverged_at_step": {}, "figures": {"heldout_loss": {"0": {"0": 3.0}, "1": {"0": 3.0}}}},
@@ -695,12 +701,7 @@ def test_a_paired_difference_is_judged_at_its_operands_rounding_step():
     lower (2.9 - 2^-22: its last bit moved). The paired difference (-0.1) is 30x smaller than its operands,
     but it moves by their rounding step: judged at 2^-23 x (2.9 + 3.0), the move is about one step (no change),
     where the difference's own rounding step (2^-23 x 0.1) would call it a change at z ~ 20."""
-    done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
-    base = {"config": {}, "steps": 10, "stress": "standard", "arms": {
-        "reference": {"status": done, "diverged_at_step": {},
-                      "figures": {"heldout_loss": replicates(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
-        "gated": {"status": done, "diverged_at_step": {},
-                  "figures": {"heldout_loss": replicates(s0=[2.9, 2.9], s1=[2.9, 2.9])}}}}
+    base = two_seed_baseline()
     now = {"0": {"0": "completed"}, "1": {"0": "completed"}}
     moved = 2.9 - 2.0 ** -22
     case = {"config": {}, "steps": 10, "arms": {
