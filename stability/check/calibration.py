@@ -24,9 +24,8 @@ others are only ever judged against), and the curve says which they were.
 under the diagonal (at most alpha of the arrangements fail at each alpha). The margin is reported, not
 required: with replicates that perturb every step and a thousand arrangements, a rule whose rate sits at
 0.5% has arrangements that fail, so the closest one always stays under 1. A curve measures one rule: it
-names the primary family and the degrees-of-freedom rule
-it judged with, and a check whose rule differs says its calibration is stale (``stability baseline
-calibrate --write`` measures it again; no training).
+names the primary family and the degrees-of-freedom rule it judged with, and a check whose rule differs
+says its calibration is stale (``stability baseline calibrate --write`` measures it again; no training).
 
 This module reads JSON only: no torch, no MLflow.
 """
