@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
-from stability.cases.experiment import run_pair
+from stability.cases.standard import run_pair
 from stability.config import REFERENCE_ARM, resolve
 from stability.data import load_corpus
 from stability.evaluate.extrapolation import evaluate_lengths

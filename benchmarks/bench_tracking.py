@@ -28,7 +28,7 @@ from pathlib import Path
 
 
 def _train(preset: str) -> dict:
-    from stability.cases.experiment import run_pair
+    from stability.cases.standard import run_pair
     from stability.config import resolve
 
     return run_pair(resolve(preset))

@@ -48,7 +48,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from stability import config as cfg
-from stability.cases.experiment import run_pair
+from stability.cases.standard import run_pair
 from stability.record import REFERENCE_ARM, Status, usable_value
 from stability.record import figures as fig
 from stability.record.stats import paired_difference

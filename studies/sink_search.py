@@ -44,7 +44,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from stability import config as cfg
-from stability.cases.experiment import run_pair
+from stability.cases.standard import run_pair
 from stability.record import REFERENCE_ARM
 
 DISCOVERY_SEEDS = (0, 1, 2)          # the search's seeds; the claim's held-out seeds are 300-305

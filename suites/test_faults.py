@@ -7,7 +7,7 @@
 * a deliberately exploding config (huge LR, no warmup, no clipping) is recorded as diverged with
   its step, and the run (and the suite) goes on.
 
-Each case trains a pair (both arms must show the detection) through ``stability.cases.experiment.run_pair``,
+Each case trains a pair (both arms must show the detection) through ``stability.cases.standard.run_pair``,
 writes the JSON record (purpose "fault": never part of a regression check or a baseline), then logs
 it to MLflow."""
 
@@ -17,7 +17,7 @@ import math
 
 import pytest
 
-from stability.cases.experiment import run_pair
+from stability.cases.standard import run_pair
 from stability.cases.pipeline import keep
 from stability.cases.stress import cpu_threads
 from stability.config.schedules import warmup_cosine

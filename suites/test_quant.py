@@ -33,7 +33,7 @@ import sys
 import pytest
 import torch
 
-from stability.cases.experiment import run_pair
+from stability.cases.standard import run_pair
 from stability.cli import build_parser, main
 from stability.cli.options import check_here, resolve_from_args
 from stability.config import ConfigError

@@ -12,7 +12,7 @@ import torch
 from _stability_records import edited, pair_record, with_replicates
 
 from stability import config as cfg
-from stability.cases.experiment import run_pair
+from stability.cases.standard import run_pair
 from stability.cases.stress import cpu_threads
 from stability.check import regression as reg
 from stability.check.baseline import make_baseline

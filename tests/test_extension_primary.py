@@ -199,7 +199,7 @@ from stability.config.schedules import Standard
 
 
 def run_toy(case, config, session=None, runner=None):
-    run = CaseRun(case, config, "toy_case", "the plain pair, as a case of its own", session, runner)
+    run = CaseRun(case, config, "the plain pair, as a case of its own", session, runner)
     run.train_each_arm(Standard(), lambda _run, arm_record: ({}, {}))
     return run.finish()
 
@@ -248,7 +248,7 @@ from stability.record.figures import Figure, Primary
 
 
 def run_toy(case, config, session=None, runner=None):
-    run = CaseRun(case, config, "toy_peak_case", "the plain pair, its peak loss a figure of its own", session, runner)
+    run = CaseRun(case, config, "the plain pair, its peak loss a figure of its own", session, runner)
     run.train_each_arm(Standard(), lambda _run, arm: ({"toy_case_peak": max(arm["series"]["loss"])}, {}))
     return run.finish()
 

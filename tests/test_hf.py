@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from stability import config as cfg
-from stability.cases.experiment import run_pair
+from stability.cases.standard import run_pair
 from stability.cli import main
 from stability.config import ConfigError, GateConfig, ModelConfig
 from stability.model.build import build_model

@@ -13,7 +13,7 @@ import pytest
 import torch
 from _watch import watching
 
-from stability.cases.experiment import run_pair
+from stability.cases.standard import run_pair
 from stability.cases.pipeline import keep
 from stability.cli import main
 from stability.config import resolve

@@ -519,13 +519,13 @@ def test_the_same_case_arm_seed_and_replicate_twice_is_unusable(record, baseline
     assert reg.check([record, record], baseline).exit_code == 2
 
 
-def test_another_preset_config_or_schedule_is_unusable_and_named(record, baseline):
+def test_another_preset_config_or_variant_is_unusable_and_named(record, baseline):
     other = reg.check([pair_record(preset="ci")], baseline)
     assert other.exit_code == 2 and "preset differs" in other.errors[0]
     config = reg.check([pair_record(**{"model.d_model": 96})], baseline)
     assert config.exit_code == 2 and "run.model.d_model" in config.errors[0]
     schedule = reg.check([pair_record(schedule="shock")], baseline)
-    assert schedule.exit_code == 2 and "schedule differs" in schedule.errors[0]
+    assert schedule.exit_code == 2 and "variant differs" in schedule.errors[0] and "'shock'" in schedule.errors[0]
 
 
 def test_a_killed_or_unfinished_record_is_unusable(record, baseline):

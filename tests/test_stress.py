@@ -156,7 +156,7 @@ def test_a_registered_case_keeps_results_of_its_own_checked_against_its_declared
 
     def run_doubled(case, config, session=None, runner=None):
         config = replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=2 * config.run.optim.lr)))
-        run = stress.CaseRun(case, config, "doubled", "every arm at twice the LR", session, runner)
+        run = stress.CaseRun(case, config, "every arm at twice the LR", session, runner)
         per_arm = run.train_each_arm(Standard(), lambda _run, arm_record: ({}, {}))
         set_case_result(run.record, case.name, {"lr": config.run.optim.lr,
                                                        "diverged": [a["status"] != "completed" for a in per_arm]})

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from stability.cases.experiment import run_pair
+from stability.cases.standard import run_pair
 from stability.config import (
     DataConfig,
     ExperimentConfig,

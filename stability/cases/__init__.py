@@ -1,7 +1,7 @@
 """A case: the runs of one experiment (every arm at every seed, times the LRs of a sweep or the precisions
 of a ladder), trained and kept.
 
-    experiment.py   the paired experiment (``run_pair``) and how every case trains its runs
+    experiment.py   how every case trains its runs (seed by seed, every arm on the same data and init)
     case.py         what a stress case declares (``StressCase``) and the bookkeeping of its runs (``CaseRun``)
     standard.py, lr_sweep.py, lr_ramp.py, batch_ramp.py, precision_ladder.py, shock.py
                     one stress case each: its training, its figures, the checks its record must pass

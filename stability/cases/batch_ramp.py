@@ -94,8 +94,7 @@ def run_batch_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, sessio
         raise cfg.ConfigError(f"stress.batch.max_size={schedule.max_size!r} is invalid: expected at least "
                               f"data.batch_size={config.run.data.batch_size}")
     with cpu_threads(stress.threads):
-        case = CaseRun(stress_case, config, f"batch_ramp-{schedule.lr_rule}", schedule.describe(), session,
-                     runner)
+        case = CaseRun(stress_case, config, schedule.describe(), session, runner)
 
         def figures_of(run, arm_record):
             series = arm_record["series"]
@@ -165,6 +164,7 @@ PRIMARY = (
 
 
 CASE = StressCase("batch_ramp", run_batch_ramp, figures=FIGURES, primary=PRIMARY, result=BatchRamp, title="batch ramp",
+                  variant=lambda config: config.stress.batch.lr_rule,
                   reported=lambda record: ["loss_spike_score", "grad_spike_score", "final_train_loss",
                                            "m_act_mean", "f_attn_mean"],
                   checks=(the_batch_doubles_and_the_lr_follows_its_rule, the_ramp_stays_trainable,

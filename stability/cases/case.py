@@ -69,12 +69,12 @@ class CaseRun:
     timings, the session (``stability.cases.experiment.train_arm``: record on disk after every run, resume,
     Ctrl-C), the runner (None: train here; see ``stability.cases.experiment.train_units``).
 
-    ``CaseRun(case, config, schedule_name, description, session, runner)``: ``case`` is the ``StressCase`` being
-    run (its registry entry: the name its records say under "stress", its rung), handed to its function by
+    ``CaseRun(case, config, description, session, runner, purpose)``: ``case`` is the ``StressCase`` being run
+    (its registry entry: its name and label, which key its record, and its rung), handed to its function by
     ``StressCase.run``; ``train_each_arm`` trains every arm and seed, ``finish()`` returns the record."""
 
-    def __init__(self, case: StressCase, config: cfg.ExperimentConfig, schedule_name: str, description: str,
-                 session=None, runner=None):
+    def __init__(self, case: StressCase, config: cfg.ExperimentConfig, description: str, session=None,
+                 runner=None, purpose: str = "regression"):
         from stability.cases.experiment import load_inputs  # training imports torch when a case runs
 
         self.started = time.perf_counter()
@@ -82,8 +82,8 @@ class CaseRun:
         self.config = config
         self.session = session
         self.runner = runner
-        self.record = new_case_record(config, schedule_name, description, stress=case.name,
-                                      run_steps=case.run_steps(config))
+        self.record = new_case_record(config, case.label(config), description, stress=case.name,
+                                      purpose=purpose, run_steps=case.run_steps(config))
         self.corpus = load_inputs(config)
         set_corpus(self.record, self.corpus.info)
         self.runs: list[dict] = []  # timing dicts of every run trained
@@ -144,7 +144,11 @@ def every_arm(case: StressCase, config: cfg.ExperimentConfig, schedule) -> list[
 class StressCase:
     """A stress case, declared once: everything the harness knows about it.
 
-    name: what ``stability stress NAME`` calls it, what its records say under "stress". train:
+    name: what ``stability stress NAME`` calls it, what its records say under "stress". variant: for a case whose
+    settings make records that are never compared with each other (the batch ramp's LR rule, the shock's kind),
+    ``variant(config) -> str``; None for one. The two make the case's label (``label``: "batch_ramp-sqrt",
+    "lr_ramp"), what its records say under "schedule" and the second half of their key
+    (``stability.record.case_key``: "smoke/batch_ramp-sqrt"): neither is typed anywhere else. train:
     ``train(case, config, session=None, runner=None)`` trains it and returns its case record; it is handed
     this entry (``CaseRun(case, ...)`` takes its name and rung from it: the name is never written twice).
     rung: for a case of several runs per arm and seed, what tells them apart (``rung(run) ->
@@ -184,6 +188,7 @@ class StressCase:
     checks: tuple[Callable[..., None], ...] = ()
     rerun: bool = False
     runs: Callable[[StressCase, cfg.ExperimentConfig], list[Unit]] | None = None
+    variant: Callable[[cfg.ExperimentConfig], str] | None = None
 
     @property
     def recorded(self) -> RecordedCase:
@@ -200,6 +205,10 @@ class StressCase:
 
     def _named(self, rows: tuple[Primary, ...]) -> tuple[Primary, ...]:
         return tuple(row if row.case else replace(row, case=self.name) for row in rows)
+
+    def label(self, config: cfg.ExperimentConfig) -> str:
+        """What its records on ``config`` say under "schedule": its name, then its variant ("batch_ramp-sqrt")."""
+        return self.name if self.variant is None else f"{self.name}-{self.variant(config)}"
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
         """One run of the case, named by its rung where the case declares one."""

@@ -3,11 +3,11 @@
 All arms of a seed read identical batches (the batch at step k depends only on the corpus, the
 seed and k) and start from identical values in every parameter they share
 (``stability.model.build.build_model`` initialises by parameter name), so they differ only by what their
-``ArmConfig`` changes: the gate, QK-norm, z-loss, soft-capping. ``run_pair`` returns the record that
-crosses to tracking, regression and report; ``record["paired"]`` compares each treatment arm with the
-reference arm.
+``ArmConfig`` changes: the gate, QK-norm, z-loss, soft-capping. A case's record (the plain pair's:
+``stability.cases.standard.run_pair``) crosses to tracking, regression and report; ``record["paired"]``
+compares each treatment arm with the reference arm.
 
-``train_units`` is how every case (this pair and the stress cases) trains its runs: it yields the arm
+``train_units`` is how every case trains its runs: it yields the arm
 record of each ``stability.cases.runs.Unit`` in the order of the case's list, trained here one after the
 other by ``train_arm`` or, with a ``runner``, elsewhere (``stability.cases.ray_runner.RayRunner``: one Ray
 task per unit), so a case reads the same records either way.
@@ -24,7 +24,6 @@ in an error (a lost process) stops the case the same way.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from stability import config as cfg
 from stability import precision
@@ -32,12 +31,7 @@ from stability.cases.runs import Unit, check_unique
 from stability.data import load_corpus
 from stability.record import (
     Status,
-    add_arm,
-    finish_case,
-    new_case_record,
-    set_corpus,
     set_extrapolation,
-    set_paired,
     set_quant,
     stop_case,
 )
@@ -164,27 +158,3 @@ def after_training(run: cfg.RunConfig, config: cfg.ExperimentConfig):
         for hook in hooks:
             hook(model, corpus, record)
     return run_all
-
-
-def run_pair(config: cfg.ExperimentConfig, schedule=None, description: str = "", purpose: str = "regression",
-             session=None, runner=None, units: list[Unit] | None = None) -> dict:
-    """Train every (seed, arm) of ``config``, seed by seed, and return the pair record.
-
-    ``session``: see ``train_arm``; ``runner``: see ``train_units``; ``units``: the runs (default one per seed
-    and arm under ``schedule``; the standard case hands its own, ``StressCase.units``). Ctrl-C ends the arm in
-    flight as "killed" and raises ``Interrupted`` with the record so far."""
-    from stability.config.schedules import Standard
-
-    schedule = schedule or Standard()
-    started = time.perf_counter()
-    record = new_case_record(config, schedule.name, description or schedule.describe(), stress="standard",
-                             purpose=purpose)
-    corpus = load_inputs(config)
-    set_corpus(record, corpus.info)
-    units = units if units is not None else [Unit("standard", arm, seed, config.arm_config(arm, seed), schedule)
-                                             for seed in config.seeds for arm in config.arm_names]
-    for arm_record in train_units(record, config, units, corpus, session, runner):
-        add_arm(record, arm_record)
-        set_paired(record)
-    finish_case(record, [a["timing"] for a in record["arms"]], time.perf_counter() - started)
-    return record

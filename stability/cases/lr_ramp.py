@@ -91,7 +91,7 @@ def run_lr_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, session=N
     stress = config.stress
     schedule = stress.ramp
     with cpu_threads(stress.threads):
-        case = CaseRun(stress_case, config, "lr_ramp", schedule.describe(), session, runner)
+        case = CaseRun(stress_case, config, schedule.describe(), session, runner)
         per_arm = case.train_declared(lambda run, arm_record: (ramp_figures(
             arm_record, run.probes.diverge_factor, stress.recovery_smoothing, schedule.end_lr), {}))
         set_case_result(case.record, case.name, {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,

@@ -100,7 +100,7 @@ def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, s
     grid = config.stress.sweep_lrs
     ref = reference_index(grid, config.run.optim.lr)
     with cpu_threads(config.stress.threads):
-        case = CaseRun(stress_case, config, "lr_sweep",
+        case = CaseRun(stress_case, config,
                      f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session, runner)
         per_arm, runs = [], []
         trained = case.train_units(stress_case.units(config))

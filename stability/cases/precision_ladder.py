@@ -109,7 +109,7 @@ def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, 
     skipped = ladder_skips(config)
     precisions = [p for p in config.stress.precisions if p not in skipped]
     with cpu_threads(config.stress.threads):
-        case = CaseRun(stress_case, config, "precision_ladder",
+        case = CaseRun(stress_case, config,
                      f"the same run in {', '.join(precisions)}"
                      + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session, runner)
         runs, sources = [], {}

@@ -85,7 +85,7 @@ def run_shock(stress_case: StressCase, config: cfg.ExperimentConfig, session=Non
         raise cfg.ConfigError(f"stress.shock.at_step={schedule.at_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
     with cpu_threads(stress.threads):
-        case = CaseRun(stress_case, config, f"shock-{schedule.kind}", schedule.describe(), session, runner)
+        case = CaseRun(stress_case, config, schedule.describe(), session, runner)
         per_arm = case.train_declared(lambda run, arm_record: (shock_figures(
             arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
             stress.recovery_smoothing, arm_record["status"]), {}))
@@ -151,6 +151,7 @@ FIGURES = (
 
 
 CASE = StressCase("shock", run_shock, figures=FIGURES, result=Shock, title="LR shock", rerun=True,
+                  variant=lambda config: config.stress.shock.kind,
                   reported=lambda record: ["shock_peak_excess", "shock_recovery_steps", "shock_spikes",
                                            "loss_spike_score", "m_act_mean", "f_attn_mean"],
                   checks=(the_shock_is_applied_as_configured,

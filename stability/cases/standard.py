@@ -10,18 +10,29 @@ from __future__ import annotations
 from dataclasses import replace
 
 from stability import config as cfg
-from stability.cases.case import StressCase, cpu_threads
+from stability.cases.case import CaseRun, StressCase, cpu_threads
 from stability.cases.checks import arm_names, gated, learns, require
+from stability.config.schedules import Standard
 from stability.record.figures import HEAVY_TAILED, SINGLE_STEP, Primary
 
 
 def run_standard(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """The plain pair (every arm of the config) at the preset's settings: what ``stability run`` and
-    ``stability stress standard`` run."""
-    from stability.cases.experiment import run_pair  # training imports torch when the case runs
-
+    """The plain pair (every arm of the config) at the preset's settings, quantized after training
+    (``quantized_by_default``): what ``stability run`` and ``stability stress standard`` run."""
     with cpu_threads(config.stress.threads):
-        return run_pair(quantized_by_default(config), session=session, runner=runner, units=stress_case.units(config))
+        return run_pair(quantized_by_default(config), session=session, runner=runner)
+
+
+def run_pair(config: cfg.ExperimentConfig, purpose: str = "regression", session=None, runner=None) -> dict:
+    """Train every (seed, arm) of ``config`` as it is, seed by seed (the case's runs, ``StressCase.units``), and
+    return the pair record; ``purpose`` says why ("regression", "claim", "fault").
+
+    ``session``: the record on disk after every run, resume (``stability.cases.experiment.train_arm``);
+    ``runner``: where the runs train (``stability.cases.experiment.train_units``). Ctrl-C ends the arm in flight
+    as "killed" and raises ``Interrupted`` with the record so far."""
+    case = CaseRun(CASE, config, Standard().describe(), session, runner, purpose=purpose)
+    case.train_declared(lambda run, arm_record: ({}, {}))
+    return case.finish()
 
 
 def quantized_by_default(config: cfg.ExperimentConfig) -> cfg.ExperimentConfig:

@@ -4,7 +4,7 @@
     write_baseline(baseline, path); load_baseline(path)
 
 A baseline (``reports/baselines/<preset>-<device>.json``) holds, per stress case (its key
-``<preset>/<name>[-<schedule>]``), arm, seed and judged figure, the value of the seed's unperturbed run
+``stability.record.case_key``: "smoke/batch_ramp-sqrt"), arm, seed and judged figure, the value of the seed's unperturbed run
 (replicate 0) and of its *replicates*: runs of the same code, config and seed whose initial parameters and
 every step's gradients differ by one rounding step (``run.replicate``; ``stability.model.rounding``). Training
 is chaotic, so a harmless change of rounding moves a figure about as much as the replicates differ: their

@@ -328,10 +328,12 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
     for key, case in sorted(cases.items()):
         base = base_cases.get(key)
         if base is None:
-            schedules = sorted(c.get("schedule") for c in base_cases.values() if c.get("name") == case["name"])
-            if schedules:
-                result.errors.append(f"case {key}: schedule differs: the baseline has case {case['name']!r} with "
-                                     f"schedule(s) {schedules}, the record has schedule {case['schedule']!r}")
+            # the same case under another variant (the batch ramp's LR rule, the shock's kind): not comparable
+            labels = sorted(c.get("schedule") for c in base_cases.values()
+                            if c.get("name") == case["name"] and c.get("stress") == case.get("stress"))
+            if labels:
+                result.errors.append(f"case {key}: variant differs: the baseline holds case {case.get('stress')!r} "
+                                     f"as {labels}, the job as {case['schedule']!r}")
             continue   # a new case: the baseline is stale (stability.check.coverage)
         # the stored fingerprint, or one recomputed from the stored config (fields added since count as defaults)
         if case["fingerprint"] not in (base["fingerprint"], config_fingerprint(base.get("config") or {})):

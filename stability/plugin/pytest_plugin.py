@@ -22,8 +22,8 @@ repository):
 * model invariants: ``model_invariant(record, name, arm, seed, held, value, bound, message)`` records a
   property of the model under test, never failing the test, as one line of
   ``<run dir>/invariants-<xdist worker>.jsonl`` (worker "main" without xdist) with the fields ``case`` (the
-  case key as the records name it, ``<preset>/<case>[-<schedule>]``), ``name``, ``arm``, ``seed`` (None:
-  over the seeds), ``held`` (true / false), ``value`` and ``bound`` (numbers or null), ``message`` and
+  case key as the records name it, ``<config name>/<case label>``: ``stability.record.case_key``), ``name``,
+  ``arm``, ``seed`` (None: over the seeds), ``held`` (true / false), ``value`` and ``bound`` (numbers or null), ``message`` and
   ``test`` (the node id); ``stability.record.invariants`` reads them. The terminal summary lists those
   that did not hold;
 * progress: each stress run ends with one line on stderr, past pytest's capture and from every xdist
@@ -505,8 +505,8 @@ def model_invariant(request, run_dir):
     invariant of the model (a property of the model under test, which may fail on a user's model: the loss falls,
     a low-precision rung stays within its loss gap of fp32, ...) and returns ``held``. It never fails the test:
     the line goes to ``<run dir>/invariants-<xdist worker>.jsonl`` (``stability.record.invariants``, which names
-    its fields: case key ``<preset>/<case>[-<schedule>]`` from ``record``, invariant name, arm, seed (None: over
-    the seeds), held, value, bound, message) and the terminal summary lists those that did not hold;
+    its fields: case key ``<config name>/<case label>`` (``stability.record.case_key``) from ``record``, invariant
+    name, arm, seed (None: over the seeds), held, value, bound, message) and the terminal summary lists those that did not hold;
     ``stability check`` judges them against the committed baseline. Properties of the harness (a record written,
     the schedule followed, both arms on the same batches) stay assertions."""
     from stability.record import case_key

@@ -1,7 +1,8 @@
 """What makes two records comparable: the case key, the config fields allowed to differ, fingerprints,
 the device kind and the rounding replicate.
 
-    case_key(record)                 "smoke/standard": what the merge check compares record to baseline by
+    case_key(record)                 "smoke/batch_ramp-sqrt": the one identity of a case's record, rows,
+                                     invariants and baseline entry
     case_name(record)                the stress case a record measured ("standard", "lr_sweep" ...)
     FIELDS_ABOUT                     what the config fields that may differ are about (keeping, seeding, ...)
     comparable_config(config)        the flattened config without what may differ between compared records
@@ -21,7 +22,10 @@ from stability.record.schema import CaseRecord
 
 
 def case_key(record: CaseRecord) -> str:
-    """``<name>/<schedule>``: what the regression check compares record to baseline by."""
+    """``<config name>/<case label>`` ("smoke/batch_ramp-sqrt"): what the merge check compares record to
+    baseline by. The label (the record's "schedule") is derived from the registered case, its name then its
+    variant (``stability.cases.case.StressCase.label``); the name alone is the record's "stress"
+    (``case_name``)."""
     return f"{record.get('name')}/{record.get('schedule')}"
 
 

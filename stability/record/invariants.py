@@ -10,8 +10,8 @@ An invariant of the model (the loss falls, a low-precision rung stays within its
 is a property of the model under test, not of the harness: the suites record it here instead of failing
 the test, and ``stability check`` judges it against the committed baseline (which says which invariants
 held for this model). The fields: ``case`` the case key as the records name it
-(``<preset>/<case>[-<schedule>]``), ``name`` the invariant, ``arm`` and ``seed`` (None: over all seeds),
-``held``, ``value`` and ``bound`` (numbers or None) and a one-line ``message``; ``test`` names the test
+(``<config name>/<case label>``: ``stability.record.case_key``), ``name`` the invariant, ``arm`` and ``seed``
+(None: over all seeds), ``held``, ``value`` and ``bound`` (numbers or None) and a one-line ``message``; ``test`` names the test
 that evaluated it. No torch.
 """
 

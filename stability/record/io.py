@@ -1,6 +1,6 @@
 """Reading and writing records: strict JSON, written atomically, checked both ways.
 
-    path = write_record(record, run_dir)   # <run dir>/<name>-<schedule>-<purpose>-<id>.json
+    path = write_record(record, run_dir)   # <run dir>/<config name>-<case label>-<purpose>-<id>.json
     record = read_record(path)             # record["_path"] is the file it came from
 
 A record is checked against its schema (``stability.record.validate``) before it is written and after
@@ -34,7 +34,7 @@ def clean(value):
 
 
 def record_filename(record: CaseRecord) -> str:
-    """``<name>-<schedule>-<purpose>-<id>.json`` (the id is set once, so rewrites keep the name)."""
+    """``<config name>-<case label>-<purpose>-<id>.json`` (the id is set once, so rewrites keep the name)."""
     return f"{record['name']}-{record['schedule']}-{record.get('purpose', 'regression')}-{record['id']}.json"
 
 
