@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from stability.cases.standard import run_pair
 from stability.cases.pipeline import keep
+from stability.cases.standard import run_pair
 from stability.cases.stress import cpu_threads
 from stability.check.claims import claim_rows, claims_table, held_out
 from stability.config import resolve

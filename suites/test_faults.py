@@ -17,8 +17,8 @@ import math
 
 import pytest
 
-from stability.cases.standard import run_pair
 from stability.cases.pipeline import keep
+from stability.cases.standard import run_pair
 from stability.cases.stress import cpu_threads
 from stability.config.schedules import warmup_cosine
 from stability.record import Status, read_record

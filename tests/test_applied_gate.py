@@ -74,7 +74,7 @@ def test_a_changed_default_is_judged_and_named_not_refused(tmp_path):
 
 
 def test_a_changed_model_width_cannot_be_compared(tmp_path):
-    code, out, document = job(tmp_path, None, "standard", "model.d_model=128")
+    code, out, _ = job(tmp_path, None, "standard", "model.d_model=128")
     assert code == 2, out[-3000:]
     assert "run.model.d_model: baseline 64, job 128" in " ".join(out.split()), out[-3000:]
 

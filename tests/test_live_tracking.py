@@ -13,8 +13,8 @@ import pytest
 import torch
 from _watch import watching
 
-from stability.cases.standard import run_pair
 from stability.cases.pipeline import keep
+from stability.cases.standard import run_pair
 from stability.cli import main
 from stability.config import resolve
 from stability.record import Status

@@ -372,7 +372,6 @@ def add_record_arguments(parser) -> None:
 
 def add_parsers(sub) -> None:
     from stability.check import DEFAULT_ALPHA
-
     from stability.check.verdict import VERDICT_OF_EXIT
 
     codes = ", ".join(f"{code} {verdict.lower()}" for code, verdict in VERDICT_OF_EXIT.items())
