@@ -225,7 +225,7 @@ def test_check_baseline_and_report_run_without_torch(tmp_path):
     assert baseline.returncode == 0, baseline.stderr
     assert stability("baseline", "calibrate", "b.json").returncode == 0
     check = stability("check", "--baseline", "b.json", "runs")
-    assert check.returncode == 0 and "PASS" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "PASSED" in check.stdout, check.stdout + check.stderr
     report = stability("report", "runs", "--out", "r.html", "--baseline", "b.json")
     assert report.returncode == 0 and (tmp_path / "r.html").is_file(), report.stderr
     blocked = stability("run", "--preset", "smoke", "--no-track")

@@ -50,7 +50,7 @@ HARMLESS = (GQA_MODEL, "return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 
             "return x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight")
 TUPLE = (GQA_MODEL, "    return model\n", "    return model, config\n")
 CAP_TIGHTER = (GQA_MODEL, "OUTPUT_CAP = 10.0", "OUTPUT_CAP = 4.0")   # the gated arm's fp16 rung now overflows too
-VERDICTS = {"0": "PASS", "1": "REGRESSED", "2": "UNUSABLE INPUT", "3": "CHANGED"}   # stability check's exit code -> its summary
+VERDICTS = {"0": "PASSED", "1": "REGRESSED", "2": "UNUSABLE INPUT", "3": "CHANGED"}   # stability check's exit code -> its summary
 
 
 def undo(edit: tuple[str, str, str]) -> tuple[str, str, str]:
@@ -117,7 +117,7 @@ class Repository:
     def job(self):
         """The workflow's CPU job, run here; its summary's verdict is the job's own (checked)."""
         job = run_job(self.workflow, "stress-cpu", self.root, install=lambda _repo: None)
-        verdicts = re.findall(r"^### Stability check: \S+ (PASS|REGRESSED|UNUSABLE INPUT|CHANGED)$", job.summary, re.MULTILINE)
+        verdicts = re.findall(r"^### Stability check: \S+ (PASSED|REGRESSED|UNUSABLE INPUT|CHANGED)$", job.summary, re.MULTILINE)
         code = job.steps["check"].outputs.get("code")
         assert verdicts == [VERDICTS[code]] and job.failed == (code != "0"), (verdicts, code, job.log())
         return job
@@ -170,7 +170,7 @@ def test_a_grouped_query_repository_whose_reference_arm_fails_in_fp16(environmen
 
     job = repo.job()
     assert job.passed and job.steps["check"].outputs == {"code": "0"}, job.log()
-    assert "kernel" not in job.steps and "### Stability check: :white_check_mark: PASS" in job.summary
+    assert "kernel" not in job.steps and "### Stability check: :white_check_mark: PASSED" in job.summary
     assert "mean_loss_gap_fp16" in job.steps["stress"].output            # listed in the suites' summary, not failed
     assert re.search(r"\[precision_ladder\] reference-seed0-fp16: step 20/20 .* steps/s  ETA", job.steps["stress"].output)
     sizes["job upload (zipped)"] = upload_size(repo.root / "reports")

@@ -627,7 +627,7 @@ def test_cli_check_states_its_false_alarm_rate_and_the_evidence(tmp_path, record
     assert "125 arrangements" in capsys.readouterr().out
     assert main(["check", "--baseline", str(tmp_path / "b.json"), paths[0]]) == 0
     out = capsys.readouterr().out
-    assert "PASS" in out and "Holm at alpha = 0.01" in out
+    assert "PASSED" in out and "Holm at alpha = 0.01" in out
     assert "false-alarm rate of this job: not measured (the baseline records no null jobs)" in out
     worse = _write(tmp_path / "worse.json", edited(record, "reference", "max_attn_logit", add=3.0))
     assert main(["check", "--baseline", str(tmp_path / "b.json"), worse, "--alpha", "0.05",

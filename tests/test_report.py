@@ -82,7 +82,7 @@ def test_cli_report_writes_html_and_markdown_and_rejects_bad_records(tmp_path, r
     write_baseline(make_baseline(with_replicates(records[0])), base)
     assert main(["report", str(good), "--out", str(tmp_path / "out" / "report.html"), "--baseline", str(base)]) == 0
     assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "report.md").is_file()
-    assert "PASS" in capsys.readouterr().out
+    assert "PASSED" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(records[0])[:300])
     assert main(["report", str(bad), "--out", str(tmp_path / "x.html")]) == 2

@@ -216,7 +216,7 @@ def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(jo
     ran = {name for name, step in job.steps.items() if step.ran}
     assert {"stress", "check", "report"} <= ran and "fail on a regression" not in ran
     assert job.steps["check"].outputs == {"code": "0"}
-    assert "### Stability check: :white_check_mark: PASS" in job.summary
+    assert "### Stability check: :white_check_mark: PASSED" in job.summary
     assert "| smoke/standard | gated | heldout_loss |" in job.summary       # the regression table
     assert {row["arm"] for row in result["rows"] if row["figure"] == "quant_w8a8-tensor_kl"
             and row["tier"] == "primary"} == {"reference", "gated"}        # quantization damage is in the gate

@@ -49,7 +49,7 @@ class Outcome:
         return dict(self.__dict__)
 
 
-VERDICT_OF_EXIT = {0: "PASS", 1: "REGRESSED", 2: "UNUSABLE INPUT", 3: "CHANGED"}
+VERDICT_OF_EXIT = {0: "PASSED", 1: "REGRESSED", 2: "UNUSABLE INPUT", 3: "CHANGED"}
 """The job's verdict by the check's exit code (``CheckResult.exit_code``)."""
 
 VERDICT_MARK = {"ok": "ok", "regressed": "REGRESSED", "changed": "CHANGED", "worse": "worse (advisory)",
