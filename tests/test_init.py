@@ -18,7 +18,7 @@ from test_workflow import WORKFLOW, _commands, _normal, _options, _subparsers
 
 from stability.cases.stress import CASES
 from stability.cli import build_parser, main
-from stability.cli.init import job_commands
+from stability.cli.init import TemplateError, job_commands, render, workflow_template, workflow_values
 from stability.plugin.settings import KEYS, check, read_settings
 
 PYPROJECT = b'[project]\nname = "mypackage"\nversion = "0.1.0"\n\n[tool.ruff]\nline-length = 100'   # no final newline
@@ -134,6 +134,27 @@ def test_the_workflow_runs_on_the_default_branch_and_the_run_output_is_ignored(t
     assert lines[:2] == ["__pycache__/", "reports/*"] and lines[-1] == "!reports/baselines/" and lines.count("reports/*") == 1
     before = (repo / ".gitignore").read_bytes()
     assert init(repo, monkeypatch, "--force") == 0 and (repo / ".gitignore").read_bytes() == before
+
+
+def test_the_template_is_filled_marker_by_marker_and_a_mismatch_is_named():
+    """A marker within a line takes a one-line value; a marker alone on its line takes whole lines, indented as
+    it is, or leaves the line out; a marker without a value, a value for no marker and a value that does not
+    fit its place are errors naming it."""
+    template = "on: [@BRANCH@]\nenv:\n  @ENV@\nsteps:\n"
+    assert render(template, {"BRANCH": "main", "ENV": "A: 1\n\nB: 2\n"}) == "on: [main]\nenv:\n  A: 1\n\n  B: 2\nsteps:\n"
+    assert render(template, {"BRANCH": "main", "ENV": ""}) == "on: [main]\nenv:\nsteps:\n"
+    with pytest.raises(TemplateError, match=r"no value for @ENV@; no marker for PACKAGE"):
+        render(template, {"BRANCH": "main", "PACKAGE": "x"})
+    with pytest.raises(TemplateError, match=r"@BRANCH@ \(within a line\) has a newline"):
+        render(template, {"BRANCH": "main\n", "ENV": ""})
+    with pytest.raises(TemplateError, match=r"@ENV@ \(whole lines\) does not end with a newline"):
+        render(template, {"BRANCH": "main", "ENV": "A: 1"})
+    values = workflow_values("pyproject.toml", "smoke", "reports/baselines", "stability[suites]", "main")
+    with pytest.raises(TemplateError, match="no value for @BRANCH@; no marker for none"):
+        render(workflow_template(), {name: value for name, value in values.items() if name != "BRANCH"})
+    text = render(workflow_template(), values)
+    assert "@" not in text.replace("actions/", "").replace("@v4", "").replace("@v5", "")   # every marker filled
+    assert yaml.safe_load(text)["jobs"]["stress-nightly"]["env"]["STABILITY_PACKAGE"] == "stability[suites]"
 
 
 def _steps(job: dict) -> list[str]:

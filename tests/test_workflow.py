@@ -9,6 +9,7 @@ run). Accepting a change end to end: test_accepting_a_change.py; zoo entries of 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import pytest
 import yaml
 
 from stability.cli import build_parser
+from stability.cli.init import render, workflow_template
 from stability.record.rundir import newest_session
 from validation.workflow import apply_patch, fresh_copy, prepare_venv, run_job
 from validation.zoo import BY_NAME
@@ -171,6 +173,52 @@ def test_the_install_step_brings_the_test_extra_with_pyyaml(workflow):
     assert re.search(r'test = \[[^\]]*"pyyaml', pyproject), "pyyaml missing from the test extra"
     installs = [argv for _, argv in _commands(workflow, "pip") if argv[:2] == ["install", "-e"]]
     assert len(installs) == len(workflow["jobs"]) and all(argv[2] == ".[test]" for argv in installs)
+
+
+# ----------------------------------------------------------------------------- one template
+
+def _tool():
+    """tools/workflow.py: this repository's values of the workflow template, and the comparison."""
+    spec = importlib.util.spec_from_file_location("workflow_tool", WORKFLOW.parents[2] / "tools" / "workflow.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_workflow_is_the_template_rendered_with_this_repositorys_values():
+    """The file is what `stability init` writes (stability/cli/workflow.yml.in) with this repository's values:
+    edit the template or tools/workflow.py, then regenerate the file, never the file alone."""
+    tool = _tool()
+    found = tool.differences(WORKFLOW.read_text(), tool.rendered())
+    assert not found, (f"{WORKFLOW.name} is not the template rendered with this repository's values; regenerate "
+                       f"it with `{tool.REGENERATE}`:\n" + "".join(found))
+
+
+def _changed(lines: list[str]) -> list[str]:
+    return [line for line in lines if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+
+
+def test_an_edit_of_the_file_or_of_a_value_is_named_with_the_command_that_regenerates_it(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """A hand edit of the workflow, and a value rendered differently, come out as exactly the lines that differ;
+    `python tools/workflow.py --check` exits 1 naming the file and the command, 0 on the rendering."""
+    tool = _tool()
+    rendered = tool.rendered()
+    edited = rendered.replace("timeout-minutes: 240", "timeout-minutes: 300", 1)
+    assert _changed(tool.differences(edited, rendered)) == ["-    timeout-minutes: 240\n",
+                                                            "+    timeout-minutes: 300\n"]
+    trunk = render(workflow_template(), {**tool.values(), "BRANCH": "trunk"})
+    assert _changed(tool.differences(trunk, rendered)) == ["-    branches: [main]\n", "+    branches: [trunk]\n"]
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    shutil.copy(WORKFLOW.parents[2] / "pyproject.toml", tmp_path / "pyproject.toml")
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    monkeypatch.setattr(tool, "WORKFLOW", tmp_path / ".github" / "workflows" / "stability.yml")
+    tool.WORKFLOW.write_text(edited)
+    assert tool.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "+    timeout-minutes: 300" in out and ".github/workflows/stability.yml is not the template" in out
+    assert "then run python tools/workflow.py" in out
+    assert tool.main([]) == 0 and tool.WORKFLOW.read_text() == rendered and tool.main(["--check"]) == 0
 
 
 # ----------------------------------------------------------------------------- the CPU job, end to end

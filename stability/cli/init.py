@@ -12,7 +12,9 @@ Writes, asking nothing:
   job on four GPUs (one per pytest-xdist worker), each running the stress suites, the kernel check where the
   model is the harness's own, ``stability check`` against the committed baseline, the report, the upload, and
   failing on a regression; its ``push`` trigger names the repository's default branch (``git``: origin's HEAD,
-  else the branch checked out, else main);
+  else the branch checked out, else main). It is the template ``workflow.yml.in`` beside this module with its
+  ``@NAME@`` markers filled (``workflow_values``; this package's own repository renders the same template
+  with its values, ``tools/workflow.py``);
 * ``.gitignore``: the run output (``reports/*``) ignored, the baselines (``reports/baselines/``) kept,
   appended to an existing file (lines it already has are not repeated);
 
@@ -27,10 +29,12 @@ naming it, nothing written).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 import tomllib
+from importlib import resources
 from pathlib import Path
 
 from stability.config import ConfigError, ModelConfig
@@ -156,258 +160,98 @@ def stability_requirement() -> tuple[str, str | None]:
             f"{WORKFLOW} to where CI gets it (a git URL, a wheel it can download, a package index)"))
 
 
-HEADER = """\
+TEMPLATE = "workflow.yml.in"   # beside this module: the workflow with @NAME@ markers, package data
+MARKER = re.compile(r"@([A-Z][A-Z_]*)@")
+
+
+class TemplateError(ValueError):
+    """A template and its values that do not match: a marker without a value, a value for no marker, or a
+    value that does not fit its marker's place."""
+
+
+def workflow_template() -> str:
+    """The workflow template, as installed with the package."""
+    return resources.files("stability.cli").joinpath(TEMPLATE).read_text()
+
+
+def render(template: str, values: dict[str, str]) -> str:
+    """``template`` with each marker ``@NAME@`` replaced by ``values[NAME]``. A marker alone on its line stands
+    for whole lines: each line of its value indented as the marker is, or no line at all when the value is
+    empty; any other marker's value is a single line. TemplateError names the markers without a value, the
+    values of no marker and a value that does not fit its marker."""
+    markers = set(MARKER.findall(template))
+    unfilled, unknown = sorted(markers - values.keys()), sorted(values.keys() - markers)
+    if unfilled or unknown:
+        raise TemplateError(f"the workflow template's markers and values differ: no value for "
+                            f"{', '.join(f'@{name}@' for name in unfilled) or 'none'}; no marker for "
+                            f"{', '.join(unknown) or 'none'}")
+    out = []
+    for line in template.splitlines(keepends=True):
+        alone = re.fullmatch(r"( *)@([A-Z][A-Z_]*)@\n", line)
+        if alone:
+            indent, value = alone.group(1), values[alone.group(2)]
+            if value and not value.endswith("\n"):
+                raise TemplateError(f"the value of @{alone.group(2)}@ (whole lines) does not end with a newline")
+            out += [indent + part if part.strip() else part for part in value.splitlines(keepends=True)]
+            continue
+        for name in MARKER.findall(line):
+            if "\n" in values[name]:
+                raise TemplateError(f"the value of @{name}@ (within a line) has a newline")
+        out.append(MARKER.sub(lambda found: values[found.group(1)], line))
+    return "".join(out)
+
+
+def header(settings_file: str, preset: str, baselines: str) -> str:
+    """The comment at the top of the workflow ``stability init`` writes."""
+    return f"""\
 # Stability check of this repository's model (written by `stability init`): the stability stress suites
-# (pytest --pyargs stability.suites -m stress, configured by the settings in @SETTINGS@), their records into the
+# (pytest --pyargs stability.suites -m stress, configured by the settings in {settings_file}), their records into the
 # job's own run directory ($STABILITY_RUN_DIR, named by the workflow run), then the regression check of exactly
-# that directory against the committed baseline of the preset and device (@BASELINES@/<preset>-<device>.json,
+# that directory against the committed baseline of the preset and device ({baselines}/<preset>-<device>.json,
 # made by `stability baseline make`; no job passes without it). The regression table goes to the job summary;
 # reports/ (records, report, JUnit XML) is uploaded; the job fails when a figure regressed (exit 1), changed
 # (exit 3) or the inputs are unusable (exit 2).
 #
 # Which job gates merges (make them the branch's required checks): on a pull request, the CPU job (stress-cpu,
-# @PRESET@ on the CPU) and the GPU job (stress-gpu, gpu-pr on one GPU, 240 minutes). The `full` preset runs nightly
+# {preset} on the CPU) and the GPU job (stress-gpu, gpu-pr on one GPU, 240 minutes). The `full` preset runs nightly
 # (stress-nightly, on the schedule) on a runner with 4 GPUs, one per pytest-xdist worker: it gates nothing, its
 # failure is a failed nightly run. What a preset's job and baseline cost: `stability plan --preset NAME --gpu h200`.
-name: stability
-
-on:
-  pull_request:
-  push:
-    branches: [@BRANCH@]
-  schedule:
-    - cron: "0 1 * * *"   # nightly: the full preset (stress-nightly)
-  workflow_dispatch:
-    inputs:
-      nightly:
-        description: >-
-          With baseline: make the nightly job's baseline (full, 4 GPUs) instead of the pull-request jobs' ones.
-        required: false
-        default: false
-        type: boolean
-      baseline:
-        description: >-
-          Make a baseline on the runners instead of checking: "all" (the whole baseline), or the stress cases to
-          remake (comma-separated, e.g. "standard"), keeping the committed baseline's other cases. The new
-          baseline, its calibration and what moved from the committed one are uploaded for a maintainer to review
-          and commit.
-        required: false
-        default: ""
-        type: string
-
-concurrency:
-  group: stability-${{ github.ref }}
-  cancel-in-progress: true
-
-jobs:
-"""
-
-PULL_REQUEST = "github.event_name != 'schedule' && (github.event_name != 'workflow_dispatch' || inputs.baseline == '')"
-
-GPU_JOB = """\
-  stress-gpu:
-    name: stress (gpu-pr, cuda)
-    if: @PULL_REQUEST@
-    runs-on: [self-hosted, gpu]
-    timeout-minutes: 240
-    env:
-      BASELINE: @BASELINES@/gpu-pr-cuda.json
-      STABILITY_RUN_DIR: reports/runs/job-${{ github.run_id }}-${{ github.run_attempt }}-cuda
-      STABILITY_PACKAGE: "@PACKAGE@"
-    steps:
-      - uses: actions/checkout@v4
-      - name: install (the runner provides the CUDA build of torch >= 2.11 and triton >= 3.6)
-        run: |
-          python3 -m venv --system-site-packages .venv
-          . .venv/bin/activate
-          pip install "$STABILITY_PACKAGE"
-          pip install -e .
-          python -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU on this runner'"
-      - name: stress suites
-        id: stress
-        run: |
-          . .venv/bin/activate
-          pytest --pyargs stability.suites -m stress --scale gpu-pr --device cuda --junitxml=reports/junit-stress-gpu-pr.xml
-@KERNEL_GPU@"""
-
-CPU_JOB = """\
-  stress-cpu:
-    name: stress (@PRESET@, cpu)
-    if: @PULL_REQUEST@
-    runs-on: ubuntu-latest
-    timeout-minutes: 60
-    env:
-      BASELINE: @BASELINES@/@PRESET@-cpu.json
-      STABILITY_RUN_DIR: reports/runs/job-${{ github.run_id }}-${{ github.run_attempt }}-cpu
-      STABILITY_PACKAGE: "@PACKAGE@"
-      # the plots go into the job's report, not again into the MLflow store of each case: reports/ stays small
-      STABILITY_PLOTS: "0"
-    steps:
-      - uses: actions/checkout@v4
-      - uses: actions/setup-python@v5
-        with:
-          python-version: "3.11"
-      - name: install (CPU build of torch)
-        run: |
-          python -m venv .venv
-          . .venv/bin/activate
-          pip install "torch>=2.11" --index-url https://download.pytorch.org/whl/cpu
-          pip install "$STABILITY_PACKAGE"
-          pip install -e .
-      - name: stress suites
-        id: stress
-        run: |
-          . .venv/bin/activate
-          pytest --pyargs stability.suites -m stress --scale @PRESET@ --device cpu -n 2 --dist loadfile --junitxml=reports/junit-stress-@PRESET@.xml
-@KERNEL_CPU@"""
-
-KERNEL_GPU = """\
-      - name: kernel suite (compiled Triton kernels)
-        id: kernel
-        if: always()
-        run: |
-          . .venv/bin/activate
-          pytest --pyargs stability.suites -m kernel --junitxml=reports/junit-kernel-gpu-pr.xml
-"""
-
-KERNEL_CPU = """\
-      - name: kernel agreement (Triton interpreter)
-        id: kernel
-        if: always()
-        run: |
-          . .venv/bin/activate
-          pytest --pyargs stability.suites -m agreement -n 0 --junitxml=reports/junit-kernel.xml
-"""
-
-CHECK_STEPS = """\
-      - name: regression check
-        id: check
-        if: always()
-        run: |
-          . .venv/bin/activate
-          if [ ! -f "$BASELINE" ]; then
-            make="stability baseline make --preset @JOB_PRESET@ --device @JOB_DEVICE@ --out $BASELINE"
-            echo "::error::no committed baseline $BASELINE: no job passes without one. Make it on this runner with '$make' and commit it"
-            printf '### Stability check: :warning: UNUSABLE INPUT\\n\\nNo committed baseline `%s`: make it on this runner with `%s` and commit it.\\n' "$BASELINE" "$make" >> "$GITHUB_STEP_SUMMARY"
-            echo "code=2" >> "$GITHUB_OUTPUT"; exit 0
-          fi
-          set +e
-          stability check --baseline "$BASELINE" "$STABILITY_RUN_DIR" --json reports/check.json @JUNIT@
-          echo "code=$?" >> "$GITHUB_OUTPUT"
-      - name: report
-        if: always()
-        run: |
-          . .venv/bin/activate
-          if [ -f "$BASELINE" ]; then
-            stability report "$STABILITY_RUN_DIR" --out reports/report.html --baseline "$BASELINE"
-          else
-            stability report "$STABILITY_RUN_DIR" --out reports/report.html
-          fi
-      - name: upload reports
-        if: always()
-        uses: actions/upload-artifact@v4
-        with:
-          name: stability-reports-@JOB_PRESET@-@JOB_DEVICE@
-          path: reports/
-      - name: fail on a regression
-        if: always() && steps.check.outputs.code != '0'
-        run: |
-          echo "::error::stability check exit code ${{ steps.check.outputs.code }} (1 regressed, 2 unusable input, 3 changed)"
-          exit 1
 """
 
 
-BASELINE_STEPS = """\
-      - name: make the baseline on this runner
-        run: |
-          . .venv/bin/activate
-          mkdir -p @BASELINES@/new
-          if [ "$CASES" = "all" ]; then
-            stability baseline make --preset @JOB_PRESET@ --device @JOB_DEVICE@ --out "$NEW_BASELINE"
-          else
-            cp "$BASELINE" "$NEW_BASELINE"
-            stability baseline make --preset @JOB_PRESET@ --device @JOB_DEVICE@ --cases "$CASES" --out "$NEW_BASELINE"
-          fi
-      - name: compare with the committed baseline
-        if: always()
-        run: |
-          . .venv/bin/activate
-          if [ -f "$BASELINE" ] && [ -f "$NEW_BASELINE" ]; then
-            stability baseline compare "$BASELINE" "$NEW_BASELINE" > reports/baseline-compare.txt
-            { echo "### New baseline \\`$NEW_BASELINE\\` against \\`$BASELINE\\`"; echo; echo '```'; cat reports/baseline-compare.txt; echo '```'; } >> "$GITHUB_STEP_SUMMARY"
-          fi
-      - name: upload the new baseline
-        if: always()
-        uses: actions/upload-artifact@v4
-        with:
-          name: stability-baseline-@JOB_PRESET@-@JOB_DEVICE@
-          path: reports/
-"""
+def workflow_values(settings_file: str, preset: str, baselines: str, package: str, branch: str) -> dict[str, str]:
+    """The values of the template's markers in a repository that installs stability: the suites installed with
+    the package (``STABILITY_PACKAGE``), the repository's own package installed editable beside it."""
+    return {
+        "HEADER": header(settings_file, preset, baselines),   # the comment at the top
+        "BRANCH": branch,                                     # pushes to it run the workflow
+        "PRESET": preset,                                     # the CPU jobs' preset
+        "BASELINES": baselines,                               # the folder of the committed baselines
+        "ENV": f'STABILITY_PACKAGE: "{package}"\n',           # the last lines of every job's env
+        "CPU_ENV": ("# the plots go into the job's report, not again into the MLflow store of each case: "
+                    "reports/ stays small\nSTABILITY_PLOTS: \"0\"\n"),   # then the CPU jobs' own
+        "TORCH": '"torch>=2.11"',                             # the CPU jobs' torch (its CPU build)
+        "INSTALL": 'pip install "$STABILITY_PACKAGE"\npip install -e .\n',   # the install commands
+        "SUITES": "--pyargs stability.suites",                # where pytest finds the stress suites
+        "KERNEL_SUITE": "--pyargs stability.suites",          # and the kernel suites
+        "EXTRA_JOBS": "",                                     # jobs of the repository's own, after the CPU job
+    }
 
 
-def nightly_job(gpu_job: str) -> str:
-    """The nightly job: ``gpu_job`` on the ``full`` preset, on a runner with four GPUs, one per pytest-xdist worker
-    (docs/scale-out.md: by the plan ``full`` cannot fit the 240 minutes of a pull request's job)."""
-    return (gpu_job.replace("  stress-gpu:", "  stress-nightly:", 1)
-            .replace("name: stress (gpu-pr, cuda)", "name: stress (full, cuda, nightly)")
-            .replace("if: @PULL_REQUEST@", "if: github.event_name == 'schedule'")
-            .replace("runs-on: [self-hosted, gpu]", "runs-on: [self-hosted, gpu, gpu-4]")
-            .replace("timeout-minutes: 240", "timeout-minutes: 600")
-            .replace("gpu-pr-cuda.json", "full-cuda.json")
-            .replace("-${{ github.run_attempt }}-cuda\n", "-${{ github.run_attempt }}-cuda-nightly\n")
-            .replace("--scale gpu-pr --device cuda --junitxml=reports/junit-stress-gpu-pr.xml",
-                     "--scale full --device cuda -n 4 --dist loadfile --junitxml=reports/junit-stress-full.xml")
-            .replace("junit-kernel-gpu-pr.xml", "junit-kernel-full.xml"))
-
-
-def baseline_job(stress_job: str, job_preset: str, job_device: str, nightly: bool = False) -> str:
-    """The job that makes a baseline on the runner of ``stress_job`` (its text up to its stress step, the
-    same install), dispatched by hand with the input ``baseline`` (and ``nightly`` for the nightly job's)."""
-    head = stress_job[:stress_job.index("      - name: stress suites")]
-    head = head.replace("if: @PULL_REQUEST@" if not nightly else "if: github.event_name == 'schedule'",
-                        "if: github.event_name == 'workflow_dispatch' && inputs.baseline != '' && "
-                        + ("inputs.nightly" if nightly else "!inputs.nightly"))
-    head = head.replace("  stress-", "  baseline-", 1).replace("    name: stress (", "    name: baseline (", 1)
-    head = head.replace("timeout-minutes: 240", "timeout-minutes: 720").replace("timeout-minutes: 600",
-                                                                                "timeout-minutes: 2880")
-    name = f"{job_preset}-cuda" if job_device == "cuda" else "@PRESET@-cpu"
-    head = head.replace(f"      BASELINE: @BASELINES@/{name}.json\n", f"      BASELINE: @BASELINES@/{name}.json\n"
-                        f"      NEW_BASELINE: @BASELINES@/new/{name}.json\n      CASES: ${{{{ inputs.baseline }}}}\n")
-    head = "\n".join(line for line in head.splitlines() if "STABILITY_RUN_DIR" not in line) + "\n"
-    steps = BASELINE_STEPS.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device)
-    if nightly:
-        steps = steps.replace('--out "$NEW_BASELINE"\n', '--out "$NEW_BASELINE" -- -n 4 --dist loadfile\n')
-    return head + steps
+def without_kernel_steps(workflow: str) -> str:
+    """``workflow`` without the steps that test the harness's kernel (``id: kernel``) and their JUnit files in
+    the check: a model of the repository's own (``--factory``) never runs that kernel."""
+    steps = re.split(r"^(?=      - )", workflow, flags=re.MULTILINE)   # a job's steps are items at 6 spaces
+    kept = "".join(step for step in steps if "\n        id: kernel\n" not in step)
+    return re.sub(r" --junit reports/junit-kernel[^ \n]*", "", kept)
 
 
 def workflow_text(settings_file: str, preset: str, baselines: str, package: str, own_model: bool,
                   branch: str = "main") -> str:
-    """The workflow: the GPU job (gpu-pr, cuda), the nightly job (full, cuda, four GPUs) and the CPU job
-    (``preset``, cpu), as this package's own has them; the kernel steps only when the arms train the harness's
-    own model (the code they check); pushes to ``branch`` run it."""
-    def job(text: str, kernel: str, job_preset: str, job_device: str, junit: list[str]) -> str:
-        text = text.replace("@KERNEL_GPU@", kernel).replace("@KERNEL_CPU@", kernel) + CHECK_STEPS
-        junit = " ".join(f"--junit reports/{name}" for name in junit)   # the tests' outcome: one verdict
-        return text.replace("@JOB_PRESET@", job_preset).replace("@JOB_DEVICE@", job_device).replace("@JUNIT@", junit)
-
-    gpu = job(GPU_JOB, KERNEL_GPU if own_model else "", "gpu-pr", "cuda",
-              ["junit-stress-gpu-pr.xml"] + (["junit-kernel-gpu-pr.xml"] if own_model else []))
-    nightly = nightly_job(gpu).replace("@JOB_PRESET@", "full").replace("stability-reports-gpu-pr-cuda",
-                                                                       "stability-reports-full-cuda-nightly")
-    nightly = nightly.replace("--preset gpu-pr --device cuda", "--preset full --device cuda")
-    nightly = nightly.replace("--junit reports/junit-stress-gpu-pr.xml", "--junit reports/junit-stress-full.xml")
-    text = (HEADER + gpu + "\n" + nightly + "\n"
-            + job(CPU_JOB, KERNEL_CPU if own_model else "", preset, "cpu",
-                  [f"junit-stress-{preset}.xml"] + (["junit-kernel.xml"] if own_model else []))
-            + "\n  # A baseline made where the job runs (dispatched by hand with the input `baseline`): the reference "
-              "runs and their\n  # rounding replicates of every case (\"all\") or of the cases named, merged into "
-              "the committed baseline.\n"
-            + baseline_job(GPU_JOB, "gpu-pr", "cuda") + "\n"
-            + baseline_job(nightly_job(GPU_JOB), "full", "cuda", nightly=True).replace(
-                "stability-baseline-full-cuda", "stability-baseline-full-cuda-nightly") + "\n"
-            + baseline_job(CPU_JOB, preset, "cpu"))
-    return (text.replace("@SETTINGS@", settings_file).replace("@PRESET@", preset).replace("@PULL_REQUEST@", PULL_REQUEST)
-            .replace("@BASELINES@", baselines).replace("@PACKAGE@", package).replace("@BRANCH@", branch))
+    """The workflow ``stability init`` writes: the template rendered with ``workflow_values``; the kernel steps
+    only when the arms train the harness's own model (the code they check)."""
+    text = render(workflow_template(), workflow_values(settings_file, preset, baselines, package, branch))
+    return text if own_model else without_kernel_steps(text)
 
 
 def job_commands(workflow: str, job: str, baseline: str) -> list[str]:
