@@ -141,8 +141,9 @@ def test_the_zoo_reports_are_what_the_check_says_of_the_kept_jobs_and_merge_gate
     unchanged = next(line for line in committed.splitlines() if line.startswith("| `unchanged` |"))
     margin = float(unchanged.split("|")[7])
     assert f"| the code as it is | passes ({three_figures(margin)}x from failing) |" in section, section[:400]
-    held_out = _zoo_summary(committed)["entries held out from the per-step replicates"]
-    assert f"**{held_out}**" in section, held_out
+    summary = _zoo_summary(committed)
+    for group in ("entries held out from the per-step replicates", "entries held out from the applied-stress proofs"):
+        assert f"**{summary[group]}**" in section, (group, summary[group])
 
 
 @pytest.mark.parametrize("scale, closest_words", [("smoke", "(closest {}x from failing)")])
