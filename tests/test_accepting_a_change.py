@@ -5,10 +5,10 @@ runner and shows what moved; with its baseline committed, the next CPU job passe
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import subprocess
+
+import pytest
 
 from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
 

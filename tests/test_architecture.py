@@ -294,6 +294,58 @@ def test_the_name_rule_catches_a_planted_special_case():
                                                  (5, "format", "bf16")]
 
 
+# The rooms that read records (record, report, cli) name no built-in stress case in code: what a case shows is
+# declared with it (StressCase.tables, plots), what a command trains is found in the registry. The only
+# literals allowed are about records written before a field existed (the upgrade path), each with its reason.
+CASE_FREE_ROOMS = ("stability/record/", "stability/report/", "stability/cli/")
+OLD_RECORD_NAMES = {
+    ("stability/record/identity.py", "standard"): "STANDARD: what a record without a stress field measured",
+    ("stability/record/schema.py", "lr_sweep"): "RESULTS_BEFORE_THE_SLOT: where older records kept results",
+    ("stability/record/schema.py", "lr_ramp"): "RESULTS_BEFORE_THE_SLOT",
+    ("stability/record/schema.py", "batch_ramp"): "RESULTS_BEFORE_THE_SLOT",
+    ("stability/record/schema.py", "precision_ladder"): "RESULTS_BEFORE_THE_SLOT",
+    ("stability/record/schema.py", "shock"): "RESULTS_BEFORE_THE_SLOT",
+    ("stability/record/cases.py", "precision_ladder"): "RUN_LENGTH_SETTINGS_OF_OLD_RECORDS: the run length "
+                                                       "of records written before run_steps",
+}
+
+
+def case_name_literals(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every string literal equal to one of ``names``, docstrings left out (they document)."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings)
+
+
+def test_record_report_and_cli_name_no_built_in_case():
+    from stability.cases.stress import CASES
+    from stability.record import STANDARD
+
+    assert STANDARD in CASES
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = path.relative_to(PACKAGE.parent).as_posix()
+        if where.startswith(CASE_FREE_ROOMS):
+            offenders += [f"{where}:{line} {name!r}" for line, name in case_name_literals(path.read_text(), set(CASES))
+                          if (where, name) not in OLD_RECORD_NAMES]
+    assert offenders == [], "built-in case names outside their modules (declare it with the case): " + "; ".join(
+        offenders)
+
+
+def test_the_case_name_rule_catches_a_planted_literal():
+    planted = '''"""The ladder's table ("precision_ladder" in a docstring is documentation)."""
+ROWS = {"precision_ladder": 1}
+
+
+def plot(record):
+    return make(record, kind="lr_sweep")
+'''
+    assert case_name_literals(planted, {"precision_ladder", "lr_sweep"}) == [(2, "precision_ladder"), (6, "lr_sweep")]
+
+
 # ----------------------------------------------------------------------------- the folders around the package
 
 # validation/ (the gate's evidence), studies/ and benchmarks/ run as modules from the repository root: none

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 from _stability_records import edited, pair_record, with_replicates
 
+from stability.cases.precision_ladder import ladder_rows
 from stability.check import regression as reg
 from stability.check.baseline import make_baseline, write_baseline
 from stability.cli import main
@@ -29,7 +30,8 @@ def records():
     plain["tracking"] = {"status": "tracked", "uri": "sqlite:///m.db", "experiment": "stability-smoke",
                          "experiment_id": "1", "parent_run_id": "parent0123456789",
                          "child_run_ids": {"reference-seed0": "child-b0", "gated-seed0": "child-g0"}}
-    sweep = pair_record(schedule="lr_sweep", seeds=(0,), lrs=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1])
+    sweep = {**pair_record(schedule="lr_sweep", seeds=(0,), lrs=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]),
+             "stress": "lr_sweep"}   # the sweep's plot is its case's (StressCase.plots)
     return [plain, sweep]
 
 
@@ -121,7 +123,7 @@ def test_ladder_and_quant_tables_name_the_library_and_recipe_of_each_row(tmp_pat
     """The precision ladder (one row per rung and arm, a skipped rung with its reason) and the
     quantization table (one row per scheme and arm) say which library, version and recipe made
     each row, in the HTML and the Markdown."""
-    record = pair_record(schedule="precision_ladder", seeds=(0, 1), quant=True)
+    record = {**pair_record(schedule="precision_ladder", seeds=(0, 1), quant=True), "stress": "precision_ladder"}
     for arm in record["arms"]:
         gated = arm["arm"] == "gated"
         arm["final"].update(loss_gap_fp8=0.01 if gated else 0.03, underflow_fraction_fp8=1e-4,
@@ -142,14 +144,14 @@ def test_ladder_and_quant_tables_name_the_library_and_recipe_of_each_row(tmp_pat
         assert "torchao 0.18.0" in text and "float8 tensorwise (emulated)" in text
         assert "MX mx_mm, e2m1 weights (emulated)" in text and "torchao cannot be imported here" in text
         assert "bitsandbytes 0.50.2" in text and "bitsandbytes int8 recipe" in text
-    ladder = table.ladder_rows(record)
+    ladder = ladder_rows(record)
     fp8_gated = next(row for row in ladder if row[0] == "fp8" and row[2] == "gated")
     assert fp8_gated[3:6] == ["0.03", "0.01", "-0.02"]  # reference gap, gated gap, gated - reference
     assert (fp8_gated[1], fp8_gated[-1]) == ("torchao 0.18.0", "float8 tensorwise (emulated)")
     assert [row[0] for row in ladder[1:]] == ["fp8", "mxfp4", "mxfp8"]  # the trained rungs, then the skipped
     moved = {key: value for key, value in record.items() if key != "precision_ladder"}
     moved["results"] = {"precision_ladder": record["precision_ladder"]}
-    assert table.ladder_rows(moved) == ladder   # the results slot and a record written before it read alike
+    assert ladder_rows(moved) == ladder   # the results slot and a record written before it read alike
     plain = report.write_report([pair_record(seeds=(0,))], tmp_path / "plain.html")["html"].read_text()
     assert "Precision ladder" not in plain and "Post-training quantization" not in plain
 

@@ -22,6 +22,8 @@ from stability import config as cfg
 from stability.cases.runs import Rung, Unit
 from stability.config.schedules import Standard
 from stability.record import (
+    CasePlot,
+    CaseTable,
     RecordedCase,
     add_arm,
     add_figures,
@@ -174,7 +176,12 @@ class StressCase:
     ``check(record, invariant)``, named by its function: a property of the harness raises ``CheckFailed``
     (``stability.cases.checks.require``); a property of the model is recorded through ``invariant(record,
     name, arm, seed, held, value, bound, message)`` and judged by ``stability check``. rerun: the suites
-    train it a second time and require the same figures (the determinism the baseline relies on)."""
+    train it a second time and require the same figures (the determinism the baseline relies on).
+
+    What only it shows of its records: tables (``stability.record.CaseTable``: a title and the rows, from a
+    record), printed under ``stability stress`` and in the HTML report; plots (``stability.record.CasePlot``: a
+    name, a title and PNG bytes from a record), in the HTML report. The report and the command never name a
+    case: registering it declares both to the record's table of cases (``stability.record.cases``)."""
 
     name: str
     train: Callable[..., dict]
@@ -189,11 +196,13 @@ class StressCase:
     rerun: bool = False
     runs: Callable[[StressCase, cfg.ExperimentConfig], list[Unit]] | None = None
     variant: Callable[[cfg.ExperimentConfig], str] | None = None
+    tables: tuple[CaseTable, ...] = ()
+    plots: tuple[CasePlot, ...] = ()
 
     @property
     def recorded(self) -> RecordedCase:
         """What records know of the case (``stability.record.cases.RecordedCase``)."""
-        return RecordedCase(self.name, self.result)
+        return RecordedCase(self.name, self.result, self.tables, self.plots)
 
     def declared_figures(self) -> tuple[Figure, ...]:
         """Its figures, each row naming this case (a row's case left out is this one)."""

@@ -25,7 +25,7 @@ from stability.cases.case import CaseRun, StressCase, cpu_threads, finite, run_s
 from stability.cases.checks import arm_names, learns, require
 from stability.cases.runs import lr_rung
 from stability.config.schedules import Standard
-from stability.record import Status, add_arm, add_figures, case_result, set_case_result
+from stability.record import CasePlot, Status, add_arm, add_figures, case_result, set_case_result
 from stability.record.figures import Figure, Primary
 from stability.record.schema import RunSummary
 
@@ -127,6 +127,54 @@ def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, s
         return case.finish()
 
 
+# ----------------------------------------------------------------------------- its plot
+
+def sweep_points(record: dict) -> dict[str, list[dict]] | None:
+    """Per arm, the sweep points {lr, loss, diverged, seed, loss_init} when the record holds several peak LRs
+    (``record["results"]["lr_sweep"]["per_arm"]``, ``run_sweep``), else None."""
+    sweep = case_result(record, CASE.name) or {}
+    points: dict[str, list[dict]] = {}
+    for entry in sweep.get("per_arm") or []:
+        statuses = entry.get("status") or [Status.COMPLETED] * len(entry.get("lrs") or [])
+        for lr, loss, status in zip(entry.get("lrs") or [], entry.get("final_loss") or [], statuses):
+            points.setdefault(entry.get("arm"), []).append({
+                "lr": lr, "seed": entry.get("seed"), "diverged": status != Status.COMPLETED,
+                "loss": loss if isinstance(loss, (int, float)) and math.isfinite(loss) else None,
+                "initial_loss": entry.get("loss_init")})
+    if not points or all(len({p["lr"] for p in pts}) < 2 for pts in points.values()):
+        return None
+    return points
+
+
+def sweep_plot(record: dict) -> bytes | None:
+    """The final loss against the peak LR, per arm (means over seeds; x: a run that diverged, at its initial
+    loss); None when the record holds fewer than two LRs."""
+    from stability.report.html import arm_color, new_figure, png_bytes  # matplotlib, when a report is made
+
+    points = sweep_points(record)
+    if not points:
+        return None
+    fig, (ax,) = new_figure(5.5, 3.4, 1)
+    for arm, pts in sorted(points.items()):
+        color = arm_color(arm, record)
+        by_lr: dict[float, list] = {}
+        for p in pts:
+            by_lr.setdefault(p["lr"], []).append(p)
+        lrs = sorted(by_lr)
+        means = []
+        for lr in lrs:
+            kept = [p["loss"] for p in by_lr[lr] if not p["diverged"] and p["loss"] is not None]
+            means.append(sum(kept) / len(kept) if kept else float("nan"))
+        ax.plot(lrs, means, "o-", color=color, label=arm)
+        for p in pts:
+            if p["diverged"]:
+                ax.plot([p["lr"]], [p["initial_loss"] or float("nan")], "x", color=color, ms=9)
+    ax.set_xscale("log")
+    ax.set(title="LR sweep: final loss vs peak LR (x = diverged)", xlabel="peak learning rate", ylabel="final loss")
+    ax.legend(fontsize=7)
+    return png_bytes(fig)
+
+
 # ----------------------------------------------------------------------------- what its record must show
 
 def the_grid_is_fully_trained(record, invariant):
@@ -188,4 +236,5 @@ CASE = StressCase("lr_sweep", run_sweep, figures=FIGURES, rung=lr_rung, result=L
                   reported=lambda record: ["lr_sensitivity", "critical_lr", "m_act_mean", "f_attn_mean",
                                            "loss_spike_score", "heldout_loss"],
                   checks=(the_grid_is_fully_trained, the_reference_lr_is_finite_and_learns,
-                          the_sweep_figures_are_consistent), runs=sweep_runs)
+                          the_sweep_figures_are_consistent), runs=sweep_runs,
+                  plots=(CasePlot("lr_sweep", "Learning rates: sweep or range test", sweep_plot),))

@@ -22,7 +22,7 @@ from stability.cases.case import CaseRun, StressCase, cpu_threads, finite, run_s
 from stability.cases.checks import arm_names, learns, require
 from stability.cases.runs import precision_rung
 from stability.config.schedules import Standard
-from stability.record import Status, add_arm, add_figures, case_result, set_case_result
+from stability.record import CaseTable, Status, add_arm, add_figures, case_result, set_case_result
 from stability.record.figures import GREW, Figure, Primary
 from stability.record.schema import PrecisionInfo, RunSummary
 
@@ -150,6 +150,35 @@ def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, 
         return case.finish()
 
 
+# ----------------------------------------------------------------------------- its table
+
+LADDER_FIGURES = ("loss_gap", "underflow_fraction", "overflow_fraction", "diverged")
+
+
+def ladder_rows(record: dict) -> list[list[str]]:
+    """The precision ladder, one row per rung below fp32 and treatment arm: the library (and version)
+    that trained the rung, the held-out loss gap to fp32 of the reference arm and of the arm
+    (means over seeds), their paired difference with its 95% interval, and each arm's underflow and
+    overflow fractions and diverged share, and the recipe; a skipped rung gets one row with its
+    reason. Only the header when the record holds no ladder."""
+    from stability.report.tables import paired_cells, source_text
+
+    ladder = case_result(record, CASE.name) or {}
+    rows = [["precision", "library", "arm", "reference gap", "arm gap", "arm-reference", "95% CI",
+             "reference underflow", "arm underflow", "reference overflow", "arm overflow", "reference diverged",
+             "arm diverged", "recipe"]]
+    for rung in ladder.get("precisions") or []:
+        if rung == cfg.REFERENCE_PRECISION:
+            continue
+        library, recipe = source_text((ladder.get("sources") or {}).get(rung))
+        for arm, paired in (record.get("paired") or {}).items():
+            cells = [paired_cells(paired.get(f"{figure}_{rung}")) for figure in LADDER_FIGURES]
+            rows.append([rung, library, arm, *cells[0], *cells[1][:2], *cells[2][:2], *cells[3][:2], recipe])
+    for rung, reason in (ladder.get("skipped") or {}).items():
+        rows.append([rung, "-", "all", "skipped", "skipped"] + ["-"] * 8 + [f"skipped: {reason}"])
+    return rows
+
+
 # ----------------------------------------------------------------------------- what its record must show
 
 def rungs_of(record):
@@ -181,7 +210,7 @@ def every_rung_trained(record, invariant):
 def each_rung_names_its_library_and_recipe(record, invariant):
     """torchao trains fp8 (the configured float8 recipe) and the MX rungs, emulated on the CPU; torch's
     autocast and GradScaler the bf16 / fp16 ones; the versions are in the record and in the ladder's table."""
-    from stability.report.tables import ladder_table
+    from stability.report.tables import text_table
 
     sources = case_result(record, CASE.name)["sources"]
     recipe = record["config"]["run"]["precision"]["fp8_recipe"]
@@ -195,7 +224,7 @@ def each_rung_names_its_library_and_recipe(record, invariant):
             require("GradScaler" in source["recipe"], f"fp16: recipe {source['recipe']}")
     if "fp8" in sources and recipe != "own":
         require(sources["fp8"]["recipe"] == f"float8 {recipe}", f"fp8: recipe {sources['fp8']['recipe']}")
-    table = ladder_table(record)
+    table = text_table(ladder_rows(record))
     require(all(rung in table for rung in sources if rung != cfg.REFERENCE_PRECISION), f"rungs missing:\n{table}")
     require(("torchao" in table) == any(s["library"] == "torchao" for s in sources.values()), table)
 
@@ -304,4 +333,6 @@ CASE = StressCase("precision_ladder", run_precision_ladder, figures=FIGURES, pri
                   + ["m_act_mean", "f_attn_mean", "max_attn_logit"],
                   checks=(every_rung_trained, each_rung_names_its_library_and_recipe, fp32_is_finite_and_learns,
                           each_rung_stays_within_its_loss_gap_of_fp32, the_precision_statistics_are_recorded),
-                  runs=ladder_runs)
+                  runs=ladder_runs,
+                  tables=(CaseTable("ladder", "Precision ladder: each rung's library, recipe and gap to fp32",
+                                    ladder_rows),))

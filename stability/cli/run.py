@@ -9,6 +9,7 @@ from typing import NoReturn
 
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_from_args, resolve_session
+from stability.record import STANDARD as PLAIN_PAIR  # the case `stability run` trains: the plain pair
 from stability.record import Status
 from stability.report.tables import paired_table, quant_table
 
@@ -47,7 +48,7 @@ def cmd_run(args) -> int:
         from stability.cases.stress import run_case
 
         return under_torchrun(args, "run", lambda config, run_dir: train_and_keep(args, config, run_dir, None, None),
-                              lambda config: run_case("standard", config))
+                              lambda config: run_case(PLAIN_PAIR, config))
     config, run_dir, resume, checkpoint_dir = resolve_session(args, "run")
     return train_and_keep(args, config, run_dir, resume, checkpoint_dir)
 
@@ -135,7 +136,7 @@ def train_and_keep(args, config, run_dir, resume, checkpoint_dir) -> int:
                                           if resume else ""), flush=True)
     session = make_session(args, "run", run_dir, checkpoint_dir, resume)
     try:
-        record = run_recorded("standard", config, run_dir, args.tracking_uri, args.experiment,
+        record = run_recorded(PLAIN_PAIR, config, run_dir, args.tracking_uri, args.experiment,
                               track=not args.no_track, plots=False, session=session)
     except Interrupted as stop:
         print(f"interrupted: the record so far is {stop.record['record_path']}; continue with "

@@ -7,7 +7,7 @@ import sys
 from stability import config as cfg
 from stability.cli.options import add_config_options, resolve_session
 from stability.record import UNFINISHED, Status, case_name
-from stability.report.tables import ladder_table, paired_table, quant_table
+from stability.report.tables import case_tables_text, paired_table, quant_table
 
 
 def cmd_stress(args) -> int:
@@ -83,7 +83,7 @@ def stress_cases(args, cases, config, run_dir, resume=None, checkpoint_dir=None,
             print(f"record: {record['record_path']}  ({record['timing']['wall_seconds']:.1f} s)")
             print_tracking(record)
             print(paired_table(record))
-            for extra in (ladder_table(record), quant_table(record)):
+            for extra in (*case_tables_text(record), quant_table(record)):
                 if extra:
                     print()
                     print(extra)

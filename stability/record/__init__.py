@@ -79,9 +79,20 @@ from stability.record.build import (
     start_timing,
     stop_case,
 )
-from stability.record.cases import RECORDED_CASES, RecordedCase, case_result, case_steps, declare
+from stability.record.cases import (
+    RECORDED_CASES,
+    CasePlot,
+    CaseTable,
+    RecordedCase,
+    case_plots,
+    case_result,
+    case_steps,
+    case_tables,
+    declare,
+)
 from stability.record.identity import (
     FIELDS_ABOUT,
+    STANDARD,
     case_key,
     case_name,
     comparable_config,
@@ -124,10 +135,13 @@ __all__ = [
     "REFERENCE_ARM",
     "SCHEMA_VERSION",
     "SERIES_KEYS",
+    "STANDARD",
     "UNFINISHED",
     "USABLE",
     "ArmRecord",
+    "CasePlot",
     "CaseRecord",
+    "CaseTable",
     "PairedFigure",
     "RecordError",
     "RecordedCase",
@@ -142,8 +156,10 @@ __all__ = [
     "arm_names",
     "case_key",
     "case_name",
+    "case_plots",
     "case_result",
     "case_steps",
+    "case_tables",
     "case_timing",
     "clean",
     "comparable_config",
@@ -205,5 +221,5 @@ __all__ = [
     "validate_record",
     "where",
     "write_json",
-    "write_record"
+    "write_record",
 ]

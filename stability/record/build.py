@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 from stability.config import extensions
 from stability.record.cases import result_type
+from stability.record.identity import STANDARD
 from stability.record.schema import (
     PURPOSES,
     SCHEMA_VERSION,
@@ -246,7 +247,7 @@ def set_unit(arm: ArmRecord, unit_id: str, name: str, attempt: int, pid: int) ->
 
 # ----------------------------------------------------------------------------- a case (stability.cases)
 
-def new_case_record(config, schedule: str, description: str = "", stress: str = "standard",
+def new_case_record(config, schedule: str, description: str = "", stress: str = STANDARD,
                     purpose: str = "regression", run_steps: int | None = None) -> CaseRecord:
     """An empty case record for an ``ExperimentConfig``: arms are appended as they finish. ``run_steps``: the
     steps one run of the case trains (its case declares it; None: ``run.steps``)."""

@@ -4,6 +4,7 @@
     set_case_result(record, "lr_sweep", {...})         # stability.record.build: into record["results"]["lr_sweep"]
     case_result(record, "lr_sweep")                    # read it back (a record written before the slot: its key)
     case_steps(record)                                 # the steps one run of the case trained
+    case_tables(record), case_plots(record)            # the tables and plots only the record's case makes
 
 A case declares everything about itself in its own module (``stability.cases.lr_sweep`` ...), the type of its
 results included. Registering it (``stability.cases.stress``) declares that type here, so a process that
@@ -15,6 +16,7 @@ The record says the rest itself: its case under "stress" and the steps one run o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +25,36 @@ from stability.record.schema import CaseRecord, RecordError
 
 
 @dataclass(frozen=True)
+class CaseTable:
+    """A table only one case makes, in the HTML report and under ``stability stress``: ``rows(record)`` gives
+    the header, then one list of text cells per row (only the header: the record has nothing to show). name:
+    the HTML table's class; title: its heading."""
+
+    name: str
+    title: str
+    rows: Callable[[CaseRecord], list[list[str]]]
+
+
+@dataclass(frozen=True)
+class CasePlot:
+    """A plot only one case makes, in the HTML report: ``png(record)`` gives PNG bytes (None: nothing to plot).
+    name: its key among the record's plots (the image's id and file name); title: its heading."""
+
+    name: str
+    title: str
+    png: Callable[[CaseRecord], bytes | None]
+
+
+@dataclass(frozen=True)
 class RecordedCase:
     """name: the case's name (``stability stress NAME``; its records say it under "stress"). result: the type
-    of ``results[name]`` (a TypedDict), None for a case with no results of its own."""
+    of ``results[name]`` (a TypedDict), None for a case with no results of its own. tables, plots: what only
+    this case shows of its records (``CaseTable``, ``CasePlot``)."""
 
     name: str
     result: type | None = None
+    tables: tuple[CaseTable, ...] = ()
+    plots: tuple[CasePlot, ...] = ()
 
 
 # the cases this process registered (stability.cases.stress fills it), by name
@@ -45,7 +71,7 @@ def declare(case: RecordedCase) -> RecordedCase:
     declaration)."""
     known = RECORDED_CASES.get(case.name)
     if known is not None and known != case:
-        raise ValueError(f"stress case {case.name!r} is declared already, with another result type")
+        raise ValueError(f"stress case {case.name!r} is declared already, with another result type or output")
     RECORDED_CASES[case.name] = case
     return case
 
@@ -63,6 +89,18 @@ def result_type(name: str) -> type:
         raise RecordError(f"case result {name!r} is unknown: expected a case this process registered with "
                           f"results {declared} (stability.cases.stress.register)")
     return case.result
+
+
+def case_tables(record: CaseRecord) -> tuple[CaseTable, ...]:
+    """The tables the record's case declared (none when this process did not register it)."""
+    case = RECORDED_CASES.get(case_name(record))
+    return case.tables if case is not None else ()
+
+
+def case_plots(record: CaseRecord) -> tuple[CasePlot, ...]:
+    """The plots the record's case declared (none when this process did not register it)."""
+    case = RECORDED_CASES.get(case_name(record))
+    return case.plots if case is not None else ()
 
 
 def case_result(record: CaseRecord, name: str) -> Any:

@@ -29,8 +29,10 @@ def case_key(record: CaseRecord) -> str:
     return f"{record.get('name')}/{record.get('schedule')}"
 
 
+# The plain pair's name: what `stability run` trains, and what a record says under "stress" when it was written
+# before the field (or, as "pair", before the plain pair was called "standard"); the one place outside its case
+# module that names a case (tests/test_architecture.py)
 STANDARD = "standard"
-# what records written before the plain pair was called "standard" say under "stress"
 OLD_CASE_NAMES = {"pair": STANDARD}
 
 

@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 
 from stability.config.schedules import Standard
-from stability.record import REFERENCE_ARM, Status, case_result, usable_value
+from stability.record import REFERENCE_ARM, Status, case_key, case_plots, case_tables, usable_value
 from stability.record import figures as fig
-from stability.report.tables import fmt, ladder_rows, markdown_text, quant_rows, side_means
+from stability.report.tables import fmt, markdown_text, quant_rows, side_means
 
 ARM_COLORS = {REFERENCE_ARM: "#1f77b4", "gated": "#d62728"}
 OTHER_COLORS = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -47,23 +47,6 @@ def _finite(values) -> list:
             for v in values]
 
 
-def lr_sweep(record: dict) -> dict[str, list[dict]] | None:
-    """Per arm, the sweep points {lr, loss, diverged, seed, loss_init} when the record holds several peak LRs
-    (``record["results"]["lr_sweep"]["per_arm"]`` from stability.cases.lr_sweep.run_sweep), else None."""
-    sweep = case_result(record, "lr_sweep") or {}
-    points: dict[str, list[dict]] = {}
-    for entry in sweep.get("per_arm") or []:
-        statuses = entry.get("status") or [Status.COMPLETED] * len(entry.get("lrs") or [])
-        for lr, loss, status in zip(entry.get("lrs") or [], entry.get("final_loss") or [], statuses):
-            points.setdefault(entry.get("arm"), []).append({
-                "lr": lr, "seed": entry.get("seed"), "diverged": status != Status.COMPLETED,
-                "loss": loss if isinstance(loss, (int, float)) and math.isfinite(loss) else None,
-                "initial_loss": entry.get("loss_init")})
-    if not points or all(len({p["lr"] for p in pts}) < 2 for pts in points.values()):
-        return None
-    return points
-
-
 def _lr_varies(record: dict) -> bool:
     """True when an arm's LR spans more than a factor 10 (an LR range test / ramp): loss vs LR is worth a plot."""
     for arm in record.get("arms") or []:
@@ -73,7 +56,7 @@ def _lr_varies(record: dict) -> bool:
     return False
 
 
-def _new_figure(width=8.0, height=3.2, ncols=2):
+def new_figure(width=8.0, height=3.2, ncols=2):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -83,7 +66,7 @@ def _new_figure(width=8.0, height=3.2, ncols=2):
     return fig, axes
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
     buffer = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buffer, format="png")
@@ -97,7 +80,7 @@ def _arm_label(arm: dict) -> str:
 
 def plot_curves(record: dict) -> bytes:
     """Training loss and global grad norm per step, every arm (and all seeds) on one figure."""
-    fig, (ax_loss, ax_grad) = _new_figure()
+    fig, (ax_loss, ax_grad) = new_figure()
     seeds = sorted({a.get("seed") for a in record["arms"]}, key=str)
     for arm in record["arms"]:
         series = arm.get("series") or {}
@@ -114,34 +97,12 @@ def plot_curves(record: dict) -> bytes:
            if math.isfinite(v)):
         ax_grad.set_yscale("log")
     ax_loss.legend(fontsize=7)
-    return _png(fig)
-
-
-def plot_lr_sweep(record: dict, points: dict) -> bytes:
-    fig, (ax,) = _new_figure(5.5, 3.4, 1)
-    for arm, pts in sorted(points.items()):
-        color = arm_color(arm, record)
-        by_lr: dict[float, list] = {}
-        for p in pts:
-            by_lr.setdefault(p["lr"], []).append(p)
-        lrs = sorted(by_lr)
-        means = []
-        for lr in lrs:
-            finite = [p["loss"] for p in by_lr[lr] if not p["diverged"] and p["loss"] is not None]
-            means.append(sum(finite) / len(finite) if finite else float("nan"))
-        ax.plot(lrs, means, "o-", color=color, label=arm)
-        for p in pts:
-            if p["diverged"]:
-                ax.plot([p["lr"]], [p["initial_loss"] or float("nan")], "x", color=color, ms=9)
-    ax.set_xscale("log")
-    ax.set(title="LR sweep: final loss vs peak LR (x = diverged)", xlabel="peak learning rate", ylabel="final loss")
-    ax.legend(fontsize=7)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def plot_loss_vs_lr(record: dict) -> bytes:
     """Loss against the learning rate of each step (an LR range test), every arm."""
-    fig, (ax,) = _new_figure(5.5, 3.4, 1)
+    fig, (ax,) = new_figure(5.5, 3.4, 1)
     seeds = sorted({a.get("seed") for a in record["arms"]}, key=str)
     for arm in record["arms"]:
         series = arm.get("series") or {}
@@ -151,7 +112,7 @@ def plot_loss_vs_lr(record: dict) -> bytes:
     ax.set_xscale("log")
     ax.set(title="loss vs learning rate (per step)", xlabel="learning rate", ylabel="loss")
     ax.legend(fontsize=7)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _layer_figures(record: dict, key: str) -> dict[str, list[float]]:
@@ -180,7 +141,7 @@ def plot_layers(record: dict) -> bytes | None:
     f_attn, m_act = _layer_figures(record, "f_attn"), _layer_figures(record, "m_act")
     if not f_attn and not m_act:
         return None
-    fig, (ax_f, ax_m) = _new_figure()
+    fig, (ax_f, ax_m) = new_figure()
     for ax, data, title in ((ax_f, f_attn, "F-Attn per layer (attention on token 0)"),
                             (ax_m, m_act, "M-Act per layer (max |residual|)")):
         arms = sorted(data)
@@ -191,7 +152,7 @@ def plot_layers(record: dict) -> bytes | None:
         ax.set_xticks(range(max((len(v) for v in data.values()), default=0)))
         ax.set(title=title, xlabel="layer")
         ax.legend(fontsize=7)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def quant_damage(record: dict) -> dict[str, dict[str, float]]:
@@ -216,7 +177,7 @@ def plot_quant(record: dict) -> bytes | None:
     damage = quant_damage(record)
     if not damage:
         return None
-    fig, (ax,) = _new_figure(5.5, 3.2, 1)
+    fig, (ax,) = new_figure(5.5, 3.2, 1)
     schemes = sorted(damage)
     arms = sorted({a for d in damage.values() for a in d})
     width = 0.8 / max(1, len(arms))
@@ -228,7 +189,7 @@ def plot_quant(record: dict) -> bytes | None:
     ax.axhline(0, color="black", lw=0.6)
     ax.set(title="post-quantization damage (held-out loss increase)", ylabel="loss after - before")
     ax.legend(fontsize=7)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def extrapolation_curves(record: dict) -> dict[str, dict[str, list[tuple[float, float, float, float]]]]:
@@ -257,7 +218,7 @@ def plot_extrapolation(record: dict) -> bytes | None:
     curves = extrapolation_curves(record)
     if not curves:
         return None
-    fig, (ax_loss, ax_f) = _new_figure()
+    fig, (ax_loss, ax_f) = new_figure()
     for arm, by_rope in curves.items():
         for rope, points in sorted(by_rope.items(), key=lambda item: item[0] != "plain"):
             factors = [p[0] for p in points]
@@ -271,18 +232,20 @@ def plot_extrapolation(record: dict) -> bytes | None:
     ax_loss.set(title="held-out loss beyond the training context", ylabel="loss (nats/token)")
     ax_f.set(title="F-Attn beyond the training context", ylabel="attention on token 0")
     ax_loss.legend(fontsize=6)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def make_plots(record: dict) -> dict[str, bytes]:
-    """{name: PNG bytes}: curves, lr_sweep (several LRs), layers (probes), quant and extrapolation (when
-    present)."""
+    """{name: PNG bytes}: curves, the plots the record's case declares (``stability.record.case_plots``: the
+    sweep's loss against its peak LRs), else the loss against the LR where it spans a factor 10 (a range
+    test), layers (probes), quant and extrapolation (when present)."""
     plots = {"curves": plot_curves(record)}
-    points = lr_sweep(record)
-    if points:
-        plots["lr_sweep"] = plot_lr_sweep(record, points)
-    elif _lr_varies(record):
-        plots["lr_sweep"] = plot_loss_vs_lr(record)
+    for plot in case_plots(record):   # the plots only the record's case makes (its StressCase's plots)
+        png = plot.png(record)
+        if png:
+            plots[plot.name] = png
+    if len(plots) == 1 and _lr_varies(record):
+        plots["lr"] = plot_loss_vs_lr(record)
     for name, fn in (("layers", plot_layers), ("quant", plot_quant), ("extrapolation", plot_extrapolation)):
         png = fn(record)
         if png:
@@ -290,7 +253,7 @@ def make_plots(record: dict) -> dict[str, bytes]:
     return plots
 
 
-PLOT_TITLES = {"curves": "Loss and gradient norm, every arm", "lr_sweep": "Learning rates: sweep or range test",
+PLOT_TITLES = {"curves": "Loss and gradient norm, every arm", "lr": "Learning rates: loss against the LR",
                "layers": "F-Attn and M-Act per layer", "quant": "Post-training quantization damage",
                "extrapolation": "Length extrapolation: held-out loss and F-Attn beyond the training context"}
 
@@ -425,7 +388,7 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
                   _html_table(_verdict_rows(result), "verdicts"), "</details>"]
         m += ["## Regression check", "", result.markdown(), ""]
     for index, record in enumerate(records):
-        case = f"{record.get('name')}/{record.get('schedule')}"
+        case = case_key(record)
         h += [(f"<div class='case'><h2>{html.escape(case)} <small>({html.escape(str(record.get('preset')))}, "
                f"status {html.escape(str(record.get('status')))}, id {html.escape(str(record.get('id')))})"
                "</small></h2>"),
@@ -433,24 +396,26 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
         m += [f"## {markdown_text(case)}", "",
               markdown_text(f"Preset {record.get('preset')}, status {record.get('status')}, id {record.get('id')}. "
                             f"{record.get('description') or ''}"), ""]
+        titles = {**PLOT_TITLES, **{plot.name: plot.title for plot in case_plots(record)}}
         for name, png in plots[index].items():
             data = base64.b64encode(png).decode("ascii")
-            label = PLOT_TITLES.get(name, name)
+            label = titles.get(name, name)
             h += [f"<h3>{html.escape(label)}</h3>",
                   (f"<img class='plot' id='plot-{index}-{name}' alt='{html.escape(label)}' "
                    f"src='data:image/png;base64,{data}'>")]
             if image_paths:
                 m += [f"### {label}", "", f"![{label}]({image_paths[index][name]})", ""]
+        own = [(table.title, table.rows(record), table.name) for table in case_tables(record)]
         sections = (("Per arm (means over seeds)", per_arm_rows(record), "per-arm"),
                     ("Paired figures: each arm against the reference arm (means over seeds)", summary_rows(record),
                      "summary"),
-                    ("Precision ladder: each rung's library, recipe and gap to fp32", ladder_rows(record), "ladder"),
+                    *[(title, rows, cls) for title, rows, cls in own if len(rows) > 1],  # the case's own tables
                     ("Post-training quantization: each scheme's library, recipe and damage", quant_rows(record),
                      "quant"),
                     ("Runs: one per arm and seed", arm_rows(record), "arms"), ("Environment", env_rows(record), "env"),
                     ("MLflow", tracking_rows(record), "tracking"))
         for heading, rows, cls in sections:
-            if len(rows) < 2 and cls in ("ladder", "quant"):  # not this kind of record
+            if len(rows) < 2 and cls == "quant":  # no scheme ran
                 continue
             h += [f"<h3>{heading}</h3>", _html_table(rows, cls)]
             m += [f"### {heading}", "", _md_table(rows), ""]

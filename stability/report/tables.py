@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 
-from stability.config import REFERENCE_PRECISION
-from stability.record import REFERENCE_ARM, case_result, usable_value
+from stability.record import REFERENCE_ARM, case_tables, usable_value
 
 
 def fmt(value) -> str:
@@ -71,7 +70,7 @@ def paired_table(record: dict) -> str:
     return "\n".join([text_table(rows), "", "arms: " + ", ".join(status)])
 
 
-def _paired_cells(summary: dict | None) -> list[str]:
+def paired_cells(summary: dict | None) -> list[str]:
     """reference, arm, arm-reference and 95% CI cells of one paired figure ("-" when missing)."""
     if not summary:
         return ["-", "-", "-", "-"]
@@ -113,8 +112,8 @@ def quant_rows(record: dict) -> list[list[str]]:
                                                                                     "kl"))
             if loss is None:
                 continue
-            rows.append([scheme, library, arm, *_paired_cells(loss), *(_paired_cells(acc)[:2]),
-                         *(_paired_cells(kl)[:2]), recipe])
+            rows.append([scheme, library, arm, *paired_cells(loss), *(paired_cells(acc)[:2]),
+                         *(paired_cells(kl)[:2]), recipe])
     return rows
 
 
@@ -124,32 +123,12 @@ def quant_table(record: dict) -> str:
     return text_table(rows) if len(rows) > 1 else ""
 
 
-LADDER_FIGURES = ("loss_gap", "underflow_fraction", "overflow_fraction", "diverged")
-
-
-def ladder_rows(record: dict) -> list[list[str]]:
-    """The precision ladder, one row per rung below fp32 and treatment arm: the library (and version)
-    that trained the rung, the held-out loss gap to fp32 of the reference arm and of the arm
-    (means over seeds), their paired difference with its 95% interval, and each arm's underflow and
-    overflow fractions and diverged share, and the recipe; a skipped rung gets one row with its
-    reason. Only the header when the record is not a precision ladder."""
-    ladder = case_result(record, "precision_ladder") or {}
-    rows = [["precision", "library", "arm", "reference gap", "arm gap", "arm-reference", "95% CI",
-             "reference underflow", "arm underflow", "reference overflow", "arm overflow", "reference diverged",
-             "arm diverged", "recipe"]]
-    for rung in ladder.get("precisions") or []:
-        if rung == REFERENCE_PRECISION:
-            continue
-        library, recipe = source_text((ladder.get("sources") or {}).get(rung))
-        for arm, paired in (record.get("paired") or {}).items():
-            cells = [_paired_cells(paired.get(f"{figure}_{rung}")) for figure in LADDER_FIGURES]
-            rows.append([rung, library, arm, *cells[0], *cells[1][:2], *cells[2][:2], *cells[3][:2], recipe])
-    for rung, reason in (ladder.get("skipped") or {}).items():
-        rows.append([rung, "-", "all", "skipped", "skipped"] + ["-"] * 8 + [f"skipped: {reason}"])
-    return rows
-
-
-def ladder_table(record: dict) -> str:
-    """``ladder_rows`` as text; empty when the record is not a precision ladder."""
-    rows = ladder_rows(record)
-    return text_table(rows) if len(rows) > 1 else ""
+def case_tables_text(record: dict) -> list[str]:
+    """Each table the record's case declares (``stability.record.case_tables``: the ladder's rungs ...) as text
+    under its title; a table with nothing to show is left out."""
+    texts = []
+    for table in case_tables(record):
+        rows = table.rows(record)
+        if len(rows) > 1:
+            texts.append(f"{table.title}\n{text_table(rows)}")
+    return texts
