@@ -314,14 +314,15 @@ def null_allowed(name: str, status: str) -> bool:
 
 
 def case_arm_names(config: dict, where_: str) -> list[str]:
-    """The arms a case's stored (flattened) config trains: its ``arms`` field ("baseline,gated")."""
-    arms = config.get("arms", "baseline,gated")
+    """The arms a case's stored (flattened) config trains: its ``arms`` field ("reference,gated"; a config
+    flattened with its defaults always has it)."""
+    arms = config.get("arms", f"{REFERENCE_ARM},gated")
     if isinstance(arms, str):
         names = [name.strip() for name in arms.split(",") if name.strip()]
     elif isinstance(arms, list) and all(isinstance(name, str) for name in arms):
         names = list(arms)
     else:
-        raise RecordError(f"{where_}: config.arms = {_short(arms)}: expected the arm names, e.g. 'baseline,gated'")
+        raise RecordError(f"{where_}: config.arms = {_short(arms)}: expected the arm names, e.g. 'reference,gated'")
     if not names:
         raise RecordError(f"{where_}: config.arms = {_short(arms)}: expected at least one arm name")
     return names
