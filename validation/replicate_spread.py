@@ -104,6 +104,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
     parser.add_argument("--kept", default=str(zoo.KEPT), help="folder of the kept zoo records")
+    parser.add_argument("--out", help="Markdown table (default reports/replicates-<scale>.md)")
     args = parser.parse_args()
     zoo.KEPT = Path(args.kept)
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
@@ -121,7 +122,7 @@ def main() -> int:
         if document is not None:
             lines.append(summary(f"`{entry.name}`", entry_u(document, baseline)))
     text = "\n".join(lines) + "\n"
-    (ROOT / "reports" / f"replicates-{args.scale}.md").write_text(text)
+    Path(args.out or ROOT / "reports" / f"replicates-{args.scale}.md").write_text(text)
     print(text)
     return 0
 
