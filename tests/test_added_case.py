@@ -90,8 +90,8 @@ def test_a_case_added_by_its_module_and_registry_line_runs_its_suite_and_check(t
     held = baseline["cases"]["smoke/double_lr-x2"]["arms"]["gated"]["figures"]["double_lr_peak_loss"]
     assert sorted(held) == ["0", "1", "2"] and all(len(runs) == 3 for runs in held.values())
 
-    suite = run(copy, "-m", "pytest", "suites/test_stress_cases.py", "-n", "0", "-p", "no:cacheprovider",
-                "--stability-config", str(settings), "-k", "double_lr")
+    suite = run(copy, "-m", "pytest", "suites/test_stress_cases.py", "-m", "stress", "-n", "0", "-p",
+                "no:cacheprovider", "--stability-config", str(settings), "-k", "double_lr")
     assert suite.returncode == 0, said(suite)
     passed = re.search(r"(\d+) passed", suite.stdout)
     assert passed and int(passed.group(1)) >= 2 and " failed" not in suite.stdout, said(suite)
