@@ -2,7 +2,7 @@
 
     require(condition, what)                 a property of the harness: CheckFailed naming ``what`` when not
     close(a, b)                              two floats equal to a relative 1e-6 (pytest.approx's default)
-    learns(record, arm, first_loss, invariant)   the model invariants of a run at the reference LR
+    learns(record, arm, first_loss, invariant)   the model invariants of a run at the configured LR
     arm_names(record), gated(record, arm)    the arms the config trains; whether an arm's gate is on
 
 A property of the harness (the schedule followed, every run trained, the figures consistent) fails the test;
@@ -48,7 +48,7 @@ def gated(record: dict, arm: str) -> bool:
 
 
 def learns(record: dict, arm: dict, first_loss, invariant) -> None:
-    """Record the model invariants of one run at the reference LR in fp32 (``arm``: its arm record, or a run
+    """Record the model invariants of one run at the configured LR in fp32 (``arm``: its arm record, or a run
     of the case): it completed, with no non-finite event and a finite held-out loss, and its final training
     loss fell below ``LEARNS`` x ``first_loss``."""
     final, name, seed = arm["final"], arm["arm"], arm["seed"]

@@ -188,7 +188,7 @@ def the_grid_is_fully_trained(record, invariant):
 
 
 def the_reference_lr_is_finite_and_learns(record, invariant):
-    """At the reference LR in fp32 every arm completes with no non-finite event and the loss falls (model
+    """At the configured LR in fp32 every arm completes with no non-finite event and the loss falls (model
     invariants)."""
     for arm in record["arms"]:
         learns(record, arm, arm["final"]["loss_init"], invariant)
@@ -196,7 +196,7 @@ def the_reference_lr_is_finite_and_learns(record, invariant):
 
 def the_sweep_figures_are_consistent(record, invariant):
     """The LR sensitivity is not negative and the critical LR is the smallest diverged LR of the grid (or
-    censored above it); the reference LR lies below the critical LR (a model invariant)."""
+    censored above it); the configured LR lies below the critical LR (a model invariant)."""
     result = case_result(record, CASE.name)
     for entry in result["per_arm"]:
         where = f"{entry['arm']} seed {entry['seed']}"

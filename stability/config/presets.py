@@ -37,7 +37,7 @@ def _smoke() -> ExperimentConfig:
         # 19 rounding replicates besides the unperturbed run: a seed's rank p-value can reach 1/20 and a heavy tail
         # shows (a baseline: 20 smoke jobs, about 40 minutes on 2 cores)
         replicates=19,
-        # decade grid around the reference LR 3e-3 up to one that diverges; a ramp that crosses
+        # decade grid around the configured LR 3e-3 up to one that diverges; a ramp that crosses
         # LR 1 a third of the way before the end; two batch doublings; a x10 jump at mid-run
         stress=StressConfig(sweep_lrs=(3e-4, 3e-3, 3e-2, 3e-1, 3.0), ramp=ExponentialRamp(1e-3, 1e4),
                             batch=BatchRamp(double_every=20, max_size=32), shock=Shock(at_step=30, factor=10.0),
@@ -67,7 +67,7 @@ def _ci() -> ExperimentConfig:
         seeds=(0, 1, 2),  # three seeds: intervals over seeds, and what a regression baseline needs
         # as at smoke: a heavy tail shows in 19 replicates (a baseline: 20 ci jobs, about 2 hours on 2 cores)
         replicates=19,
-        # half-decade grid from the reference LR to one that diverges; LR 1 crossed at ~40% of the
+        # half-decade grid from the configured LR to one that diverges; LR 1 crossed at ~40% of the
         # ramp; two batch doublings; a x10 jump at mid-run
         stress=StressConfig(sweep_lrs=(1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0), ramp=ExponentialRamp(1e-3, 1e4),
                             batch=BatchRamp(double_every=100, max_size=32), shock=Shock(at_step=150, factor=10.0),
