@@ -6,7 +6,8 @@ without them). One idea per module:
 
     schema.py     the layout: every key of a case record, an arm record and their entries, typed; the
                   schema version, the purposes, the run status (``Status``), ``RecordError``
-    validate.py   ``validate_record``: a record against the schema (unknown keys, types, figures)
+    validate.py   ``validate_record``: a record against the schema (unknown keys, types, figures);
+                  ``check_layout``: any document against its TypedDicts
     build.py      the builders: the only code that writes into a record (new records, arms, steps,
                   statuses, figures, a case's results, a session's notes, tracking, Ray)
     summary.py    the figures of a record: an arm's trajectory figures, usable values, the paired summary
@@ -84,11 +85,10 @@ from stability.record.cases import (
     CasePlot,
     CaseTable,
     RecordedCase,
-    case_plots,
     case_result,
     case_steps,
-    case_tables,
     declare,
+    declared_case,
 )
 from stability.record.identity import (
     FIELDS_ABOUT,
@@ -126,7 +126,7 @@ from stability.record.summary import (
     usable_value,
 )
 from stability.record.upgrade import upgraded
-from stability.record.validate import validate_record
+from stability.record.validate import check_layout, validate_record
 
 __all__ = [
     "FIELDS_ABOUT",
@@ -156,16 +156,16 @@ __all__ = [
     "arm_names",
     "case_key",
     "case_name",
-    "case_plots",
     "case_result",
     "case_steps",
-    "case_tables",
     "case_timing",
+    "check_layout",
     "clean",
     "comparable_config",
     "config_diff",
     "config_fingerprint",
     "declare",
+    "declared_case",
     "describe_arm",
     "device_kind",
     "ensure_id",

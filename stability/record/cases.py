@@ -4,7 +4,7 @@
     set_case_result(record, "lr_sweep", {...})         # stability.record.build: into record["results"]["lr_sweep"]
     case_result(record, "lr_sweep")                    # read it back (a record written before the slot: its key)
     case_steps(record)                                 # the steps one run of the case trained
-    case_tables(record), case_plots(record)            # the tables and plots only the record's case makes
+    declared_case(record).tables                       # the tables (and .plots) only the record's case makes
 
 A case declares everything about itself in its own module (``stability.cases.lr_sweep`` ...), the type of its
 results included. Registering it (``stability.cases.stress``) declares that type here, so a process that
@@ -91,16 +91,11 @@ def result_type(name: str) -> type:
     return case.result
 
 
-def case_tables(record: CaseRecord) -> tuple[CaseTable, ...]:
-    """The tables the record's case declared (none when this process did not register it)."""
-    case = RECORDED_CASES.get(case_name(record))
-    return case.tables if case is not None else ()
-
-
-def case_plots(record: CaseRecord) -> tuple[CasePlot, ...]:
-    """The plots the record's case declared (none when this process did not register it)."""
-    case = RECORDED_CASES.get(case_name(record))
-    return case.plots if case is not None else ()
+def declared_case(record: CaseRecord) -> RecordedCase:
+    """What the record's case declared (its tables and plots...); an entry declaring nothing when this
+    process did not register it."""
+    name = case_name(record)
+    return RECORDED_CASES.get(name) or RecordedCase(name)
 
 
 def case_result(record: CaseRecord, name: str) -> Any:

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from stability.config.schedules import Standard
-from stability.record import REFERENCE_ARM, Status, case_key, case_plots, case_tables, usable_value
+from stability.record import REFERENCE_ARM, Status, case_key, declared_case, usable_value
 from stability.record import figures as fig
 from stability.report.tables import fmt, markdown_text, quant_rows, side_means
 
@@ -236,11 +236,11 @@ def plot_extrapolation(record: dict) -> bytes | None:
 
 
 def make_plots(record: dict) -> dict[str, bytes]:
-    """{name: PNG bytes}: curves, the plots the record's case declares (``stability.record.case_plots``: the
+    """{name: PNG bytes}: curves, the plots the record's case declares (``stability.record.declared_case``: the
     sweep's loss against its peak LRs), else the loss against the LR where it spans a factor 10 (a range
     test), layers (probes), quant and extrapolation (when present)."""
     plots = {"curves": plot_curves(record)}
-    for plot in case_plots(record):   # the plots only the record's case makes (its StressCase's plots)
+    for plot in declared_case(record).plots:   # the plots only the record's case makes (its StressCase's plots)
         png = plot.png(record)
         if png:
             plots[plot.name] = png
@@ -396,7 +396,7 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
         m += [f"## {markdown_text(case)}", "",
               markdown_text(f"Preset {record.get('preset')}, status {record.get('status')}, id {record.get('id')}. "
                             f"{record.get('description') or ''}"), ""]
-        titles = {**PLOT_TITLES, **{plot.name: plot.title for plot in case_plots(record)}}
+        titles = {**PLOT_TITLES, **{plot.name: plot.title for plot in declared_case(record).plots}}
         for name, png in plots[index].items():
             data = base64.b64encode(png).decode("ascii")
             label = titles.get(name, name)
@@ -405,7 +405,7 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
                    f"src='data:image/png;base64,{data}'>")]
             if image_paths:
                 m += [f"### {label}", "", f"![{label}]({image_paths[index][name]})", ""]
-        own = [(table.title, table.rows(record), table.name) for table in case_tables(record)]
+        own = [(table.title, table.rows(record), table.name) for table in declared_case(record).tables]
         sections = (("Per arm (means over seeds)", per_arm_rows(record), "per-arm"),
                     ("Paired figures: each arm against the reference arm (means over seeds)", summary_rows(record),
                      "summary"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from stability.record import REFERENCE_ARM, case_tables, usable_value
+from stability.record import REFERENCE_ARM, declared_case, usable_value
 
 
 def fmt(value) -> str:
@@ -124,10 +124,10 @@ def quant_table(record: dict) -> str:
 
 
 def case_tables_text(record: dict) -> list[str]:
-    """Each table the record's case declares (``stability.record.case_tables``: the ladder's rungs ...) as text
+    """Each table the record's case declares (``stability.record.declared_case``: the ladder's rungs ...) as text
     under its title; a table with nothing to show is left out."""
     texts = []
-    for table in case_tables(record):
+    for table in declared_case(record).tables:
         rows = table.rows(record)
         if len(rows) > 1:
             texts.append(f"{table.title}\n{text_table(rows)}")
