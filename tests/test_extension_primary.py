@@ -19,6 +19,7 @@ from _stability_records import edited, pair_record, with_replicates
 from test_plugin import pytest_in, repository
 
 from stability.check import baseline as baselines
+from stability.check import baseline_schema
 from stability.check import regression as reg
 from stability.check.family import in_primary_family
 from stability.record import figures as fig
@@ -131,15 +132,15 @@ def test_a_baseline_made_before_the_row_was_declared_is_stale_until_calibrated_a
     path = tmp_path / "baseline.json"
     baselines.write_baseline(baselines.make_baseline(with_replicates(record), commit="abc123"), path)
     fig.register_primary(row)
-    result = reg.check([record], baselines.load_baseline(path), baseline_path=str(path))
+    result = reg.check([record], baseline_schema.load_baseline(path), baseline_path=str(path))
     assert result.exit_code == 2 and "the primary family changed" in result.errors[0]
     assert "added standard/toy_spread_mean[arms]" in result.errors[0]
     assert result.errors[0].endswith(f"stability baseline calibrate --write {path}")
     from stability.cli import main
 
     assert main(["baseline", "calibrate", "--write", str(path)]) == 0
-    assert reg.check([record], baselines.load_baseline(path)).exit_code == 0
-    assert reg.check([edited(record, "gated", TOY.name, factor=1.5)], baselines.load_baseline(path)).exit_code == 1
+    assert reg.check([record], baseline_schema.load_baseline(path)).exit_code == 0
+    assert reg.check([edited(record, "gated", TOY.name, factor=1.5)], baseline_schema.load_baseline(path)).exit_code == 1
 
 
 EXTENSION = '''

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stability.check.baseline import ARM_KEYS, CASE_KEYS, REQUIRED_TOP_KEYS, load_baseline
+from stability.check.baseline_schema import Baseline, BaselineArm, BaselineCase, load_baseline
 from stability.cli import main
 from stability.record import Status
 from stability.record import figures as fig
@@ -190,8 +190,9 @@ def baseline_paths(baseline: dict) -> dict[str, list[tuple]]:
               for c in cases for a in cases[c]["arms"] for f, per in cases[c]["arms"][a]["figures"].items()
               for s in per for d in per[s]]
     return {
-        "required": [(k,) for k in REQUIRED_TOP_KEYS] + [("cases", c, k) for c in cases for k in CASE_KEYS
-                                                         if k != "records"] + [(*a, k) for a in arms for k in ARM_KEYS],
+        "required": [(k,) for k in sorted(Baseline.__required_keys__)]
+        + [("cases", c, k) for c in cases for k in sorted(BaselineCase.__required_keys__)]
+        + [(*a, k) for a in arms for k in sorted(BaselineArm.__required_keys__)],
         "containers": [()] + [("cases", c) for c in cases] + arms,
         "figures": [at for at, _ in values],
         "completed_measures": [at for at, status in values if status == Status.COMPLETED
@@ -507,11 +508,13 @@ def _figures(document: dict, arm: str = "gated") -> dict:
     (lambda b: _figures(b)["heldout_loss"]["0"].update({"0": [1, 2]}), "heldout_loss = [1, 2]: expected a number"),
     (lambda b: _figures(b)["heldout_loss"]["0"].update({"0": True}), "heldout_loss = True: expected a number"),
     (lambda b: _figures(b)["heldout_loss"]["0"].update({"0": None}), "heldout_loss = null in a completed run"),
-    (lambda b: b["cases"]["smoke/standard"]["arms"]["gated"].pop("status"), "arm gated has no 'status' field"),
+    (lambda b: b["cases"]["smoke/standard"]["arms"]["gated"].pop("status"),
+     "cases.smoke/standard.arms.gated has no 'status' field"),
     (lambda b: b["cases"]["smoke/standard"]["arms"].pop("gated"), "has no arm 'gated'"),
     (lambda b: b["cases"]["smoke/standard"]["arms"]["gated"]["status"].pop("2"), "seeds"),
     (lambda b: b["cases"]["smoke/standard"]["arms"]["gated"]["status"]["1"].pop("2"), "replicates"),
-    (lambda b: b.update(cases=[]), "cases = []: expected a non-empty object"),
+    (lambda b: b.update(cases=[]), "cases = []: expected an object"),
+    (lambda b: b.update(cases={}), "cases = {}: expected a non-empty object"),
     (lambda b: b.update(calibration="x"), "calibration = 'x': expected an object"),
     (lambda b: b["cases"]["smoke/standard"].update(steps="sixty"), "steps = 'sixty': expected a whole number"),
     (lambda b: b.update(min_seeds=0), "min_seeds = 0: expected a whole number >= 1"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stability.cases.pipeline import run_recorded
-from stability.check.baseline import load_baseline
+from stability.check.baseline_schema import load_baseline
 from stability.check.regression import check
 from stability.config import resolve
 from stability.config.schedules import BatchRamp, Standard

@@ -33,7 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from stability.check.baseline import load_baseline, write_baseline
+from stability.check.baseline import write_baseline
+from stability.check.baseline_schema import load_baseline
 from stability.check.calibration import null_job_evidence
 from stability.record.stats import binomial_upper_bound
 from validation import regression_zoo as zoo

@@ -30,7 +30,8 @@ import sys
 from pathlib import Path
 
 from stability.check import CheckResult, judge_cases, single_replicate
-from stability.check.baseline import case_values, load_baseline, regression_records
+from stability.check.baseline import case_values, regression_records
+from stability.check.baseline_schema import load_baseline
 from stability.check.calibration import split_runs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from stability.check.baseline import load_baseline
+from stability.check.baseline_schema import load_baseline
 from validation import regression_zoo as zoo
 from validation.zoo import Entry
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from stability.check import check
-from stability.check.baseline import load_baseline
+from stability.check.baseline_schema import load_baseline
 from stability.check.calibration import margin
 from stability.check.coverage import reported
 from stability.record import figures as fig

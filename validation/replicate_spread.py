@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 from stability.check import paired_values, single_replicate
-from stability.check.baseline import case_values, load_baseline
+from stability.check.baseline import case_values
+from stability.check.baseline_schema import load_baseline
 from stability.record import REFERENCE_ARM
 from stability.record import figures as fig
 from validation import regression_zoo as zoo

@@ -10,7 +10,8 @@ one verdict per job at a stated false-alarm rate.
     verdict.py      the job's verdict: Holm over the primary rows, the exit code, table, Markdown and JSON
     tolerances.py   per-figure overrides of the floors (``--tolerances``)
     junit.py        the failed tests of the job's JUnit XML files (``--junit``)
-    baseline.py     the baseline: made from records, validated, loaded, written
+    baseline.py     the baseline: made from records, merged case by case, written
+    baseline_schema.py  its layout (TypedDicts) and reading one back: validated, loaded
     coverage.py     whether a baseline covers what the job's code judges
     calibration.py  the check's false-alarm rate, measured on a baseline's own replicates
     power.py        how far each primary row must move to fail a job alone

@@ -37,7 +37,7 @@ import math
 import random
 
 from stability.check import DEFAULT_ALPHA, DOF_RULE, CheckResult, decide, judge_cases, resolve_tolerances
-from stability.check.baseline import validate_baseline
+from stability.check.baseline_schema import validate_baseline
 from stability.record import figures as fig
 
 ALPHAS = (0.01, 0.02, 0.05, 0.10)

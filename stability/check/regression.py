@@ -38,12 +38,8 @@ from __future__ import annotations
 import json
 import math
 
-from stability.check.baseline import (
-    case_values,
-    default_baseline_path,
-    regression_records,
-    validate_baseline,
-)
+from stability.check.baseline import case_values, default_baseline_path, regression_records
+from stability.check.baseline_schema import validate_baseline
 from stability.check.coverage import reported, stale
 from stability.check.family import advisory_here, in_primary_family
 from stability.check.outcomes import mixed_status_notes, outcomes_of_arm

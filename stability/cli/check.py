@@ -96,7 +96,8 @@ def cmd_check(args) -> int:
     """Table on stdout, Markdown to $GITHUB_STEP_SUMMARY / --markdown; exit 0 ok, 1 regressed or failed, 2
     unusable (and why, in one ``error:`` line on stderr, as every command says it)."""
     from stability.check import CheckResult, check, load_tolerances, suite_failures
-    from stability.check.baseline import load_baseline, run_invariants
+    from stability.check.baseline import run_invariants
+    from stability.check.baseline_schema import load_baseline
 
     try:
         records, notes = read_inputs(args)
@@ -150,7 +151,8 @@ def cmd_baseline_update(args) -> int:
     remade = [name for name in (getattr(args, "cases", None) or "").split(",") if name.strip()]
     before = None
     if remade:   # a baseline remade case by case: the other cases of the one at `out` are kept
-        from stability.check.baseline import load_baseline, merge_cases
+        from stability.check.baseline import merge_cases
+        from stability.check.baseline_schema import load_baseline
 
         if not out.is_file():
             raise RecordError(f"--cases {','.join(remade)}: no baseline {str(out)!r} to remake cases of: make it "
@@ -196,7 +198,8 @@ def cmd_baseline_calibrate(args) -> int:
     """Judge every arrangement of a baseline's replicates: the false-alarm curve and the margin; exit 1 when
     the curve crosses the diagonal. ``--write`` stores the curve in the
     baseline (a failing one only with --accept-calibration, as ``baseline update``), nothing else changed."""
-    from stability.check.baseline import load_baseline, write_baseline
+    from stability.check.baseline import write_baseline
+    from stability.check.baseline_schema import load_baseline
     from stability.check.calibration import acceptable, calibrate, curve_lines, stored
     from stability.check.power import moves_table, smallest_failing_moves
 
@@ -244,7 +247,8 @@ def cmd_baseline_compare(args) -> int:
     """What moved from a baseline to another baseline, or to a job's records, in units of the first one's
     replicate noise: the settings of each case that differ, every case, arm and figure that moved by at least
     --min-sigmas, primary rows first, and what one side lacks. Exit 0 (it judges nothing), 2 for input that cannot be read."""
-    from stability.check.baseline import case_values, load_baseline, regression_records
+    from stability.check.baseline import case_values, regression_records
+    from stability.check.baseline_schema import load_baseline
     from stability.check.compare import compare, moved, moves_table, settings_differ
     from stability.record.io import read_json
 

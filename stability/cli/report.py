@@ -12,7 +12,8 @@ from stability.record import RecordError
 
 def cmd_report(args) -> int:
     from stability.check import check, load_tolerances
-    from stability.check.baseline import load_baseline, run_invariants
+    from stability.check.baseline import run_invariants
+    from stability.check.baseline_schema import load_baseline
     from stability.report.html import write_report
 
     records, notes = read_inputs(args)

@@ -185,7 +185,7 @@ def _entry(value, kind, path: str, where: str, foreign: tuple[str, ...] = ()) ->
     hints, required = _fields(kind)
     for key in required:
         if key not in value:
-            raise RecordError(f"{where}: {path or 'the record'} has no {key!r} field")
+            raise RecordError(f"{where}: {path or 'the top level'} has no {key!r} field")
     for key, item in value.items():
         if key in hints:
             _check(item, hints[key], _at(path, key), where, foreign)
@@ -194,7 +194,13 @@ def _entry(value, kind, path: str, where: str, foreign: tuple[str, ...] = ()) ->
         else:
             also = " or a figure of the table" if kind in FIGURES_BESIDE else ""
             raise RecordError(f"{where}: {_at(path, key)} is not a key of {kind.__name__} "
-                              f"(stability.record.schema): expected one of {', '.join(hints)}{also}")
+                              f"({kind.__module__}): expected one of {', '.join(hints)}{also}")
+
+
+def check_layout(document, kind, where: str) -> None:
+    """``document`` holds the keys of the TypedDict ``kind`` and no other, each value of its declared type, all
+    the way down (a record's, a baseline's layout); RecordError naming ``where`` and the key's path otherwise."""
+    _entry(document, kind, "", where)
 
 
 def _check(value, kind, path: str, where: str, foreign: tuple[str, ...] = ()) -> None:
