@@ -37,8 +37,8 @@ M_ACT_DISCOVERY_SEEDS = (0, 1, 2, 3, 4, 5)      # reports/effects.md: -200 [-366
 M_ACT_HELD_OUT_SEEDS = (100, 101, 102, 103, 104, 105)
 
 
-@pytest.mark.slow   # twelve seeds of a pair: CI runs it in its evidence step
-@pytest.mark.evidence
+@pytest.mark.slow   # twelve seeds of a pair: CI runs it in its step of long tests
+@pytest.mark.long
 def test_claim_gate_lowers_massive_activations_on_held_out_seeds(device, tracking_uri, run_dir, record_property):
     """Qiu et al.: the gate removes massive activations (M-Act 1053 -> 94 at 1.7B). Here, in regime
     ci_150 on 6 held-out seeds (about 4 min on one thread): the 95% interval of gated - reference

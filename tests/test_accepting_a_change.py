@@ -19,8 +19,8 @@ FASTER_WARMUP = ("stability/config/schedules.py", "        return optim.lr * (st
                  "        return (1.1 if step < 3 else 1.0) * optim.lr * (step + 1) / optim.warmup_steps")
 
 
-@pytest.mark.slow   # a baseline made and two jobs trained: CI runs it in its evidence step
-@pytest.mark.evidence
+@pytest.mark.slow   # a baseline made and two jobs trained: CI runs it in its step of long tests
+@pytest.mark.long
 def test_a_changed_model_is_accepted_by_a_baseline_remade_on_the_runner(tmp_path):
     copy = fresh_copy(tmp_path / "copy")
     settings = copy / "pyproject.toml"

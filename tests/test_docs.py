@@ -95,7 +95,18 @@ def test_the_downstream_block_is_the_readme_s_one_and_the_downstream_test_runs_i
     assert readme_commands() == found["README.md"].splitlines()
 
 
-@pytest.mark.parametrize("path", [p for p in DOCS if any(k == "default" for k, _ in blocks(p))], ids=lambda p: p.name)
+# the pages whose blocks take minutes on 2 cores (each extension kind run under torchrun and Ray; a baseline
+# made, calibrated and judged): long tests, which CI runs in a step of its own after the test command
+LONG_PAGES = ("extending.md", "merge-gate.md")
+
+
+def _default_pages() -> list:
+    long = (pytest.mark.slow, pytest.mark.long)
+    return [pytest.param(p, id=p.name, marks=long if p.name in LONG_PAGES else ())
+            for p in DOCS if any(k == "default" for k, _ in blocks(p))]
+
+
+@pytest.mark.parametrize("path", _default_pages())
 def test_the_default_blocks_run_in_order(path, tmp_path):
     run_blocks(path, ("default",), tmp_path)
 

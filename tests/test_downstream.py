@@ -145,6 +145,8 @@ def test_a_downstream_repository_is_gated_by_the_generated_workflow(environment,
           f"directory {tree_size(run_dir) / 1e6:.1f} MB")
 
 
+@pytest.mark.slow   # a downstream repository's baseline made and its fp16 job trained: a long test
+@pytest.mark.long
 def test_a_grouped_query_repository_whose_reference_arm_fails_in_fp16(environment, tmp_path):
     venv, init, make, _ = environment
     started = time.perf_counter()

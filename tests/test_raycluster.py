@@ -123,8 +123,8 @@ def test_a_ray_run_equals_a_local_run_figure_for_figure(ray_local):
     assert "ray" not in local
 
 
-@pytest.mark.slow   # two pairs trained through Ray: CI runs it in its evidence step
-@pytest.mark.evidence
+@pytest.mark.slow   # two pairs trained through Ray: CI runs it in its step of long tests
+@pytest.mark.long
 def test_a_killed_worker_is_retried_and_its_unit_counted_once(ray_local):
     from stability.cases.ray_runner import RayRunner
 
@@ -147,8 +147,8 @@ def test_a_killed_worker_is_retried_and_its_unit_counted_once(ray_local):
     assert figures(record) == figures(run_case("standard", config))   # the retried run measured the same
 
 
-@pytest.mark.slow   # a pair trained through Ray: CI runs it in its evidence step
-@pytest.mark.evidence
+@pytest.mark.slow   # a pair trained through Ray: CI runs it in its step of long tests
+@pytest.mark.long
 def test_a_worker_killed_before_its_task_begins_is_counted_as_an_attempt(ray_local, tmp_path):
     """The worker dies while the task's arguments load, before its first instruction (the first seconds of a
     task: imports, unpickling): Ray retries it, and the record counts the two attempts Ray made."""

@@ -230,9 +230,7 @@ PLANTED = "job-99999999999-9-cpu"   # a run directory left under reports/runs th
 def jobs(tmp_path_factory):
     """One fresh copy of the repository and the CPU job's steps as written (the install step replaced by
     prepare_venv): on unchanged code; its check and report steps again without the committed baseline, and
-    against it with its invariants removed; then, with the first job's run directory planted under a later
-    name (as a session committed by mistake or restored from a cache would lie), on a harmful change (the
-    gated arm of seed 1 trains its last 15% at 100x the learning rate it logs)."""
+    against it with its invariants removed."""
     copy = fresh_copy(tmp_path_factory.mktemp("workflow") / "copy")
     runs = copy / "reports" / "runs"
     unchanged = run_job(WORKFLOW, "stress-cpu", copy, install=prepare_venv, run_id=101)
@@ -248,12 +246,22 @@ def jobs(tmp_path_factory):
     path.write_text(json.dumps(baseline))
     no_invariants = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None, run_id=101, skip=again)
     shutil.copy(committed, path)
-    shutil.copytree(first["session"], runs / PLANTED)
-    apply_patch(copy, BY_NAME["gated_lr_x100_late_seed1"].edits)
-    harmful = run_job(WORKFLOW, "stress-cpu", copy, install=lambda _copy: None, run_id=102)
-    return SimpleNamespace(copy=copy, unchanged=unchanged, first=first, harmful=harmful, session=runs / "job-102-1-cpu",
-                           no_baseline=no_baseline, no_invariants=no_invariants,
-                           result=json.loads((copy / "reports" / "check.json").read_text()), baseline=Path(committed))
+    return SimpleNamespace(copy=copy, unchanged=unchanged, first=first, no_baseline=no_baseline,
+                           no_invariants=no_invariants, baseline=Path(committed))
+
+
+@pytest.fixture(scope="module")
+def harmful(jobs):
+    """The CPU job again in the same copy, on a harmful change (the gated arm of seed 1 trains its last 15% at
+    100x the learning rate it logs), with the first job's run directory planted under a later name (as a
+    session committed by mistake or restored from a cache would lie). It trains every stress suite a second
+    time: the tests that read it are long (CI runs them in a step of their own)."""
+    runs = jobs.copy / "reports" / "runs"
+    shutil.copytree(jobs.first["session"], runs / PLANTED)
+    apply_patch(jobs.copy, BY_NAME["gated_lr_x100_late_seed1"].edits)
+    job = run_job(WORKFLOW, "stress-cpu", jobs.copy, install=lambda _copy: None, run_id=102)
+    return SimpleNamespace(job=job, session=runs / "job-102-1-cpu",
+                           result=json.loads((jobs.copy / "reports" / "check.json").read_text()))
 
 
 def test_the_cpu_job_passes_on_unchanged_code_and_its_summary_holds_the_table(jobs):
@@ -291,19 +299,21 @@ def test_a_baseline_without_the_invariants_the_job_evaluates_fails_unchanged_cod
     assert "stability baseline make --preset smoke --device cpu --cases " in output
 
 
-def test_a_late_divergence_of_one_seed_fails_although_a_later_named_run_directory_lies_beside_it(jobs):
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_late_divergence_of_one_seed_fails_although_a_later_named_run_directory_lies_beside_it(jobs, harmful):
     """The gated arm of seed 1 at 100x its learning rate over the last 15%: the job is REGRESSED (exit 1),
     naming the seed, never "unusable input" and never advice to make the baseline again; a run directory of
     unchanged records under a later name beside the job's is not judged in its place (judged the old way,
     the newest under reports/runs, the same files would pass)."""
-    job = jobs.harmful
+    job = harmful.job
     assert job.failed and job.steps["check"].outputs == {"code": "1"}, job.log()
     assert ":x: REGRESSED" in job.summary and "make the baseline again" not in job.summary
-    failed = [o["reason"] for o in jobs.result["outcomes"]] + [
-        f"{row['case']} {row['arm']} {row['figure']}" for row in jobs.result["rows"] if row["verdict"] == "regressed"]
+    failed = [o["reason"] for o in harmful.result["outcomes"]] + [
+        f"{row['case']} {row['arm']} {row['figure']}" for row in harmful.result["rows"] if row["verdict"] == "regressed"]
     assert any("seed 1" in reason for reason in failed) or any("gated" in reason for reason in failed), failed
     runs = jobs.copy / "reports" / "runs"
-    assert newest_session(runs).name == PLANTED != jobs.session.name
+    assert newest_session(runs).name == PLANTED != harmful.session.name
     assert _check(jobs, str(runs)).returncode == 0        # the planted records, judged in place of the job's
 
 
@@ -327,7 +337,9 @@ def _tampered(jobs, tmp_path: Path, session: Path, change) -> Path:
     return target
 
 
-def test_a_record_naming_code_is_read_never_run(jobs, tmp_path):
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_record_naming_code_is_read_never_run(jobs, harmful, tmp_path):
     """A record of the harmful job naming a module that writes a marker when imported, or ``sys:exit`` (which
     made the check exit 0), as its config's plugins or its environment's extensions: the check still fails the
     job, exit 1, and nothing named was imported."""
@@ -337,9 +349,9 @@ def test_a_record_naming_code_is_read_never_run(jobs, tmp_path):
     (modules / "planted_marker.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
     env = {"PYTHONPATH": str(modules)}
     for name in ("planted_marker", "sys:exit"):
-        in_config = _tampered(jobs, tmp_path / f"config-{name[:3]}", jobs.session,
+        in_config = _tampered(jobs, tmp_path / f"config-{name[:3]}", harmful.session,
                               lambda r, name=name: r["config"].__setitem__("plugins", [name]))
-        beside = _tampered(jobs, tmp_path / f"env-{name[:3]}", jobs.session,
+        beside = _tampered(jobs, tmp_path / f"env-{name[:3]}", harmful.session,
                            lambda r, name=name: r["env"]["extensions"].append(
                                {"name": "planted", "spec": name, "source": "entry point", "version": None}))
         for session in (in_config, beside):
@@ -371,10 +383,12 @@ def test_a_baseline_that_is_not_whole_never_passes(jobs, tmp_path, damage):
 
 
 @pytest.mark.parametrize("created_at", ["2099-01-01T00:00:00+00:00", "1999-01-01T00:00:00+00:00"])
-def test_a_regressed_record_beside_a_copy_of_an_unchanged_one_never_passes(jobs, tmp_path, created_at):
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_regressed_record_beside_a_copy_of_an_unchanged_one_never_passes(jobs, harmful, tmp_path, created_at):
     """The harmful job's run directory with the unchanged job's plain-pair record copied in, dated 2099 or
     1999: two records of one run are refused (exit 2, both named), whatever their dates."""
-    session = shutil.copytree(jobs.session, tmp_path / "job")
+    session = shutil.copytree(harmful.session, tmp_path / "job")
     unchanged = json.loads(next(jobs.first["session"].glob("smoke-standard-regression-*.json")).read_text())
     unchanged["created_at"] = created_at
     (session / "standard-copy.json").write_text(json.dumps(unchanged))
