@@ -78,6 +78,8 @@ def stress(uri: str, out: Path, experiment: str, *extra: str) -> subprocess.Pope
                              *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
+@pytest.mark.slow   # two stress commands training at once against one server: a long test
+@pytest.mark.long
 def test_two_stress_commands_at_once(server, tmp_path):
     procs = [stress(server, tmp_path / f"p{i}", "two-at-once") for i in range(2)]
     outputs = [p.communicate(timeout=600)[0] for p in procs]

@@ -107,6 +107,8 @@ def test_ctrl_c_in_stress_exits_130_with_the_partial_record_and_killed_mlflow_ru
     assert len(client.get_metric_history(killed.info.run_id, "loss")) >= 28   # sent live while it trained
 
 
+@pytest.mark.slow   # a case stopped and resumed twice, each through MLflow: a long test
+@pytest.mark.long
 def test_stopped_and_resumed_twice_every_step_is_in_mlflow_and_in_the_per_step_file_once(tmp_path, template_store):
     """Ctrl-C in the reference arm, --resume, Ctrl-C in the gated arm, --resume: each child run holds every
     step's loss once (the parts sent live by three processes and the record sent at each stop)."""
