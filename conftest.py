@@ -1,7 +1,7 @@
 """This repository's own pytest plumbing: hypothesis profiles, and the Triton interpreter on a machine
 without CUDA.
 
-Everything the suites use (options --scale, --device, --seeds, ..., markers, the session's run directory,
+Everything the suites use (options --preset, --device, --seeds, ..., markers, the session's run directory,
 one GPU per xdist worker, the fixtures) comes from the stability pytest plugin
 (``stability.plugin.pytest_plugin``), configured by ``[tool.stability]`` in pyproject.toml, as in any
 repository that uses it.

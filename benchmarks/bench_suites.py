@@ -1,8 +1,8 @@
 """Wall time of the stress suites and the share of it spent training.
 
-    python benchmarks/bench_suites.py [--scale smoke] [--records-from DIR] [-- PYTEST ARGS...]
+    python benchmarks/bench_suites.py [--preset smoke] [--records-from DIR] [-- PYTEST ARGS...]
 
-Runs ``pytest suites/ -m stress --scale SCALE`` in a subprocess with its JSON records sent to a
+Runs ``pytest suites/ -m stress --preset SCALE`` in a subprocess with its JSON records sent to a
 fresh run directory (``$STABILITY_RUN_DIR``; MLflow: the suites' usual store), then reads
 the records' timing fields and prints a Markdown table per record:
 
@@ -69,7 +69,7 @@ def table(rows: list[dict], pytest_wall: float | None) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="smoke", choices=("smoke", "ci", "full"))
+    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci", "full"))
     parser.add_argument("--records-from", help="read records from this directory instead of running pytest")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
@@ -80,7 +80,7 @@ def main() -> int:
     else:
         folder = Path(tempfile.mkdtemp(prefix="bench-suites-"))
         env = {**os.environ, "STABILITY_RUN_DIR": str(folder / "runs")}  # MLflow: the suites' usual store
-        command = [sys.executable, "-m", "pytest", "suites/", "-m", "stress", "--scale", args.scale, "-q",
+        command = [sys.executable, "-m", "pytest", "suites/", "-m", "stress", "--preset", args.scale, "-q",
                    "--durations=15", "-p", "no:cacheprovider", *args.pytest_args]
         print("$", " ".join(command), flush=True)
         started = time.perf_counter()

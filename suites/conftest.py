@@ -36,12 +36,12 @@ REPORTED = "reported-figures"
 
 
 @pytest.fixture(scope="session")
-def stress_baseline(scale, device, stability_settings):
+def stress_baseline(preset, device, stability_settings):
     """The path of the committed regression baseline of this preset and device, or None when there is none."""
     from stability.check.baseline import default_baseline_path
 
     directory = stability_settings.baseline_dir if stability_settings is not None else BASELINE_DIR
-    path = default_baseline_path(scale, device or "cpu", directory)
+    path = default_baseline_path(preset, device or "cpu", directory)
     return path if path.is_file() else None
 
 

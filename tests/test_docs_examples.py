@@ -123,19 +123,19 @@ def _zoo_summary(report: str) -> dict[str, str]:
 @pytest.mark.parametrize("scale", ["smoke"])
 def test_the_zoo_reports_are_what_the_check_says_of_the_kept_jobs_and_merge_gate_quotes_them(tmp_path, scale):
     """reports/zoo-<scale>.md is what today's check says of the kept jobs against the committed baseline
-    (`python -m validation.regression_zoo --scale S --rejudge`, nothing trained), byte for byte; docs/merge-gate.md
+    (`python -m validation.regression_zoo --preset S --rejudge`, nothing trained), byte for byte; docs/merge-gate.md
     quotes its counts and the unchanged code's margin. A rule change that moves a verdict or a margin and
     leaves the evidence behind fails here, naming the command that judges it again."""
     import subprocess
     import sys
 
     out = tmp_path / f"zoo-{scale}.md"
-    done = subprocess.run([sys.executable, "-m", "validation.regression_zoo", "--scale", scale, "--rejudge",
+    done = subprocess.run([sys.executable, "-m", "validation.regression_zoo", "--preset", scale, "--rejudge",
                            "--out", str(out), "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     committed = (ROOT / "reports" / f"zoo-{scale}.md").read_text()
     assert out.read_text() == committed, (f"reports/zoo-{scale}.md is stale: run python -m "
-                                          f"validation.regression_zoo --scale {scale} --rejudge")
+                                          f"validation.regression_zoo --preset {scale} --rejudge")
     doc = (ROOT / "docs" / "merge-gate.md").read_text()
     section = doc.split(f"**The regression zoo at `{scale}`**")[1].split("\n\n**")[0]
     unchanged = next(line for line in committed.splitlines() if line.startswith("| `unchanged` |"))
@@ -149,7 +149,7 @@ def test_the_zoo_reports_are_what_the_check_says_of_the_kept_jobs_and_merge_gate
 @pytest.mark.parametrize("scale, closest_words", [("smoke", "(closest {}x from failing)")])
 def test_merge_gate_quotes_the_null_jobs_report(scale, closest_words):
     """docs/merge-gate.md's false-alarm count, upper bound and closest margin are reports/null-<scale>.md's
-    (`python -m validation.null_jobs --scale S --rejudge` writes that report from the kept jobs)."""
+    (`python -m validation.null_jobs --preset S --rejudge` writes that report from the kept jobs)."""
     report = (ROOT / "reports" / f"null-{scale}.md").read_text().splitlines()
     jobs, failed, _rate, bound = (cell.strip() for cell in report[report.index(
         "| jobs | failed | false-alarm rate | 95% upper bound (exact) | minutes per job: median (range) |") + 2]
@@ -163,13 +163,13 @@ def test_merge_gate_quotes_the_null_jobs_report(scale, closest_words):
 
 def test_the_replicates_report_is_what_its_command_writes_of_the_kept_jobs(tmp_path):
     """reports/replicates-smoke.md (harmless rewrites against the rounding replicates) is what
-    `python -m validation.replicate_spread --scale smoke` writes from the kept jobs and the committed baseline."""
+    `python -m validation.replicate_spread --preset smoke` writes from the kept jobs and the committed baseline."""
     import subprocess
     import sys
 
     out = tmp_path / "replicates-smoke.md"
-    done = subprocess.run([sys.executable, "-m", "validation.replicate_spread", "--scale", "smoke", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "validation.replicate_spread", "--preset", "smoke", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert out.read_text() == (ROOT / "reports" / "replicates-smoke.md").read_text(), (
-        "reports/replicates-smoke.md is stale: run python -m validation.replicate_spread --scale smoke")
+        "reports/replicates-smoke.md is stale: run python -m validation.replicate_spread --preset smoke")

@@ -186,9 +186,9 @@ def test_the_workflow_has_this_repositorys_jobs_and_steps(tmp_path, monkeypatch,
         assert job["timeout-minutes"] == ours["jobs"][name]["timeout-minutes"]
         assert job["env"]["BASELINE"] == ours["jobs"][name]["env"]["BASELINE"]
     runs = {job: argv for job, argv in _commands(generated, "pytest") if "stress" in argv}
-    assert _normal(runs["stress-cpu"])[:5] == ["--pyargs", "stability.suites", "-m", "stress", "--scale=smoke"]
-    assert "--device=cuda" in _normal(runs["stress-gpu"]) and "--scale=gpu-pr" in _normal(runs["stress-gpu"])
-    assert "--scale=full" in _normal(runs["stress-nightly"]) and "-n" in runs["stress-nightly"]
+    assert _normal(runs["stress-cpu"])[:5] == ["--pyargs", "stability.suites", "-m", "stress", "--preset=smoke"]
+    assert "--device=cuda" in _normal(runs["stress-gpu"]) and "--preset=gpu-pr" in _normal(runs["stress-gpu"])
+    assert "--preset=full" in _normal(runs["stress-nightly"]) and "-n" in runs["stress-nightly"]
     for _, argv in _commands(generated, "pytest"):
         for word in argv:
             if word.startswith("-") and word != "--pyargs":
@@ -215,14 +215,14 @@ def test_baseline_make_runs_the_installed_suites_with_the_settings(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     assert main(["baseline", "make"]) == 2
     (command, env), = seen
-    assert command[1:] == ["-m", "pytest", "--pyargs", "stability.suites", "-m", "stress", "--stability-scale", "ci",
+    assert command[1:] == ["-m", "pytest", "--pyargs", "stability.suites", "-m", "stress", "--stability-preset", "ci",
                            "--stability-replicates", "3", "-p", "no:cacheprovider"]
     err = capsys.readouterr().err
     assert env["STABILITY_RUN_DIR"].startswith("reports/runs/") and "pytest exit 1" in err
     assert "nothing was recorded" in err and "records so far" not in err     # no directory named that is not there
     seen.clear()
     assert main(["baseline", "make", "--preset", "smoke", "--replicates", "2", "--suites", ".", "--device", "cpu"]) == 2
-    assert seen[0][0][3:] == [".", "-m", "stress", "--stability-scale", "smoke", "--stability-replicates", "2", "-p",
+    assert seen[0][0][3:] == [".", "-m", "stress", "--stability-preset", "smoke", "--stability-replicates", "2", "-p",
                               "no:cacheprovider", "--stability-device", "cpu"]
 
 

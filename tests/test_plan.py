@@ -81,7 +81,7 @@ def gpu_jobs() -> dict[str, tuple[str, int, int]]:
     jobs = {}
     for name, job in yaml.safe_load(WORKFLOW.read_text())["jobs"].items():
         script = " ".join(step.get("run", "") for step in job["steps"])
-        found = re.search(r"pytest suites/ -m stress --scale (\S+) --device cuda(?: -n (\d+))?", script)
+        found = re.search(r"pytest suites/ -m stress --preset (\S+) --device cuda(?: -n (\d+))?", script)
         if found:
             jobs[name] = (found.group(1), job["timeout-minutes"], int(found.group(2) or 1))
     return jobs

@@ -113,12 +113,12 @@ def test_the_settings_reach_the_fixtures_and_the_command_line_wins(tmp_path):
     root = repository(tmp_path, {**FACTORY_REPO, "test_settings.py": """\
         import os, sys
 
-        def test_fixtures(stress_config, scale, device, seeds, stability_settings):
+        def test_fixtures(stress_config, preset, scale, device, seeds, stability_settings):
             config = stress_config({"probes.every": 3})
             assert config.run.model.factory == "mymodels:build" and config.arm_names == ("reference", "gated_headwise")
             assert (config.run.steps, config.run.optim.lr, config.run.probes.every) == (7, 1e-3, 3)
             assert config.seeds == seeds == tuple(int(s) for s in os.environ["EXPECTED_SEEDS"].split(","))
-            assert (scale, device) == ("smoke", "cpu")
+            assert (preset, scale, device) == ("smoke", "smoke", "cpu")
             assert stability_settings.baseline_dir.name == "gate"
             assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"   # worker gw1 pinned: the plugin is in use
             assert "torch" not in sys.modules
@@ -128,6 +128,21 @@ def test_the_settings_reach_the_fixtures_and_the_command_line_wins(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     result = pytest_in(root, "-p", "no:xdist", "-q", "test_settings.py", "--seeds", "1,2,3",
                        env={**env, "EXPECTED_SEEDS": "1,2,3"})
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (("--preset", "ci"), {}), (("--stability-preset", "ci"), {}), ((), {"STABILITY_PRESET": "ci"}),
+    (("--scale", "ci"), {}), (("--stability-scale", "ci"), {}), ((), {"STABILITY_SCALE": "ci"}),   # old names
+])
+def test_the_preset_is_named_by_its_option_or_environment_and_its_old_names_still_read(tmp_path, args, env):
+    """--preset (its old spelling --scale, which workflows an earlier `stability init` wrote use) and
+    $STABILITY_PRESET ($STABILITY_SCALE) reach the ``preset`` fixture and its old name ``scale``."""
+    root = repository(tmp_path, {"test_preset.py": """\
+        def test_preset(preset, scale):
+            assert preset == scale == "ci"
+        """})
+    result = pytest_in(root, "-p", "no:xdist", "-q", "test_preset.py", *args, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

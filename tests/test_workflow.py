@@ -76,7 +76,7 @@ def test_gpu_and_cpu_jobs_run_the_stress_suites_at_their_scale(workflow):
         key = ",".join(job["runs-on"]) if isinstance(job["runs-on"], list) else job["runs-on"]
         scale, device = expected[key]
         runs = [argv for name, argv in _commands(workflow, "pytest") if name == job_name]
-        assert any(argv[:3] == ["suites/", "-m", "stress"] and f"--scale={scale}" in _normal(argv)
+        assert any(argv[:3] == ["suites/", "-m", "stress"] and f"--preset={scale}" in _normal(argv)
                    and f"--device={device}" in _normal(argv) and any(a.startswith("--junitxml") for a in argv)
                    for argv in runs), (job_name, runs)
         steps = job["steps"]
@@ -115,10 +115,10 @@ def test_a_baseline_is_made_on_the_runner_of_each_job_by_hand_never_on_a_pull_re
 
 
 def _normal(argv: list[str]) -> list[str]:
-    """["--scale", "full"] -> ["--scale=full"] for the options that take a value."""
+    """["--preset", "full"] -> ["--preset=full"] for the options that take a value."""
     out, i = [], 0
     while i < len(argv):
-        if argv[i] in ("--scale", "--device") and i + 1 < len(argv):
+        if argv[i] in ("--preset", "--device") and i + 1 < len(argv):
             out.append(f"{argv[i]}={argv[i + 1]}")
             i += 2
         else:
@@ -160,7 +160,7 @@ def test_every_pytest_option_and_marker_in_the_workflow_exists(workflow, pytestc
             if option == "-m":
                 names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", argv[index + 1])) - {"and", "or", "not"}
                 assert names <= markers, f"unknown marker(s) {names - markers} in -m {argv[index + 1]!r}"
-        for value, option in (("full", "--scale"), ("smoke", "--scale"), ("cuda", "--device"), ("cpu", "--device")):
+        for value, option in (("full", "--preset"), ("smoke", "--preset"), ("cuda", "--device"), ("cpu", "--device")):
             if f"{option}={value}" in _normal(argv):
                 choices = [a for a in pytestconfig._parser._anonymous.options + [o for g in pytestconfig._parser
                            ._groups for o in g.options] if option in a.names()]

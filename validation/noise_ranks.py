@@ -1,7 +1,7 @@
 """Do harmless rewrites look like rounding replicates? Each rewrite ranked among the replicates, row by row.
 
-    python -m validation.noise_ranks --scale smoke          # print the tables
-    python -m validation.noise_ranks --scale ci --out       # and write reports/noise-ranks-ci.md
+    python -m validation.noise_ranks --preset smoke          # print the tables
+    python -m validation.noise_ranks --preset ci --out       # and write reports/noise-ranks-ci.md
 
 The merge check takes its noise from rounding replicates (stability/model/rounding.py): that is right if a
 harmless rewrite of the arithmetic is, on every row the check judges, one more replicate. This tests it with
@@ -233,7 +233,7 @@ def report(scale: str, baseline: dict, ranked: dict, replicates: dict, notes: li
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
+    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
     parser.add_argument("--out", action="store_true", help="write reports/noise-ranks-<scale>.md too")
     args = parser.parse_args()
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")

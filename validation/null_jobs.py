@@ -1,8 +1,8 @@
 """False alarms of the merge gate, measured: the CPU job of unchanged code under fresh rounding replicates.
 
-    python -m validation.null_jobs --scale smoke --replicates 20-169   # 150 jobs: train, keep, judge
-    python -m validation.null_jobs --scale ci --replicates 20-79 --train-only --source CHECKOUT
-    python -m validation.null_jobs --scale smoke --rejudge --replicates 20-169 --write-baseline
+    python -m validation.null_jobs --preset smoke --replicates 20-169   # 150 jobs: train, keep, judge
+    python -m validation.null_jobs --preset ci --replicates 20-79 --train-only --source CHECKOUT
+    python -m validation.null_jobs --preset smoke --rejudge --replicates 20-169 --write-baseline
 
 A *null job* is the ``stress-cpu`` job of ``.github/workflows/stability.yml`` run on the code as it is, with
 every run trained as rounding replicate N (``--replicate N``: each initial parameter and every step's
@@ -94,7 +94,7 @@ def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozen
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
+    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
     parser.add_argument("--replicates", default="20-169",
                         help="rounding replicates to run, e.g. 20-169 or 20,21,22 (never the baseline's own)")
     parser.add_argument("--work", help="where the copies are made (default: a new temporary folder)")

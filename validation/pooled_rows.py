@@ -1,6 +1,6 @@
 """Would a test that pools the job's rows see what Holm misses? A permutation test on kept zoo jobs.
 
-    python -m validation.pooled_rows --scale ci --entries rope_on_queries_only,rmsnorm_divide_by_sqrt
+    python -m validation.pooled_rows --preset ci --entries rope_on_queries_only,rmsnorm_divide_by_sqrt
 
 The check judges every row on its own and controls the family-wise rate with Holm, which is blind to
 a change that moves many rows a little. A pooled statistic adds the rows' evidence; its null
@@ -104,7 +104,7 @@ def main() -> int:
     from validation import regression_zoo as zoo
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="ci", choices=("smoke", "ci"))
+    parser.add_argument("--preset", "--scale", dest="scale", default="ci", choices=("smoke", "ci"))
     parser.add_argument("--entries", required=True, help="comma-separated names of kept zoo jobs")
     args = parser.parse_args()
     baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")

@@ -1,8 +1,8 @@
 """The sensitivity of the merge gate: the smallest graded regression the CPU job catches every time.
 
-    python -m validation.power_curve --scale smoke                   # train, keep, judge
-    python -m validation.power_curve --scale ci --dials 2,1,0.5
-    python -m validation.power_curve --scale smoke --rejudge         # judge the kept records again
+    python -m validation.power_curve --preset smoke                   # train, keep, judge
+    python -m validation.power_curve --preset ci --dials 2,1,0.5
+    python -m validation.power_curve --preset smoke --rejudge         # judge the kept records again
 
 The dial: the initial weights' standard deviation multiplied by ``1 + e`` (a patch of
 ``stability/model/lm.py``, as a pull request would make it). For each ``e`` of ``--dials`` (largest first)
@@ -47,7 +47,7 @@ def name_of(e: float, replicate: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
+    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
     parser.add_argument("--dials", help="comma-separated e values, largest first (default: the preset's grid)")
     parser.add_argument("--work", help="where the patched copies are made (default: a new temporary folder)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")

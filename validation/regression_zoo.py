@@ -1,12 +1,12 @@
 """Detection power of the merge gate: the CPU workflow job, run on every entry of the regression zoo.
 
-    python -m validation.regression_zoo --scale smoke                 # every entry: train, keep, judge
-    python -m validation.regression_zoo --scale ci --entries init_std_x3,two_threads
-    python -m validation.regression_zoo --scale smoke --rejudge       # judge the kept records again
+    python -m validation.regression_zoo --preset smoke                 # every entry: train, keep, judge
+    python -m validation.regression_zoo --preset ci --entries init_std_x3,two_threads
+    python -m validation.regression_zoo --preset smoke --rejudge       # judge the kept records again
 
 For each entry of ``validation/zoo.py`` (plus ``unchanged``, the code as it is): a fresh copy of the
 repository, the entry's patch, then the steps of the ``stress-cpu`` job of
-``.github/workflows/stability.yml`` exactly as written (``--scale``/``BASELINE`` switched to the chosen
+``.github/workflows/stability.yml`` exactly as written (``--preset``/``BASELINE`` switched to the chosen
 preset), run by ``validation/workflow.py``. What the job measured is kept in
 ``reports/zoo/<scale>/<entry>.json.xz``: its regression records (without their per-step series and probe
 snapshots, which the check never reads), which stress tests and which kernel step failed, and its time.
@@ -75,7 +75,9 @@ def scaled_workflow(scale: str, work: Path, workflow: Path = WORKFLOW) -> Path:
     unchanged)."""
     text = workflow.read_text()
     if scale != "smoke":
-        text = text.replace("--scale smoke", f"--scale {scale}").replace("smoke-cpu.json", f"{scale}-cpu.json")
+        for option in ("--preset", "--scale"):   # --scale: the suites' option in a checkout before its rename
+            text = text.replace(f"{option} smoke", f"{option} {scale}")
+        text = text.replace("smoke-cpu.json", f"{scale}-cpu.json")
     path = work / f"stability-{scale}.yml"
     path.write_text(text)
     return path
@@ -262,7 +264,7 @@ def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> s
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
+    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
     parser.add_argument("--entries", help="comma-separated entry names (default: unchanged and every entry)")
     parser.add_argument("--work", help="where the patched copies are made (default: a new temporary folder)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")

@@ -1,6 +1,6 @@
 """Do rounding replicates move the figures as much as harmless code changes do? A table per preset.
 
-    python -m validation.replicate_spread --scale smoke        # reports/replicates-smoke.md
+    python -m validation.replicate_spread --preset smoke        # reports/replicates-smoke.md
 
 The merge check takes a figure's noise from its rounding replicates (stability/model/rounding.py). That
 is only right if a harmless change of the code (another but equivalent formula, another summation
@@ -103,7 +103,7 @@ def summary(name: str, values: list[float | None]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="smoke", choices=("smoke", "ci"))
+    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
     parser.add_argument("--kept", default=str(zoo.KEPT), help="folder of the kept zoo records")
     parser.add_argument("--out", help="Markdown table (default reports/replicates-<scale>.md)")
     args = parser.parse_args()

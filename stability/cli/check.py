@@ -314,7 +314,7 @@ def preset_replicates(preset: str) -> int:
 def cmd_baseline_make(args) -> int:
     """Run the stress suites with the reference and ``--replicates`` rounding replicates of every run into
     one new run directory, then write the baseline from it. The plugin's own option names
-    (--stability-scale, ...) are used: no other plugin or conftest can have taken them."""
+    (--stability-preset, ...) are used: no other plugin or conftest can have taken them."""
     import subprocess
 
     from stability.record.rundir import ENV_VAR, new_run_dir
@@ -326,7 +326,7 @@ def cmd_baseline_make(args) -> int:
                           f"(without --cases)")
     run_dir = new_run_dir(args.root, label="baseline")
     command = [sys.executable, "-m", "pytest", *suites_arguments(args.suites), "-m", "stress",
-               "--stability-scale", preset, "--stability-replicates", str(replicates), "-p", "no:cacheprovider",
+               "--stability-preset", preset, "--stability-replicates", str(replicates), "-p", "no:cacheprovider",
                *args.pytest_args]
     if args.device:
         command += ["--stability-device", args.device]

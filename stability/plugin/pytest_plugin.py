@@ -6,14 +6,14 @@ Registered through the ``pytest11`` entry point, so pytest loads it wherever the
 and gives the suites (``pytest --pyargs stability.suites -m stress``; ``pytest suites/`` in this
 repository):
 
-* options --scale smoke|ci|gpu-pr|full, --device cpu|cuda, --seeds 0,1,2, --tracking-uri URI, --ray
+* options --preset smoke|ci|gpu-pr|full, --device cpu|cuda, --seeds 0,1,2, --tracking-uri URI, --ray
   auto|local:N|HOST:PORT, --replicates R, --replicate N, --run-slow; each is also --stability-NAME, the
   name nothing else takes (the short name is added only where no other plugin or conftest has it);
 * the markers of ``MARKERS``; ``gpu`` tests are skipped without CUDA, ``slow`` ones unless --run-slow;
 * one run directory per test session, reports/runs/<UTC time>-pytest-<id>/ ($STABILITY_RUN_DIR names
   another), which the pytest-xdist workers share; one GPU per xdist worker, pinned before torch is
   imported (``stability.plugin.gpus``);
-* the fixtures scale, device, seeds, tracking_uri, run_dir, replicate, stability_settings, stress_config,
+* the fixtures preset (``scale``, its old name), device, seeds, tracking_uri, run_dir, replicate, stability_settings, stress_config,
   ray_runner, stress_record and model_invariant;
 * the table's ``cases`` (the built-in cases and those the loaded extensions registered, each trained by
   ``test_stress_cases.py``): the tests of the other stress cases are deselected; when the table
@@ -31,7 +31,7 @@ repository):
   per-step file is gzipped when it ends (a rounding replicate's dropped); no replay bundles unless the
   table's ``set`` asks for them.
 
-Each value comes from the command line, else the environment ($STABILITY_SCALE, $STABILITY_DEVICE,
+Each value comes from the command line, else the environment ($STABILITY_PRESET, $STABILITY_DEVICE,
 $MLFLOW_TRACKING_URI, $STABILITY_RAY, $STABILITY_RUN_SLOW), else the table, else the preset. A bad table
 is a usage error naming the key, before anything trains; so is a factory the suites cannot use: when
 pytest runs the suites, the controlling process calls it once per arm on a tiny batch
@@ -66,8 +66,8 @@ MARKERS = {
 
 # --stability-NAME (and --NAME where free): the keyword arguments of addoption
 OPTIONS = {
-    "scale": {"default": None, "choices": ("smoke", "ci", "gpu-pr", "full"),
-              "help": "scale preset of the stress suites (default $STABILITY_SCALE, the table's preset, smoke)"},
+    "preset": {"default": None, "choices": ("smoke", "ci", "gpu-pr", "full"),
+               "help": "preset of the stress suites (default $STABILITY_PRESET, the table's preset, smoke)"},
     "device": {"default": None, "metavar": "cpu|cuda",
                "help": "cpu or cuda (default $STABILITY_DEVICE, the table's device, the preset's: cpu for smoke "
                        "and ci, cuda for gpu-pr and full); under pytest-xdist worker gwN sees only entry N of "
@@ -102,6 +102,11 @@ NO_BUNDLES = {"run.checkpoint.replay_first": 0, "run.checkpoint.replay_worst": 0
 DEFAULT_TRACKING_URI = "sqlite:///reports/mlflow-tests.db"
 
 
+# The spelling an option had before its rename, still read (a workflow an earlier `stability init` wrote says
+# --scale; its environment, $STABILITY_SCALE)
+OLD_NAMES = {"preset": "scale"}
+
+
 def _dest(name: str) -> str:
     return "stability_" + name.replace("-", "_")
 
@@ -124,7 +129,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="settings file (default: [tool.stability] in the rootdir's pyproject.toml, or its "
                          "stability.toml)")
     for name, spec in OPTIONS.items():
-        group.addoption(f"--stability-{name}", dest=_dest(name), **spec)
+        old = [f"--stability-{OLD_NAMES[name]}"] if name in OLD_NAMES else []
+        group.addoption(f"--stability-{name}", *old, dest=_dest(name), **spec)
 
 
 def _taken(parser: pytest.Parser) -> set[str]:
@@ -167,8 +173,9 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     result = yield
     taken, group = _taken(parser), parser.getgroup("stability")
     for name, spec in OPTIONS.items():
-        if f"--{name}" not in taken:
-            group.addoption(f"--{name}", dest=_dest(name), **{**spec, "help": f"same as --stability-{name}"})
+        free = [f"--{short}" for short in (name, OLD_NAMES.get(name)) if short and f"--{short}" not in taken]
+        if free:
+            group.addoption(*free, dest=_dest(name), **{**spec, "help": f"same as --stability-{name}"})
     return result
 
 
@@ -184,7 +191,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(error)) from None
     if settings is not None and not config.getoption("help"):
         try:
-            built = check(settings, option(config, "scale") or os.environ.get("STABILITY_SCALE"))
+            built = check(settings, preset_option(config))
             if settings.factory and getattr(config, "workerinput", None) is None:
                 _check_factory(settings)
                 if _runs_the_suites(list(config.invocation_params.args)):
@@ -331,21 +338,32 @@ def stability_settings(pytestconfig) -> Settings | None:
     return pytestconfig.stash.get(SETTINGS, None)
 
 
-@pytest.fixture(scope="session")
-def scale(pytestconfig, stability_settings) -> str:
-    """The scale preset: --scale, $STABILITY_SCALE, the table's preset, smoke."""
-    return (option(pytestconfig, "scale") or os.environ.get("STABILITY_SCALE")
-            or (stability_settings and stability_settings.preset) or "smoke")
+def preset_option(config: pytest.Config) -> str | None:
+    """The preset the command line or the environment names: --preset, $STABILITY_PRESET ($STABILITY_SCALE,
+    its old name); None when neither does."""
+    return option(config, "preset") or os.environ.get("STABILITY_PRESET") or os.environ.get("STABILITY_SCALE")
+
+
+@pytest.fixture(scope="session", name="preset")
+def preset_fixture(pytestconfig, stability_settings) -> str:
+    """The preset the suites train at: --preset, $STABILITY_PRESET, the table's preset, smoke."""
+    return preset_option(pytestconfig) or (stability_settings and stability_settings.preset) or "smoke"
 
 
 @pytest.fixture(scope="session")
-def device(pytestconfig, scale, stability_settings) -> str:
+def scale(preset) -> str:
+    """The old name of the ``preset`` fixture (suites written before its rename)."""
+    return preset
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig, preset, stability_settings) -> str:
     """The device of this test process; under xdist each worker sees only its own GPU (as cuda:0)."""
     wanted = device_option(pytestconfig) or (stability_settings and stability_settings.device)
     if not wanted:
-        from stability.config import preset
+        from stability.config import preset as preset_config
 
-        wanted = preset(scale).run.device
+        wanted = preset_config(preset).run.device
     if wanted.startswith("cuda") and not _has_cuda():
         pytest.skip(f"device {wanted!r} asked for, but no CUDA GPU is available")
     return wanted
@@ -382,8 +400,8 @@ def replicate(pytestconfig) -> int:
 
 
 @pytest.fixture(scope="session")
-def stress_config(scale, device, seeds, replicate, stability_settings):
-    """Factory: the scale preset with the table's overrides (arms, model, set), then the test's own
+def stress_config(preset, device, seeds, replicate, stability_settings):
+    """Factory: the preset with the table's overrides (arms, model, set), then the test's own
     (``model__d_model=96`` or {"model.d_model": 96}), on this process's device and seeds; no replay bundles
     unless the table or the test sets ``checkpoint.replay_first`` / ``replay_worst``."""
     from stability.config import resolve
@@ -399,7 +417,7 @@ def stress_config(scale, device, seeds, replicate, stability_settings):
             values["seeds"] = seeds
         if replicate:
             values.setdefault("run.replicate", replicate)
-        return resolve(scale, values)
+        return resolve(preset, values)
 
     return make
 
@@ -422,7 +440,7 @@ def ray_runner(pytestconfig):
 @pytest.fixture(scope="session")
 def stress_record(stress_config, tracking_uri, run_dir, ray_runner, pytestconfig):
     """Factory: ``stress_record("lr_sweep")`` runs that stress case (``stability.cases.stress.CASES``) on
-    the scale preset once per session: JSON record first (this session's run directory), then one
+    the preset once per session: JSON record first (this session's run directory), then one
     MLflow parent run (with plots unless STABILITY_PLOTS=0). Later calls with the same case and
     overrides return the same record (``.records`` holds all). With ``--replicates R`` the case's R
     rounding replicates are trained and recorded too (not tracked, no replay bundles, no per-step files once

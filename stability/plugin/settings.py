@@ -45,7 +45,7 @@ KEYS = (
     Key("preset", f"one of {tuple(PRESETS)}",
         "Scale preset of the stress suites: smoke (CPU, minutes), ci (CPU, longer runs), gpu-pr (GPU, a pull "
         "request's job), full (GPU, nightly). "
-        "--scale overrides it.", "smoke"),
+        "--preset overrides it.", "smoke"),
     Key("device", "'cpu', 'cuda' or 'cuda:N'",
         "Device of the suites: cpu or cuda. --device overrides it (the workflow's GPU job passes --device cuda).",
         "cpu"),
