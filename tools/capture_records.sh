@@ -5,6 +5,7 @@
 # Commands: the CPU workflow's stress suites at smoke, and stability run / stress variants (fp16, the controls
 # arm set, a Hugging Face Qwen3, FSDP2 under torchrun on 2 processes (run and a stress case), a model.factory,
 # gpt2 in bf16, an injected LR spike, Ray). About 3 minutes on 2 cores.
+# The suites' preset is given as --scale, the option's old name, which commits before and after its rename read.
 set -u
 REPO=$(cd "$1" && pwd); OUT=$(mkdir -p "$2" && cd "$2" && pwd)
 cd "$REPO"; export PATH=$REPO/.venv/bin:$PATH PYTHONHASHSEED=0
