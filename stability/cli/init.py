@@ -161,6 +161,7 @@ def stability_requirement() -> tuple[str, str | None]:
 
 
 TEMPLATE = "workflow.yml.in"   # beside this module: the workflow with @NAME@ markers, package data
+HEADER_TEMPLATE = "workflow-header.txt.in"   # and the comment at its top, for a repository that installs stability
 MARKER = re.compile(r"@([A-Z][A-Z_]*)@")
 
 
@@ -202,21 +203,9 @@ def render(template: str, values: dict[str, str]) -> str:
 
 
 def header(settings_file: str, preset: str, baselines: str) -> str:
-    """The comment at the top of the workflow ``stability init`` writes."""
-    return f"""\
-# Stability check of this repository's model (written by `stability init`): the stability stress suites
-# (pytest --pyargs stability.suites -m stress, configured by the settings in {settings_file}), their records into the
-# job's own run directory ($STABILITY_RUN_DIR, named by the workflow run), then the regression check of exactly
-# that directory against the committed baseline of the preset and device ({baselines}/<preset>-<device>.json,
-# made by `stability baseline make`; no job passes without it). The regression table goes to the job summary;
-# reports/ (records, report, JUnit XML) is uploaded; the job fails when a figure regressed (exit 1), changed
-# (exit 3) or the inputs are unusable (exit 2).
-#
-# Which job gates merges (make them the branch's required checks): on a pull request, the CPU job (stress-cpu,
-# {preset} on the CPU) and the GPU job (stress-gpu, gpu-pr on one GPU, 240 minutes). The `full` preset runs nightly
-# (stress-nightly, on the schedule) on a runner with 4 GPUs, one per pytest-xdist worker: it gates nothing, its
-# failure is a failed nightly run. What a preset's job and baseline cost: `stability plan --preset NAME --gpu h200`.
-"""
+    """The comment at the top of the workflow ``stability init`` writes (its template, ``HEADER_TEMPLATE``)."""
+    template = resources.files("stability.cli").joinpath(HEADER_TEMPLATE).read_text()
+    return render(template, {"SETTINGS_FILE": settings_file, "PRESET": preset, "BASELINES": baselines})
 
 
 def workflow_values(settings_file: str, preset: str, baselines: str, package: str, branch: str) -> dict[str, str]:
