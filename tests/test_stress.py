@@ -361,3 +361,19 @@ def test_each_case_trains_exactly_the_runs_it_declares(name):
         run_case(name, config, runner=runner)
     declared = CASES[name].units(config)
     assert [u.id for u in runner.units] == [u.id for u in declared] and len(declared) >= 4
+
+
+def test_a_scheme_s_kl_below_zero_by_rounding_is_measured_and_one_below_by_more_is_not():
+    """A KL of -6.2e-9 nats (a smoke null job's torchao-int8wo, a difference of nearly equal fp32 sums) passes
+    the standard case's scheme check; -1e-3 nats, which no rounding makes, fails it, naming the scheme."""
+    from stability.cases.checks import CheckFailed
+    from stability.cases.standard import every_scheme_is_measured_or_skipped_with_its_reason as check
+
+    def record(kl):
+        arm = {"arm": "reference", "seed": 0, "final": {"quant_int8_kl": kl},
+               "quant": {"schemes": {"int8": {"kl": kl}}}}
+        return {"config": {"quant_schemes": ["int8"]}, "arms": [arm]}
+
+    check(record(-6.2e-9), None)
+    with pytest.raises(CheckFailed, match="scheme int8"):
+        check(record(-1e-3), None)

@@ -72,9 +72,14 @@ def the_gated_arm_carries_a_gate_and_reports_its_score(record, invariant):
                       message="mean gate value strictly between 0 (closed) and 1 (open)")
 
 
+# A KL of a scheme that barely moves the model is a difference of nearly equal fp32 sums: it comes out a few
+# 1e-9 nats below zero (seen: torchao-int8wo, -6.2e-9, in a smoke null job). Below this it is not rounding.
+KL_ROUNDING = 1e-6   # nats
+
+
 def every_scheme_is_measured_or_skipped_with_its_reason(record, invariant):
-    """Each arm of the quantized pair holds, per registered scheme, its KL and loss damage, or why it was
-    skipped; at least one scheme ran on every device."""
+    """Each arm of the quantized pair holds, per registered scheme, its KL (>= 0 up to ``KL_ROUNDING``) and
+    loss damage, or why it was skipped; at least one scheme ran on every device."""
     for arm in record["arms"]:
         schemes = (arm.get("quant") or {}).get("schemes")
         if schemes is None:
@@ -83,7 +88,7 @@ def every_scheme_is_measured_or_skipped_with_its_reason(record, invariant):
         ran = [name for name, result in schemes.items() if "skipped" not in result]
         require(ran, f"no scheme ran: {schemes}")
         for name, result in schemes.items():
-            require(result.get("skipped") or (f"quant_{name}_kl" in arm["final"] and result["kl"] >= 0),
+            require(result.get("skipped") or (f"quant_{name}_kl" in arm["final"] and result["kl"] >= -KL_ROUNDING),
                     f"{arm['arm']} seed {arm['seed']}: scheme {name}: {result}")
 
 
