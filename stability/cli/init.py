@@ -170,9 +170,9 @@ class TemplateError(ValueError):
     value that does not fit its marker's place."""
 
 
-def workflow_template() -> str:
-    """The workflow template, as installed with the package."""
-    return resources.files("stability.cli").joinpath(TEMPLATE).read_text()
+def workflow_template(name: str = TEMPLATE) -> str:
+    """A template installed with the package: the workflow (``TEMPLATE``) or its header (``HEADER_TEMPLATE``)."""
+    return resources.files("stability.cli").joinpath(name).read_text()
 
 
 def render(template: str, values: dict[str, str]) -> str:
@@ -204,8 +204,8 @@ def render(template: str, values: dict[str, str]) -> str:
 
 def header(settings_file: str, preset: str, baselines: str) -> str:
     """The comment at the top of the workflow ``stability init`` writes (its template, ``HEADER_TEMPLATE``)."""
-    template = resources.files("stability.cli").joinpath(HEADER_TEMPLATE).read_text()
-    return render(template, {"SETTINGS_FILE": settings_file, "PRESET": preset, "BASELINES": baselines})
+    return render(workflow_template(HEADER_TEMPLATE),
+                  {"SETTINGS_FILE": settings_file, "PRESET": preset, "BASELINES": baselines})
 
 
 def workflow_values(settings_file: str, preset: str, baselines: str, package: str, branch: str) -> dict[str, str]:
