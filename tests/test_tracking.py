@@ -177,6 +177,31 @@ def test_killed_arms_and_pairs_are_marked_killed(store):
     assert client.get_run(result["child_run_ids"]["reference-seed0"]).info.status == "FINISHED"
 
 
+def test_an_arm_stopped_after_its_last_step_then_finished_holds_each_final_figure_once_per_step(store):
+    """Ctrl-C after an arm's last training step and before its end (its last probe, its evaluation): the
+    figures so far are logged at its last step; the finished arm's, sent again for the same record once
+    it was resumed, one step later, not as a second value at the same step."""
+    import copy
+
+    stopped = pair_record(seeds=(0,), status=Status.KILLED)
+    first = tracking.log_to_mlflow(stopped, store)
+    finished = copy.deepcopy(stopped)
+    arm = next(a for a in finished["arms"] if a["status"] == Status.KILLED)
+    arm["status"] = Status.COMPLETED.value
+    arm.pop("stop_reason", None)
+    arm["final"]["f_attn_mean"] = arm["final"].get("f_attn_mean", 0.25) + 0.125
+    finished["status"] = Status.COMPLETED.value
+    second = tracking.log_to_mlflow(finished, store)
+    child = first["child_run_ids"]["gated-seed0"]
+    assert second["child_run_ids"]["gated-seed0"] == child
+    client = _client(store)
+    last = arm["series"]["step"][-1]
+    history = client.get_metric_history(child, "final.f_attn_mean")
+    assert sorted(point.step for point in history) == [last, last + 1]
+    assert history and max(history, key=lambda p: p.step).value == arm["final"]["f_attn_mean"]
+    assert client.get_run(child).info.status == "FINISHED"
+
+
 # ----------------------------------------------------------------------------- failing stores
 
 def test_unreachable_server_fails_fast_reports_once_and_upload_sends_later(tmp_path, store, record, capsys):

@@ -333,10 +333,14 @@ def new_points(metrics, held: dict) -> list:
 
 
 def final_step(arm: dict) -> int:
-    """The step an arm's final figures are logged at: its last step (a stopped arm's figures so far at the
-    step it stopped, so a resumed arm's figures are a later point of the same series, not a second one)."""
+    """The step an arm's final figures are logged at: for an arm that ended (completed or diverged) the
+    step after its last, for a stopped one (killed, an error) its figures so far at its last step. So a
+    resumed arm's final figures are a later point of the same series, not a second value at one step,
+    even when it was stopped after its last step and before its end (its last probe, its evaluation)."""
     steps = (arm.get("series") or {}).get("step") or []
-    return int(steps[-1]) if steps else 0
+    last = int(steps[-1]) if steps else -1
+    ended = arm.get("status") in (Status.COMPLETED, Status.DIVERGED)
+    return last + 1 if ended else max(last, 0)
 
 
 def _arm_metrics(arm: dict, now: int, with_steps: bool = True, held: dict | None = None):
