@@ -19,6 +19,7 @@ from typing import Any, Literal, Required, TypedDict
 from stability.record import REFERENCE_ARM, USABLE, RecordError, Status, check_layout
 from stability.record import figures as fig
 from stability.record.io import read_json
+from stability.record.validate import is_whole, shown
 
 BASELINE_SCHEMA_VERSION = 6   # 6: replicates perturb every step (5: the initial weights only; 4: the arm "baseline")
 
@@ -112,15 +113,6 @@ EVERY_COMPLETED_RUN = ("steps_completed", "nonfinite_events", "nonfinite_unhandl
                        "divergence_step", "early_loss", "early_grad_norm")
 
 
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _is_whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -128,7 +120,7 @@ def _is_number(value) -> bool:
 def _at_least(value, low, what: str, where_: str, kind: str = "a whole number") -> None:
     """RecordError unless ``value`` (a number or null, its layout already checked) is >= ``low``."""
     if value is not None and value < low:
-        raise RecordError(f"{where_}: {what} = {_short(value)}: expected {kind} >= {low}")
+        raise RecordError(f"{where_}: {what} = {shown(value)}: expected {kind} >= {low}")
 
 
 def null_allowed(name: str, status: str) -> bool:
@@ -155,9 +147,9 @@ def case_arm_names(config: dict, where_: str) -> list[str]:
     elif isinstance(arms, list) and all(isinstance(name, str) for name in arms):
         names = list(arms)
     else:
-        raise RecordError(f"{where_}: config.arms = {_short(arms)}: expected the arm names, e.g. 'reference,gated'")
+        raise RecordError(f"{where_}: config.arms = {shown(arms)}: expected the arm names, e.g. 'reference,gated'")
     if not names:
-        raise RecordError(f"{where_}: config.arms = {_short(arms)}: expected at least one arm name")
+        raise RecordError(f"{where_}: config.arms = {shown(arms)}: expected at least one arm name")
     return names
 
 
@@ -177,7 +169,7 @@ def _check_figure_value(name: str, value, status: str, where_: str) -> None:
     entry = fig.figure(name)
     if isinstance(value, bool):
         if entry.quantum != "seed":
-            raise RecordError(f"{where_}: figure {name} = {_short(value)}: expected a number (true/false only for a "
+            raise RecordError(f"{where_}: figure {name} = {shown(value)}: expected a number (true/false only for a "
                               f"figure that is a seed's outcome, such as diverged)")
     elif value is None or (isinstance(value, float) and not math.isfinite(value)):
         if not null_allowed(name, status):
@@ -185,7 +177,7 @@ def _check_figure_value(name: str, value, status: str, where_: str) -> None:
                               f"run's {entry.kind} figure is never non-finite; null only where the run did not "
                               f"complete)")
     elif not _is_number(value):
-        raise RecordError(f"{where_}: figure {name} = {_short(value)}: expected a number, got "
+        raise RecordError(f"{where_}: figure {name} = {shown(value)}: expected a number, got "
                           f"{type(value).__name__}")
 
 
@@ -204,7 +196,7 @@ def _check_arm(key: str, arm: str, entry: BaselineArm, seeds: list[str], replica
                               f"baseline's replicates {sorted(replicates)}")
         for replicate, value in status[seed].items():
             if value not in tuple(USABLE):
-                raise RecordError(f"{here} seed {seed} replicate {replicate}: status = {_short(value)}: expected "
+                raise RecordError(f"{here} seed {seed} replicate {replicate}: status = {shown(value)}: expected "
                                   f"one of {sorted(USABLE)}")
     for seed, per_replicate in entry["diverged_at_step"].items():
         for replicate, step in per_replicate.items():
@@ -236,11 +228,11 @@ def _check_case(key: str, case: BaselineCase, replicates: list[str], min_seeds: 
     _at_least(case["steps"], 1, "steps", here)
     config = case["config"]
     for field in RESOLUTION_FIELDS:
-        if field in config and not (_is_whole(config[field]) and config[field] >= 1):
-            raise RecordError(f"{here}: config.{field} = {_short(config[field])}: expected a whole number >= 1")
+        if field in config and not (is_whole(config[field]) and config[field] >= 1):
+            raise RecordError(f"{here}: config.{field} = {shown(config[field])}: expected a whole number >= 1")
     plugins = config.get("plugins") or []
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
-        raise RecordError(f"{here}: config.plugins = {_short(plugins)}: expected a list of extension names")
+        raise RecordError(f"{here}: config.plugins = {shown(plugins)}: expected a list of extension names")
     arms = case["arms"]
     wanted = case_arm_names(config, here)
     missing = [arm for arm in wanted if arm not in arms]
@@ -260,15 +252,15 @@ def _check_calibration(calibration: Calibration, where_: str) -> None:
     for key in ("arrangements", "seeds", "replicates"):
         _at_least(calibration[key], 0, key, here)
     if not all(r >= 0 for r in calibration["playing"]):
-        raise RecordError(f"{here}.playing = {_short(calibration['playing'])}: expected the replicates (>= 0) that "
+        raise RecordError(f"{here}.playing = {shown(calibration['playing'])}: expected the replicates (>= 0) that "
                           f"played the change")
     alphas, failed, rate = calibration["alphas"], calibration["failed"], calibration["rate"]
     if not alphas or not all(_is_number(a) and 0 < a < 1 for a in alphas):
-        raise RecordError(f"{here}.alphas = {_short(alphas)}: expected a list of rates in (0, 1)")
+        raise RecordError(f"{here}.alphas = {shown(alphas)}: expected a list of rates in (0, 1)")
     if len(failed) != len(alphas) or not all(n >= 0 for n in failed):
-        raise RecordError(f"{here}.failed = {_short(failed)}: expected a count >= 0 per alpha")
+        raise RecordError(f"{here}.failed = {shown(failed)}: expected a count >= 0 per alpha")
     if len(rate) != len(alphas) or not all(r is None or 0 <= r <= 1 for r in rate):
-        raise RecordError(f"{here}.rate = {_short(rate)}: expected a fraction (or null) per alpha")
+        raise RecordError(f"{here}.rate = {shown(rate)}: expected a fraction (or null) per alpha")
     _at_least(calibration["margin"], 0, "margin", here, "a number")
 
 
@@ -299,12 +291,12 @@ def validate_baseline(baseline, where_: str) -> dict:
     check_layout(baseline, Baseline, where_)
     for key in ("preset", "device"):
         if not baseline[key]:
-            raise RecordError(f"{where_}: {key} = {_short(baseline[key])}: expected a name")
+            raise RecordError(f"{where_}: {key} = {shown(baseline[key])}: expected a name")
     min_seeds = baseline["min_seeds"]
     _at_least(min_seeds, 1, "min_seeds", where_)
     replicates = baseline["replicates"]
     if not replicates or min(replicates) < 0 or len(set(replicates)) != len(replicates):
-        raise RecordError(f"{where_}: replicates = {_short(replicates)}: expected a non-empty list of distinct whole "
+        raise RecordError(f"{where_}: replicates = {shown(replicates)}: expected a non-empty list of distinct whole "
                           f"numbers >= 0 (0 the unperturbed runs)")
     cases = baseline["cases"]
     if not cases:
@@ -326,8 +318,8 @@ def validate_baseline(baseline, where_: str) -> dict:
 
         held = invariant_names(cases, invariants)
         if baseline["covers"].get("invariants") != held:
-            raise RecordError(f"{where_}: covers.invariants = {_short(baseline['covers'].get('invariants'))} does "
-                              f"not name the invariants the baseline holds ({_short(held)}): edited by hand? "
+            raise RecordError(f"{where_}: covers.invariants = {shown(baseline['covers'].get('invariants'))} does "
+                              f"not name the invariants the baseline holds ({shown(held)}): edited by hand? "
                               f"Remake it")
     return baseline
 

@@ -67,7 +67,7 @@ def validate_record(record, where: str) -> CaseRecord:
         raise RecordError(f"{where}: 'arms' must be a list of arm objects, got "
                           f"{type(arms).__name__ if not isinstance(arms, list) else 'a list holding non-objects'}")
     if not isinstance(record["config"], dict):
-        raise RecordError(f"{where}: config = {_show(record['config'])}: expected an object (the resolved config)")
+        raise RecordError(f"{where}: config = {shown(record['config'])}: expected an object (the resolved config)")
     extension = foreign_extensions(record)
     own = case_name(record) if isinstance(record.get("stress"), (str, type(None))) else None  # else _entry says
     # a figure the table lacks, in a record of a case this process did not register (a reader that imports no
@@ -76,13 +76,13 @@ def validate_record(record, where: str) -> CaseRecord:
     _entry({k: v for k, v in record.items() if not k.startswith("_")}, CaseRecord, "", where, foreign)
     results = record.get("results") or {}
     if not isinstance(results, dict):
-        raise RecordError(f"{where}: results = {_show(results)}: expected an object (case name -> its results)")
+        raise RecordError(f"{where}: results = {shown(results)}: expected an object (case name -> its results)")
     slots = [(f"results.{case}", case, result) for case, result in results.items()]
     slots += [(case, case, record[case]) for case in RESULTS_BEFORE_THE_SLOT if case in record]
     for path, case, result in slots:
         if case == own and not is_declared(case):
             if not isinstance(result, dict):
-                raise RecordError(f"{where}: {path} = {_show(result)}: expected an object (the case's results)")
+                raise RecordError(f"{where}: {path} = {shown(result)}: expected an object (the case's results)")
             continue          # the results of its own case, which this process did not register: kept, unread
         try:
             kind = result_type(case)
@@ -111,9 +111,14 @@ def foreign_extensions(record: dict) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name.strip() for name in named if name.strip() not in here))
 
 
+def is_whole(value) -> bool:
+    """Whether ``value`` is a whole number (an int, never a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _whole(low: int):
     """A test for a whole number >= ``low`` (never a bool)."""
-    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return lambda value: is_whole(value) and value >= low
 
 
 # The config fields that the readers of a record use (its device, rounding replicate and run length, and the
@@ -146,7 +151,7 @@ def _check_config(config: dict, where: str) -> None:
         for parent in parents:
             holder = holder.get(parent) if isinstance(holder, dict) else None
         if isinstance(holder, dict) and key in holder and not fits(holder[key]):
-            raise RecordError(f"{where}: config.{name} = {_show(holder[key])}: expected {expected}")
+            raise RecordError(f"{where}: config.{name} = {shown(holder[key])}: expected {expected}")
 
 
 def _check_series(series: dict, path: str, where: str) -> None:
@@ -181,7 +186,7 @@ def _entry(value, kind, path: str, where: str, foreign: tuple[str, ...] = ()) ->
     """``value`` is an object holding the keys of the TypedDict ``kind``, each of its type (``foreign``: the
     record's extensions this process lacks, whose figures are kept unread)."""
     if not isinstance(value, dict):
-        raise RecordError(f"{where}: {path} = {_show(value)}: expected an object ({kind.__name__})")
+        raise RecordError(f"{where}: {path} = {shown(value)}: expected an object ({kind.__name__})")
     hints, required = _fields(kind)
     for key in required:
         if key not in value:
@@ -223,10 +228,10 @@ def _check(value, kind, path: str, where: str, foreign: tuple[str, ...] = ()) ->
                 return
             except RecordError:
                 continue
-        raise RecordError(f"{where}: {path} = {_show(value)}: expected {_describe(kind)}")
+        raise RecordError(f"{where}: {path} = {shown(value)}: expected {_describe(kind)}")
     elif origin is list:
         if not isinstance(value, list):
-            raise RecordError(f"{where}: {path} = {_show(value)}: expected a list")
+            raise RecordError(f"{where}: {path} = {shown(value)}: expected a list")
         (item_kind,) = typing.get_args(kind)
         plain = _plain(item_kind)
         if plain is not None and all(type(item) in plain for item in value):
@@ -235,7 +240,7 @@ def _check(value, kind, path: str, where: str, foreign: tuple[str, ...] = ()) ->
             _check(item, item_kind, _item(path, index, item), where, foreign)
     elif origin is dict:
         if not isinstance(value, dict):
-            raise RecordError(f"{where}: {path} = {_show(value)}: expected an object")
+            raise RecordError(f"{where}: {path} = {shown(value)}: expected an object")
         key_kind, item_kind = typing.get_args(kind)
         for key, item in value.items():
             if key_kind is FigureName and figure(key) is None and not foreign:
@@ -243,7 +248,7 @@ def _check(value, kind, path: str, where: str, foreign: tuple[str, ...] = ()) ->
                                   f"(stability.record.figures): expected one of its figures, or an entry for it there")
             _check(item, item_kind, _at(path, key), where, foreign)
     elif not _is(value, kind):
-        raise RecordError(f"{where}: {path} = {_show(value)}: expected {_describe(kind)}")
+        raise RecordError(f"{where}: {path} = {shown(value)}: expected {_describe(kind)}")
 
 
 @functools.cache
@@ -289,6 +294,7 @@ def _describe(kind) -> str:
     return _NAMES.get(kind, getattr(kind, "__name__", str(kind)))
 
 
-def _show(value) -> str:
+def shown(value) -> str:
+    """``value`` as an error message quotes it: its repr, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
