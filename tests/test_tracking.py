@@ -8,6 +8,7 @@ server tests is started when this module starts and awaited only by those tests 
 
 from __future__ import annotations
 
+import copy
 import json
 import multiprocessing
 import os
@@ -181,8 +182,6 @@ def test_an_arm_stopped_after_its_last_step_then_finished_holds_each_final_figur
     """Ctrl-C after an arm's last training step and before its end (its last probe, its evaluation): the
     figures so far are logged at its last step; the finished arm's, sent again for the same record once
     it was resumed, one step later, not as a second value at the same step."""
-    import copy
-
     stopped = pair_record(seeds=(0,), status=Status.KILLED)
     first = tracking.log_to_mlflow(stopped, store)
     finished = copy.deepcopy(stopped)

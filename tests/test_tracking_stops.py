@@ -121,14 +121,30 @@ def test_runs_whose_ids_never_reached_the_disk_are_adopted_by_their_tags(tmp_pat
     assert_each_step_once(uri, resume(tmp_path, run_dir, uri), STEPS)
 
 
+def paused_once_live_runs_hold_steps(process, tmp_path, uri) -> None:
+    """Wait for the reference arm's step 97, pause training there (SIGSTOP; the sending process goes on) until
+    the store's live run of that arm holds steps: a stop that lands mid-arm however loaded the machine is."""
+    from mlflow.tracking import MlflowClient
+
+    wait_for(process, f"reference-seed0: step 97/{STEPS}")
+    os.kill(process.pid, signal.SIGSTOP)
+    run_dir, _ = the_record(tmp_path)
+    (path,) = run_dir.glob("smoke-standard-*.json")
+
+    def holds_steps() -> bool:
+        run_id = (read_ids(ids_file(path)).get("child_run_ids") or {}).get("reference-seed0")
+        return bool(run_id) and bool(MlflowClient(tracking_uri=uri).get_metric_history(run_id, "loss"))
+    assert wait_until(holds_steps), "the live run of reference-seed0 never held a step"
+
+
 def test_resume_no_live_continues_the_live_runs(tmp_path, template_store):
     """Ctrl-C once the live runs hold steps, then ``--resume --no-live``: the record sent at the end completes
     the live runs with the steps they lack."""
     uri = template_store(tmp_path / "m.db")
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
-    wait_for(process, "mlflow: live in experiment")     # the sending process has made the runs
-    wait_for(process, ": step ")                           # and the next step is printed
-    ctrl_c(process)
+    paused_once_live_runs_hold_steps(process, tmp_path, uri)
+    ctrl_c(process)                              # pending while paused: taken at the next instruction
+    os.kill(process.pid, signal.SIGCONT)
     assert finish(process)[0] == 130
     run_dir, _ = the_record(tmp_path)
     assert_each_step_once(uri, resume(tmp_path, run_dir, uri, "--no-live"), STEPS)
@@ -137,8 +153,7 @@ def test_resume_no_live_continues_the_live_runs(tmp_path, template_store):
 def test_kill_9_leaves_no_live_tracking_process(tmp_path, template_store):
     uri = template_store(tmp_path / "m.db")
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
-    wait_for(process, "mlflow: live in experiment")     # the sending process has made the runs
-    wait_for(process, ": step ")                           # and the next step is printed
+    paused_once_live_runs_hold_steps(process, tmp_path, uri)
     gone(process, kill_9(process))   # the sending process and multiprocessing's resource tracker
 
 
