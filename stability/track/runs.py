@@ -36,7 +36,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from stability.config import flatten
-from stability.record import Status, case_key, case_name, record_replicate, write_json
+from stability.record import USABLE, Status, case_key, case_name, record_replicate, write_json
 from stability.track.store import open_client, sqlite_path, store_lock
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -339,8 +339,7 @@ def final_step(arm: dict) -> int:
     even when it was stopped after its last step and before its end (its last probe, its evaluation)."""
     steps = (arm.get("series") or {}).get("step") or []
     last = int(steps[-1]) if steps else -1
-    ended = arm.get("status") in (Status.COMPLETED, Status.DIVERGED)
-    return last + 1 if ended else max(last, 0)
+    return last + 1 if arm.get("status") in USABLE else max(last, 0)
 
 
 def _arm_metrics(arm: dict, now: int, with_steps: bool = True, held: dict | None = None):
