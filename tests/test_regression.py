@@ -1076,3 +1076,38 @@ def test_the_check_states_one_rate_for_the_job_and_what_it_rests_on(record, base
     assert lines[0] in result.table() and reg.check([record], baseline).rate() is None
     with pytest.raises(RecordError, match="null_jobs.failed = 151 is more than"):
         baseline_schema.validate_baseline({**measured, "null_jobs": {**measured["null_jobs"], "failed": 151}}, "b")
+
+
+def test_the_ladders_reference_mxfp4_gap_is_judged_by_its_floor_only_and_the_gated_arms_both_ways():
+    """The kept null job of replicate 39 (reports/null/smoke) holds the second mode of the precision ladder's
+    reference mxfp4 loss gap (seed 1, 11 to 13 standard deviations from the baseline's replicates) that made it
+    fail as CHANGED: under the declared ``MXFP4_MODE`` it passes the committed baseline; the same move of the
+    gated arm's gap, which has no such mode, is still CHANGED."""
+    import lzma
+    from pathlib import Path
+
+    from stability.check.baseline_schema import load_baseline
+
+    root = Path(__file__).resolve().parents[1]
+    job = json.load(lzma.open(root / "reports" / "null" / "smoke" / "draw39.json.xz"))
+    made = load_baseline(str(root / "reports" / "baselines" / "smoke-cpu.json"))
+    ladder = next(r for r in job["records"] if r["stress"] == "precision_ladder")
+    base = made["cases"]["smoke/precision_ladder"]["arms"]
+    mean = {arm: sum(base[arm]["figures"]["loss_gap_mxfp4"]["1"].values()) / 20 for arm in base}
+    seed1 = {a["arm"]: a for a in ladder["arms"] if a["seed"] == 1}
+    move = seed1["reference"]["final"]["loss_gap_mxfp4"] - mean["reference"]
+    assert move > 10 * 3e-5   # the mode: beyond ten of that seed's replicate standard deviations (3e-5 nats)
+
+    as_run = reg.check(job["records"], made, invariants=job["invariants"])
+    row = next(r for r in as_run.rows if r.case == "smoke/precision_ladder" and r.arm == "reference"
+               and r.figure == "loss_gap_mxfp4")
+    assert row.floor_only and row.hypotheses == [("regressed", row.p)] and as_run.exit_code == 0
+
+    moved = copy.deepcopy(job["records"])
+    gated = next(a for r in moved if r["stress"] == "precision_ladder" for a in r["arms"]
+                 if a["arm"] == "gated" and a["seed"] == 1)
+    gated["final"]["loss_gap_mxfp4"] = mean["gated"] + move
+    in_gated = reg.check(moved, made, invariants=job["invariants"])
+    row = next(r for r in in_gated.rows if r.case == "smoke/precision_ladder" and r.arm == "gated"
+               and r.figure == "loss_gap_mxfp4")
+    assert not row.floor_only and row.verdict == "changed" and in_gated.exit_code == 3
