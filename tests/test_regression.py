@@ -1078,22 +1078,22 @@ def test_the_check_states_one_rate_for_the_job_and_what_it_rests_on(record, base
         baseline_schema.validate_baseline({**measured, "null_jobs": {**measured["null_jobs"], "failed": 151}}, "b")
 
 
-def test_the_ladders_reference_mxfp4_gap_is_judged_by_its_floor_only_and_the_gated_arms_both_ways():
+def test_the_ladders_reference_mxfp4_gap_is_judged_by_its_floor_only_and_the_gated_arms_both_ways(monkeypatch):
     """The kept null job of replicate 39 (reports/null/smoke) holds the second mode of the precision ladder's
     reference mxfp4 loss gap (seed 1, 11 to 13 standard deviations from the baseline's replicates) that made it
     fail as CHANGED: under the declared ``MXFP4_MODE`` it passes the committed baseline; the same move of the
     gated arm's gap, which has no such mode, is still CHANGED."""
-    import lzma
-    from pathlib import Path
-
     from stability.check.baseline_schema import load_baseline
+    from validation import null_jobs
+    from validation import regression_zoo as zoo
 
-    root = Path(__file__).resolve().parents[1]
-    job = json.load(lzma.open(root / "reports" / "null" / "smoke" / "draw39.json.xz"))
-    made = load_baseline(str(root / "reports" / "baselines" / "smoke-cpu.json"))
+    monkeypatch.setattr(zoo, "KEPT", null_jobs.ROOT / "reports" / "null")   # where the null jobs are kept
+    job = zoo.read_kept("smoke", null_jobs.kept_name(39))
+    made = load_baseline(str(null_jobs.ROOT / "reports" / "baselines" / "smoke-cpu.json"))
     ladder = next(r for r in job["records"] if r["stress"] == "precision_ladder")
     base = made["cases"]["smoke/precision_ladder"]["arms"]
-    mean = {arm: sum(base[arm]["figures"]["loss_gap_mxfp4"]["1"].values()) / 20 for arm in base}
+    seed1_runs = {arm: list(base[arm]["figures"]["loss_gap_mxfp4"]["1"].values()) for arm in base}
+    mean = {arm: sum(runs) / len(runs) for arm, runs in seed1_runs.items()}
     seed1 = {a["arm"]: a for a in ladder["arms"] if a["seed"] == 1}
     move = seed1["reference"]["final"]["loss_gap_mxfp4"] - mean["reference"]
     assert move > 10 * 3e-5   # the mode: beyond ten of that seed's replicate standard deviations (3e-5 nats)

@@ -379,20 +379,19 @@ def test_a_scheme_s_kl_below_zero_by_rounding_is_measured_and_one_below_by_more_
         check(record(-1e-3), None)
 
 
-def test_the_kept_null_jobs_failed_by_the_scheme_check_pass_it_as_it_is_now():
+def test_the_kept_null_jobs_failed_by_the_scheme_check_pass_it_as_it_is_now(monkeypatch):
     """The null jobs at smoke whose stress tests failed by the standard case's scheme check (they ran the
     baseline's code, from before ``KL_ROUNDING``) each hold a KL below zero by rounding only, and today's check
     passes their kept records: their failures are that check's, since mended, not the gate's."""
-    import json
-    import lzma
-    from pathlib import Path
-
     from stability.cases.standard import KL_ROUNDING
     from stability.cases.standard import every_scheme_is_measured_or_skipped_with_its_reason as check
+    from validation import null_jobs
+    from validation import regression_zoo as zoo
 
+    monkeypatch.setattr(zoo, "KEPT", null_jobs.ROOT / "reports" / "null")   # where the null jobs are kept
     name = "test_the_record_shows[standard/every_scheme_is_measured_or_skipped_with_its_reason]"
-    kept = sorted((Path(__file__).resolve().parents[1] / "reports" / "null" / "smoke").glob("draw*.json.xz"))
-    failed = [job for job in (json.load(lzma.open(path)) for path in kept)
+    kept = sorted(path.name.removesuffix(".json.xz") for path in (zoo.KEPT / "smoke").glob("draw*.json.xz"))
+    failed = [job for job in (zoo.read_kept("smoke", entry) for entry in kept)
               if any(failure.endswith(name) for failure in job["stress_failures"])]
     assert len(failed) >= 3, [job["entry"] for job in failed]
     for job in failed:

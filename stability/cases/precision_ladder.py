@@ -289,15 +289,15 @@ MXFP4_MODE = ("at smoke the reference arm's mxfp4 loss gap of seed 1 has a secon
               "148) gave -0.00263 to -0.00257, 11 to 13 of their standard deviations out; 2 of the 5 failed the job "
               "as CHANGED on this row alone (replicate 39 found it, 148 repeated it); the gated arm's and the other "
               "rungs' gaps stayed within 6 standard deviations in all 133")
+LOSES_MORE = "low-precision training loses more against fp32"
 # Its figures (``stability.record.figures.Figure``), one family per figure of a rung (``loss_gap_bf16`` ...),
 # added to the table when the case is registered.
 FIGURES = (
     Figure("loss_gap_*", "lower", "nats/token", "held-out loss at this precision minus fp32",
            floor=0.05, rel_floor=0.25,
            # the first row that matches judges: the reference arm's mxfp4 gap by its floor only, the rest both ways
-           primary=(Primary(figure="loss_gap_mxfp4", arms="reference", why="low-precision training loses more "
-                            "against fp32", floor_only=MXFP4_MODE),
-                    Primary(arms="arms", why="low-precision training loses more against fp32"))),
+           primary=(Primary(figure="loss_gap_mxfp4", arms="reference", why=LOSES_MORE, floor_only=MXFP4_MODE),
+                    Primary(arms="arms", why=LOSES_MORE))),
     Figure("nonfinite_events_*", "lower", "count", "non-finite steps at this precision", kind="run", floor=0.5, quantum="count"),
     Figure("nonfinite_unhandled_*", "lower", "count", "non-finite steps at this precision that its recipe did not "
            "handle", kind="run", quantum="count", outcome=True),
