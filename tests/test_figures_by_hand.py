@@ -610,14 +610,16 @@ def test_one_row_paired_by_hand():
     0.02); seed 1: 3.3, 3.5 (mean 3.4, variance 0.02). Baseline 3.25, floor max(0.02, 0.01625) = 0.02.
     Now 3.5 and 3.8: delta ((3.5 - 3.1) + (3.8 - 3.4)) / 2 = 0.4; se sqrt(2 * 0.02 * 1.5) / 2 = 0.12247;
     Welch df (0.06)^2 / (2 * 0.03^2) = 2 (the check's own rule takes the fewest of any seed, 1); z (0.4 - 0.02)
-    / se = 3.1027; p = P(T_2 > z); the change's two-sided p (no floor) 2 P(T_2 > 0.4 / se)."""
+    / se = 3.1027; p = P(T_2 > z). The change (no floor) asks every seed: each moved 0.4 against its own
+    standard error sqrt(0.02 * 1.5) = 0.17321 on 1 df, the weaker seed's p doubled, 2 P(T_1 > 0.4 / 0.17321)."""
     stats = judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 3.5, "1": 3.8}, "heldout_loss", dof_rule="welch")
     se = math.sqrt(2 * 0.02 * 1.5) / 2
     assert stats == {"baseline": pytest.approx(3.25), "current": pytest.approx(3.65), "delta": pytest.approx(0.4),
                      "floor": pytest.approx(0.02), "noise": pytest.approx(math.sqrt(0.02)), "se": pytest.approx(se),
                      "z": pytest.approx(0.38 / se), "p": pytest.approx(t_upper_tail(0.38 / se, 2)),
                      "mode": "n=2 df=2", "note": "", "p_improved": pytest.approx(t_upper_tail(-0.42 / se, 2)),
-                     "p_change": pytest.approx(2 * t_upper_tail(0.4 / se, 2))}
+                     "p_change": pytest.approx(2 * t_upper_tail(0.4 / math.sqrt(0.03), 1)),
+                     "se_seed": pytest.approx(math.sqrt(0.03))}
     better = judge(replicates(s0=[3.0, 3.2], s1=[3.3, 3.5]), {"0": 2.5, "1": 2.8}, "heldout_loss", dof_rule="welch")
     assert better["z"] == pytest.approx(-0.62 / se) and better["p_improved"] == pytest.approx(t_upper_tail(0.58 / se, 2))
     higher = judge(replicates(s0=[0.5, 0.5], s1=[0.6, 0.6]), {"0": 0.4, "1": 0.5}, "accuracy", quantum=0.01)
@@ -625,6 +627,29 @@ def test_one_row_paired_by_hand():
     assert higher["se"] == pytest.approx(math.sqrt(2 * 1e-4 * 1.5) / 2) and higher["mode"] == "n=2 df=inf"
     assert higher["z"] == pytest.approx(0.095 / higher["se"])
     assert higher["p"] == pytest.approx(0.5 * math.erfc(0.095 / higher["se"] / math.sqrt(2)))
+
+
+def test_a_change_is_a_move_every_seed_shows_by_hand():
+    """heldout_loss, three seeds of three replicates 3.0 +/- 0.01 (variance 1e-4, 2 df; a seed's difference from
+    its mean has standard error sqrt(1e-4 * 4/3) = 0.011547). One seed 0.1 out (8.7 of them; job 153's
+    pattern: a heavy tail in one run): the mean over seeds moves 0.0333 with standard error 0.011547 / sqrt(3),
+    z 5, which the mean's two-sided test would call a change (2 P(T_2 > 5) = 0.038), but two seeds did not move,
+    so "every seed moved" has p 1. All three 0.1 out: 2 P(T_2 > 0.1 / 0.011547). Two up, one down: p 1 (no
+    direction that every seed shows). The regressed hypothesis keeps the mean: the one seed 1.0 out is worse
+    than the floor 0.02 by 0.313, z 47."""
+    base = replicates(s0=[2.99, 3.0, 3.01], s1=[3.09, 3.1, 3.11], s2=[3.19, 3.2, 3.21])
+    se_seed = math.sqrt(1e-4 * 4 / 3)
+    one = judge(base, {"0": 3.1, "1": 3.1, "2": 3.2}, "heldout_loss")
+    assert one["delta"] == pytest.approx(0.1 / 3) and one["se"] == pytest.approx(se_seed / math.sqrt(3))
+    assert 2 * t_upper_tail(one["delta"] / one["se"], 2) < 0.05 and one["p_change"] == 1.0
+    every = judge(base, {"0": 3.1, "1": 3.2, "2": 3.3}, "heldout_loss")
+    assert every["p_change"] == pytest.approx(2 * t_upper_tail(0.1 / se_seed, 2))
+    assert every["se_seed"] == pytest.approx(se_seed)
+    either = judge(base, {"0": 3.1, "1": 3.2, "2": 3.1}, "heldout_loss")
+    assert either["p_change"] == 1.0
+    worse = judge(base, {"0": 4.0, "1": 3.1, "2": 3.2}, "heldout_loss")
+    assert worse["z"] == pytest.approx((1.0 / 3 - 0.02) / worse["se"]) and worse["p"] < 1e-3
+    assert worse["p_change"] == 1.0
 
 
 def test_one_row_tolerances_and_seeds_left_out_by_hand():
@@ -648,7 +673,7 @@ def test_a_figure_new_or_gone_by_hand():
     identical runs (variance 0) at one fp32 rounding step of 3.0: se = 3 2^-23 sqrt(1 + 1/2)."""
     assert judge(replicates(s0=[None]), {"0": 3.0}, "heldout_loss") == {
         "baseline": None, "current": 3.0, "delta": None, "floor": None, "noise": None, "se": None, "z": None,
-        "p": None, "mode": "", "note": "", "p_improved": None, "p_change": None}
+        "p": None, "mode": "", "note": "", "p_improved": None, "p_change": None, "se_seed": None}
     gone = judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": None, "1": None}, "heldout_loss")
     assert (gone["baseline"], gone["current"], gone["p"]) == (3.0, None, None)
     half = judge(replicates(s0=[3.0, 3.0], s1=[3.0, 3.0]), {"0": 3.0, "1": None}, "heldout_loss")

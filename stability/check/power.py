@@ -12,12 +12,14 @@ job by itself (exit 1) is
 
     move = floor + t(alpha / H, df) * se
 
-and the smallest move either way that makes it CHANGED (exit 3; the two-sided p of the move, no floor) is
+and the smallest move either way, the same in every seed, that makes it CHANGED (exit 3; every seed's move
+beyond its own noise, no floor: ``stability.check.rows.every_seed_moved``) is
 
-    change = t(alpha / 2H, df) * se
+    change = t(alpha / 2H, df) * se_seed
 
-with ``floor`` the larger of the figure's floor and its relative floor times the baseline mean, and ``se``
-the standard error of a job's mean difference over the baseline's seeds (its replicate noise). The rows are
+with ``floor`` the larger of the figure's floor and its relative floor times the baseline mean, ``se`` the
+standard error of a job's mean difference over the baseline's seeds (its replicate noise) and ``se_seed``
+the largest standard error of one seed's difference (about sqrt(seeds) x ``se``). The rows are
 computed with the baseline's own unperturbed runs playing the job (``se`` does not depend on the job's values).
 
 A row *cannot fail alone* when that move is out of the figure's reach: a figure whose better direction is
@@ -58,7 +60,8 @@ class Move:
     dof: float           # the row's degrees of freedom
     t: float             # the critical t at alpha / H
     move: float          # floor + t * se: the smallest move in the worse direction that fails the job alone
-    change: float | None  # t(alpha / 2H) * se: the smallest move either way that makes it CHANGED (None: floor only)
+    change: float | None  # t(alpha / 2H) * se_seed: the smallest move either way, in every seed, that makes it
+    #                       CHANGED (None: floor only)
 
     @property
     def relative(self) -> float | None:
@@ -102,7 +105,7 @@ def smallest_failing_moves(baseline: dict, alpha: float = DEFAULT_ALPHA, toleran
     for row in rows:
         dof = _dof(row.mode)
         t = critical_t(alpha / hypotheses, dof)
-        change = None if row.floor_only else critical_t(alpha / hypotheses / 2, dof) * row.se
+        change = None if row.floor_only else critical_t(alpha / hypotheses / 2, dof) * row.se_seed
         moves.append(Move(row.case, row.arm, row.figure, row.better, row.baseline, row.floor, row.se, dof, t,
                           row.floor + t * row.se, change))
     return moves
@@ -111,7 +114,7 @@ def smallest_failing_moves(baseline: dict, alpha: float = DEFAULT_ALPHA, toleran
 def moves_table(moves: list[Move]) -> str:
     """The moves as a text table, the rows that cannot fail alone marked."""
     header = ["case", "arm", "figure", "worse", "baseline", "floor", "se", "df", "t*", "smallest failing move",
-              "of the mean", "alone", "smallest change (exit 3)"]
+              "of the mean", "alone", "smallest change, every seed (exit 3)"]
     body = [[m.case, m.arm, m.figure, "up" if m.better == "lower" else "down", fmt(m.baseline), fmt(m.floor),
              fmt(m.se), fmt(m.dof), f"{m.t:.3g}", fmt(m.move),
              f"{m.relative:.1%}" if m.relative is not None else "-", "yes" if m.can_fail_alone else "CANNOT",

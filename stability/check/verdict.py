@@ -164,7 +164,7 @@ class CheckResult:
                         f"{fmt(r.z)}, p {_fmt_p(r.p)}, {holm_over})"
                         if r.verdict == "regressed" else
                         (f"changed: {r.case} {r.arm} {r.figure} moved by {fmt(r.delta)} ({_direction(r)}), beyond its "
-                         f"rounding noise {fmt(r.noise)} (two-sided p {_fmt_p(r.p_change)}, {holm_over}): the code "
+                         f"rounding noise {fmt(r.noise)} in every seed (p {_fmt_p(r.p_change)}, {holm_over}): the code "
                          f"computes something else than the baseline's; a change meant to do so comes with its "
                          f"baseline (stability baseline make, in the same commit)") for r in self.regressed]
 
