@@ -52,20 +52,20 @@ def test_figures_worked_example_is_what_the_check_computes():
     rows = _table(doc)
     assert len(rows) >= 3
     family = _hypotheses("smoke")
-    assert f"one of the {family} hypotheses at `smoke`" in doc
+    assert f"two of the {family} hypotheses at `smoke`" in doc
     base = {s: {str(d): m + dev for d, dev in enumerate(DEVIATIONS)} for s, m in SEEDS.items()}
     verdicts = set()
-    for move, delta, z, df, p, asks, verdict in rows:
+    for move, delta, z, df, p, changed, asks, verdict in rows:
         step = float(move)
         stats = judge(base, {s: m + step for s, m in SEEDS.items()}, "heldout_loss")
         assert _close(delta, stats["delta"]) and _close(z, stats["z"]), move
         assert stats["mode"] == f"n=3 df={df}", move
-        assert _close(p, stats["p"]), move
+        assert _close(p, stats["p"]) and _close(changed, stats["p_change"]), move
         assert _close(asks, DEFAULT_ALPHA / family), move
-        rejected = holm([stats["p"]] + [1.0] * (family - 1), DEFAULT_ALPHA)[0]
-        assert verdict == ("regressed" if rejected else "ok"), move
+        regressed, moved = holm([stats["p"], stats["p_change"]] + [1.0] * (family - 2), DEFAULT_ALPHA)[:2]
+        assert verdict == ("regressed" if regressed else "changed" if moved else "ok"), move
         verdicts.add(verdict)
-    assert verdicts == {"ok", "regressed"}
+    assert verdicts == {"ok", "changed", "regressed"}
 
 
 def test_quantization_doc_says_whether_quant_rows_are_judged():

@@ -230,8 +230,8 @@ def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> s
     lines = [f"## Regression zoo at `{scale}`", "",
              (f"Baseline `reports/baselines/{scale}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, "
               f"replicates {baseline.get('replicates')}). Check: outcomes seed by seed (failed where every replicate "
-              f"stayed clean), each primary row judged twice (regressed beyond its floor; changed beyond its "
-              f"replicate noise either way, exit 3, except rows judged by their floor only) in one Holm family at "
+              f"stayed clean), each primary row judged twice (regressed beyond its floor; changed: every seed "
+              f"beyond its replicate noise the same way, either way, exit 3, except rows judged by their floor only) in one Holm family at "
               f"alpha = 0.01, settings compared, inputs that fail closed; a changed job counts as flagged. Earlier rule: seed-spread bands, k = 3, every "
               f"row on its own (validation/seed_spread_rule.py). A job fails on a stress test, the kernel step or the "
               f"check. Margin: m x the smallest primary p / alpha (under 1: the check failed the job)."), "",

@@ -245,8 +245,8 @@ def _fmt_p(p: float | None) -> str:
 
 
 def decide(result: CheckResult) -> None:
-    """Holm over the hypotheses of the primary rows (each row: worse by more than its floor; moved beyond its
-    noise either way, unless judged by its floor only): a row whose first is rejected regressed, one whose
+    """Holm over the hypotheses of the primary rows (each row: worse by more than its floor; every seed moved
+    beyond its noise the same way, either way, unless judged by its floor only): a row whose first is rejected regressed, one whose
     second alone is rejected changed. Advisory rows: "worse" where Holm over their regression p-values would
     reject (shown, never failing the job); improvements at alpha / rows."""
     primary = [(row, kind, p) for row in result.rows if row.tier == "primary" for kind, p in row.hypotheses]

@@ -208,8 +208,8 @@ def cmd_baseline_calibrate(args) -> int:
     print("\n".join(curve_lines(curve)))
     moves = smallest_failing_moves(baseline, args.alpha)
     print(f"each primary row's smallest failing move: the smallest move in its worse direction that fails a job "
-          f"alone (floor + t(alpha / H) x se), and the smallest move either way that makes it CHANGED "
-          f"(t(alpha / 2H) x se); {len(moves)} rows (stability.check.power)")
+          f"alone (floor + t(alpha / H) x se), and the smallest move either way, the same in every seed, that "
+          f"makes it CHANGED (t(alpha / 2H) x the largest seed's se); {len(moves)} rows (stability.check.power)")
     print(moves_table(moves))
     reason = acceptable(curve)
     if reason:

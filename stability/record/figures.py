@@ -52,10 +52,11 @@ class Primary:
     """A row of the merge check's primary family: figure ``figure`` (a name or a family pattern) of stress case
     ``case``, for ``arms``: "all" (each arm and each paired difference arm - reference), "arms" (each arm),
     "paired" (the differences only) or "reference" (the reference arm only). Every primary row is judged twice
-    inside one family-wise rate: worse by more than its floor (the job REGRESSED), and moved beyond its rounding
-    noise in either direction, floor or not (the job CHANGED: the code computes something else). ``floor_only``:
-    the measurement that shows the row's harmless spread is not captured by its rounding replicates (a heavy
-    tail), so it is judged by its floor only (empty: judged both ways). ``presets``: the scale presets where the
+    inside one family-wise rate: worse by more than its floor (the job REGRESSED), and every seed moved beyond its
+    rounding noise the same way, in either direction, floor or not (the job CHANGED: the code computes something
+    else). ``floor_only``: the measurement that shows the row's harmless spread is not captured by its rounding
+    replicates in every seed at once (a heavy tail shared by the seeds), so it is judged by its floor only
+    (empty: judged both ways). ``presets``: the scale presets where the
     row is primary (empty: every preset); elsewhere it is advisory, and the check says why (``elsewhere``).
 
     A stress case declares the rows it is judged by, in its own module (``stability.cases.case.StressCase``):
