@@ -62,7 +62,8 @@ def replicate_of(name: str) -> int:
     return int(name.removeprefix("draw"))
 
 
-def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozenset()) -> str:
+def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozenset(),
+          jobs_commit: str | None = None) -> str:
     """The Markdown table; jobs named in ``chose`` (replicates that chose the current rule) are listed and
     judged but not counted in the rate: a job that shaped a rule is no evidence for it."""
     counted = [r for r in rows if r["entry"] not in chose]
@@ -79,6 +80,8 @@ def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozen
               f"{binomial_upper_bound(len(failed), len(counted)):.1%} | "
               + (f"{statistics.median(minutes):.1f} ({min(minutes):.1f}-{max(minutes):.1f}) |" if minutes else "- |")),
              ""]
+    if jobs_commit:
+        lines += [f"The counted jobs ran the code of commit `{jobs_commit[:12]}`.", ""]
     if chose:
         lines += [(f"Replicates {', '.join(str(n) for n in sorted(map(replicate_of, chose)))} chose the current "
                    f"rule (their jobs showed what it changed): judged and listed below, not counted above."), ""]
@@ -104,6 +107,8 @@ def main() -> int:
     parser.add_argument("--write-baseline", action="store_true",
                         help="record the count and the failures in the baseline (its null_jobs), nothing else changed")
     parser.add_argument("--out", help="Markdown table (default reports/null-<scale>.md)")
+    parser.add_argument("--jobs-commit", help="the commit whose code the counted jobs ran, recorded with them "
+                                              "(default: the baseline's; a kept job does not name its code)")
     parser.add_argument("--chose", default="", help="replicates whose jobs chose the current rule, e.g. 5-16: listed, "
                                                     "not counted in the rate")
     args = parser.parse_args()
@@ -135,14 +140,15 @@ def main() -> int:
     if baseline is None:
         return 0
     chose = {kept_name(r) for r in replicates_of(args.chose)} if args.chose else set()
-    text = table(rows, args.scale, baseline, chose)
+    text = table(rows, args.scale, baseline, chose, args.jobs_commit)
     out = Path(args.out) if args.out else ROOT / "reports" / f"null-{args.scale}.md"
     out.write_text(text)
     print(text)
     if args.write_baseline:
         counted = [r for r in rows if r["entry"] not in chose]
         margins = [float(r["margin"]) for r in counted if not r["failed"]]
-        baseline["null_jobs"] = null_job_evidence(len(counted), sum(r["failed"] for r in counted), baseline.get("commit"),
+        baseline["null_jobs"] = null_job_evidence(len(counted), sum(r["failed"] for r in counted),
+                                                  args.jobs_commit or baseline.get("commit"),
                                                   [replicate_of(r["entry"]) for r in counted],
                                                   min(margins) if margins else None)
         write_baseline(baseline, path)

@@ -167,8 +167,9 @@ def stored(curve: dict, reason: str | None) -> dict:
 
 def null_job_evidence(jobs: int, failed: int, commit: str | None, replicates: list[int],
                       closest_margin: float | None) -> dict:
-    """What a baseline keeps of its null jobs (``baseline["null_jobs"]``): ``jobs`` harmless jobs of its code
-    (every run a fresh rounding replicate, ``replicates``) judged against it, ``failed`` of them failed, the
+    """What a baseline keeps of its null jobs (``baseline["null_jobs"]``): ``jobs`` harmless jobs of the code of
+    ``commit`` (its own, or a later commit's that records the same figures; every run a fresh rounding replicate,
+    ``replicates``) judged against it, ``failed`` of them failed, the
     margin of the closest; the check states the job's false-alarm rate from it."""
     return {"jobs": jobs, "failed": failed, "commit": commit, "replicates": sorted(replicates),
             "closest_margin": closest_margin}

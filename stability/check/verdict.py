@@ -142,8 +142,8 @@ class CheckResult:
                     "most alpha from its rows, plus what its outcome cells and invariants add")
         else:
             head = (f"false-alarm rate of this job (rows, outcomes and invariants together): at most {bound:.1%} at "
-                    f"95% confidence: {jobs['failed']} of {jobs['jobs']} null jobs failed (harmless jobs of the "
-                    f"baseline's code, every run a fresh rounding replicate)")
+                    f"95% confidence: {jobs['failed']} of {jobs['jobs']} null jobs failed (harmless jobs of commit "
+                    f"{str(jobs.get('commit'))[:7]}, every run a fresh rounding replicate)")
         curve = self.calibration or {}
         calibrated = (f"; calibrated: {curve['failed'][0]} of {curve['arrangements']} arrangements of the "
                       f"baseline's replicates failed at alpha {curve['alphas'][0]:g}") if curve.get("failed") else ""
