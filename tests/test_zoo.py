@@ -100,3 +100,26 @@ def test_every_entry_the_zoo_benchmark_runs_is_checked_above():
     assert len(names) == len(set(names)), sorted(name for name in names if names.count(name) > 1)
     assert [entry for entry in entries if BY_NAME.get(entry.name) is not entry] == []
     assert set(BY_NAME) == set(names)
+
+
+def test_a_kept_job_names_the_code_it_ran(tmp_path):
+    """The zoo and the null jobs keep, with a job, the commit of the checkout its copy was made from
+    (``code_of``): the commit alone when the tracked files are as committed, "+changes" when one differs,
+    None for a folder that is not a git checkout."""
+    from validation.regression_zoo import code_of
+
+    def git(*arguments: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *arguments], cwd=tmp_path,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    assert code_of(tmp_path) is None
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "one")
+    commit = git("rev-parse", "HEAD")
+    assert code_of(tmp_path) == commit
+    (tmp_path / "untracked.txt").write_text("not the code\n")
+    assert code_of(tmp_path) == commit
+    (tmp_path / "a.txt").write_text("two\n")
+    assert code_of(tmp_path) == commit + "+changes"

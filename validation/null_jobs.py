@@ -85,13 +85,14 @@ def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozen
     if chose:
         lines += [(f"Replicates {', '.join(str(n) for n in sorted(map(replicate_of, chose)))} chose the current "
                    f"rule (their jobs showed what it changed): judged and listed below, not counted above."), ""]
-    lines += ["| replicate | verdict | what failed | smallest primary margin | minutes |", "|---|---|---|---|---|"]
+    lines += ["| replicate | verdict | what failed | smallest primary margin | minutes | code |", "|---|---|---|---|---|---|"]
     for r in rows:
         what = r["regressed"] + [f"stress: {n.rsplit('::', 1)[-1]}" for n in r["stress_failures"]] + r["errors"]
         if r["kernel_exit"] not in (0, None):
             what.append(f"kernel exit {r['kernel_exit']}")
         lines.append(f"| {replicate_of(r['entry'])} | {'FAILED' if r['failed'] else 'passed'} | "
-                     f"{'; '.join(what) or '-'} | {r['margin']} | {r['seconds'] / 60:.1f} |")
+                     f"{'; '.join(what) or '-'} | {r['margin']} | {r['seconds'] / 60:.1f} | "
+                     f"{(r.get('code') or '-')[:12]} |")
     return "\n".join(lines) + "\n"
 
 

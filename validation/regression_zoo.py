@@ -26,6 +26,7 @@ import argparse
 import json
 import lzma
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -146,10 +147,22 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
     invariants = [line for folder in sorted({Path(r["_path"]).parent for r in load_records([copy / "reports" / "runs"])
                                              if r.get("_path")}) for line in read_invariants(folder)]
     return {"entry": name or entry.name, "harmful": entry.harmful, "what": entry.what, "scale": scale,
-            "stress_exit": stress.code if stress else None, "stress_failures": stress_failures(copy),
+            "code": code_of(Path(source)), "stress_exit": stress.code if stress else None, "stress_failures": stress_failures(copy),
             "kernel_exit": kernel.code if kernel and kernel.ran else None,
             "stress_seconds": stress.seconds if stress else None, "seconds": seconds, "records": records,
             "invariants": invariants}
+
+
+def code_of(source: Path) -> str | None:
+    """The commit a checkout's code is (with "+changes" when tracked files differ from it), the entry's patch
+    aside; None when ``source`` is not a git checkout. Kept with the job: its records do not name their code."""
+    def git(*arguments: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *arguments], cwd=source, capture_output=True, text=True, check=False)
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return None
+    changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + ("+changes" if changed else "")
 
 
 FLOOR_SCALES = (0.8, 1.25)
@@ -189,7 +202,8 @@ def judged(document: dict, baseline: dict) -> dict:
                           f"p {strongest.p_judged:.2g}" if strongest else ""),
             "margin": f"{margin(result):.3g}", "failed": other or result.exit_code != 0,
             **{f"failed_floors_x{scale:g}": failed for scale, failed in by_floor.items()},
-            "old_regressed": old, "old_failed": other or bool(old), "seconds": document["seconds"]}
+            "old_regressed": old, "old_failed": other or bool(old), "seconds": document["seconds"],
+            "code": document.get("code")}
 
 
 def predates(document: dict, baseline: dict) -> list[str]:
