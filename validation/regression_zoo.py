@@ -26,7 +26,6 @@ import argparse
 import json
 import lzma
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from stability.check.baseline_schema import load_baseline
 from stability.check.calibration import margin
 from stability.check.coverage import reported
 from stability.record import figures as fig
-from stability.record import upgraded
+from stability.record import git_info, upgraded
 from stability.record.invariants import read_invariants
 from stability.record.rundir import load_records
 from validation import seed_spread_rule
@@ -156,13 +155,8 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
 def code_of(source: Path) -> str | None:
     """The commit a checkout's code is (with "+changes" when tracked files differ from it), the entry's patch
     aside; None when ``source`` is not a git checkout. Kept with the job: its records do not name their code."""
-    def git(*arguments: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", *arguments], cwd=source, capture_output=True, text=True, check=False)
-    head = git("rev-parse", "HEAD")
-    if head.returncode != 0:
-        return None
-    changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-    return head.stdout.strip() + ("+changes" if changed else "")
+    git = git_info(source)
+    return git["commit"] and git["commit"] + ("+changes" if git["dirty"] else "")
 
 
 FLOOR_SCALES = (0.8, 1.25)

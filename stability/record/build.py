@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import os
 import platform
 import subprocess
 import uuid
@@ -38,11 +39,12 @@ from stability.record.summary import paired_summary
 # ----------------------------------------------------------------------------- where a record comes from
 
 
-def git_info() -> dict:
-    """Commit, branch and dirty flag of the working directory (None where git is unavailable)."""
+def git_info(where: str | os.PathLike | None = None) -> dict:
+    """Commit, branch and dirty flag of the checkout at ``where`` (default: the working directory; None where
+    git is unavailable or it is no checkout)."""
     def git(*args):
         try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+            return subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10,
                                   check=True).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
