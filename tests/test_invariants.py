@@ -51,3 +51,25 @@ def test_a_broken_line_is_an_error_naming_the_file_and_line(tmp_path, text, said
     with pytest.raises(RecordError, match="invariants-main.jsonl") as error:
         read_invariants(tmp_path)
     assert said in str(error.value)
+
+
+def test_an_invariant_of_several_run_directories_held_only_where_it_held_in_each(tmp_path):
+    """A baseline made of one job per replicate reads one invariants file per run directory: each invariant is
+    one line, held where every directory found it held; one that failed in a single replicate is a failing line
+    naming in how many of the directories it failed, so the check notes it and never fails a job on it."""
+    from stability.check.baseline import run_invariants
+
+    records = []
+    for replicate, lr_held in enumerate([True, False, True]):
+        folder = tmp_path / f"rep{replicate}"
+        append_invariant(invariants_file(folder, "gw0"), invariant_line("ci/standard", "completed", "gated", 0, True))
+        append_invariant(invariants_file(folder, "gw1"), invariant_line(
+            "ci/shock-jump", "optimiser_lr_is_logged", "reference", 1, lr_held, 0.0 if lr_held else 0.5, 0.0,
+            "" if lr_held else "step 7 off"))
+        records.append({"_path": str(folder / "ci-standard-regression-0.json")})
+    merged = run_invariants(records)
+    assert [(line["name"], line["held"]) for line in merged] == [("completed", True), ("optimiser_lr_is_logged", False)]
+    assert merged[1]["value"] == 0.5 and merged[1]["message"] == "step 7 off (failed in 1 of 3 run directories)"
+    alone = run_invariants(records[1:2])      # one directory: its lines as they are
+    assert alone == read_invariants(tmp_path / "rep1")
+    assert run_invariants([{"_path": str(tmp_path / "none" / "r.json")}]) is None

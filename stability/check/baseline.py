@@ -238,14 +238,32 @@ def merge_cases(old: dict, new: dict, stress: list[str]) -> dict:
 
 
 def run_invariants(records: list[dict]) -> list[dict] | None:
-    """The model invariants recorded in the run directories the records came from (their ``_path``); None
-    when none of them holds an invariants file (the suites did not run there)."""
+    """The model invariants recorded in the run directories the records came from (their ``_path``), one line
+    per invariant (case, name, arm, seed); None when none of them holds an invariants file (the suites did not
+    run there). Where several directories evaluated one invariant (a baseline made of one job per replicate,
+    ``stability stress ... --set replicate=N`` or the suites with ``--stability-replicate N``), it held only if
+    it held in each: the line of the first directory where it failed, its message saying in how many."""
     from stability.record.invariants import PATTERN, read_invariants
 
     folders = sorted({str(Path(r["_path"]).parent) for r in records if r.get("_path")})
     if not any(any(Path(folder).glob(PATTERN)) for folder in folders):
         return None
-    return [line for folder in folders for line in read_invariants(folder)]
+    evaluated: dict[tuple, list[dict]] = {}
+    for folder in folders:
+        for line in read_invariants(folder):
+            evaluated.setdefault((line["case"], line["name"], line["arm"], line["seed"]), []).append(line)
+    return [lines[0] if all(line["held"] for line in lines) else failed_somewhere(lines)
+            for lines in evaluated.values()]
+
+
+def failed_somewhere(lines: list[dict]) -> dict:
+    """One invariant evaluated in several run directories, failing in some: the first failing line, its
+    message saying in how many of them it failed (a single directory's line is kept as it is)."""
+    failing = [line for line in lines if not line["held"]]
+    if len(lines) == 1:
+        return failing[0]
+    where = f"failed in {len(failing)} of {len(lines)} run directories"
+    return {**failing[0], "message": f"{failing[0]['message']} ({where})" if failing[0]["message"] else where}
 
 
 def write_baseline(baseline: dict, path: str | Path) -> Path:
