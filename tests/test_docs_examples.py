@@ -120,7 +120,7 @@ def _zoo_summary(report: str) -> dict[str, str]:
     return {cells[0].strip(): cells[1].strip() for cells in rows[1:] if len(cells) == 5}
 
 
-@pytest.mark.parametrize("scale", ["smoke"])
+@pytest.mark.parametrize("scale", ["smoke", "ci"])
 def test_the_zoo_reports_are_what_the_check_says_of_the_kept_jobs_and_merge_gate_quotes_them(tmp_path, scale):
     """reports/zoo-<scale>.md is what today's check says of the kept jobs against the committed baseline
     (`python -m validation.regression_zoo --preset S --rejudge`, nothing trained), byte for byte; docs/merge-gate.md

@@ -65,7 +65,7 @@ def _ci() -> ExperimentConfig:
             steps=300,
         ),
         seeds=(0, 1, 2),  # three seeds: intervals over seeds, and what a regression baseline needs
-        # as at smoke: a heavy tail shows in 19 replicates (a baseline: 20 ci jobs, about 2 hours on 2 cores)
+        # as at smoke: a heavy tail shows in 19 replicates (a baseline: 20 ci jobs, 97 minutes on 2 cores two at a time)
         replicates=19,
         # half-decade grid from the configured LR to one that diverges; LR 1 crossed at ~40% of the
         # ramp; two batch doublings; a x10 jump at mid-run
