@@ -164,15 +164,16 @@ def test_merge_gate_quotes_the_null_jobs_report(scale, closest_words):
     assert closest_words.format(three_figures(min(margins))) in doc, (scale, three_figures(min(margins)))
 
 
-def test_the_replicates_report_is_what_its_command_writes_of_the_kept_jobs(tmp_path):
-    """reports/replicates-smoke.md (harmless rewrites against the rounding replicates) is what
-    `python -m validation.replicate_spread --preset smoke` writes from the kept jobs and the committed baseline."""
+@pytest.mark.parametrize("scale", ["smoke", "ci"])
+def test_the_replicates_report_is_what_its_command_writes_of_the_kept_jobs(tmp_path, scale):
+    """reports/replicates-<scale>.md (harmless rewrites against the rounding replicates) is what
+    `python -m validation.replicate_spread --preset S` writes from the kept jobs and the committed baseline."""
     import subprocess
     import sys
 
-    out = tmp_path / "replicates-smoke.md"
-    done = subprocess.run([sys.executable, "-m", "validation.replicate_spread", "--preset", "smoke", "--out", str(out)],
+    out = tmp_path / f"replicates-{scale}.md"
+    done = subprocess.run([sys.executable, "-m", "validation.replicate_spread", "--preset", scale, "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert out.read_text() == (ROOT / "reports" / "replicates-smoke.md").read_text(), (
-        "reports/replicates-smoke.md is stale: run python -m validation.replicate_spread --preset smoke")
+    assert out.read_text() == (ROOT / "reports" / f"replicates-{scale}.md").read_text(), (
+        f"reports/replicates-{scale}.md is stale: run python -m validation.replicate_spread --preset {scale}")
