@@ -11,19 +11,25 @@ What is executed is the workflow file's own text: each ``run:`` script goes to `
 ``if:`` evaluated (``always()``, ``success()``, ``failure()``, ``==``, ``!=``, ``&&``, ``||``, ``!``).
 ``uses:`` steps (checkout, setup-python, upload-artifact) are the runner's own actions: they are
 recorded as skipped. The one substitution: a step named ``install ...`` downloads packages, which a
-test machine cannot, so ``install`` (a callable) runs in its place; by default ``prepare_venv``.
+test machine cannot, so ``install`` (a callable; by default ``prepare_venv``) runs in place of its lines that
+make the venv and install packages, and its other lines (the activation, the runner's checks) run as written.
+A GPU job runs here on a simulated GPU (``validation.gpu_jobs``): each step up to its first CUDA computation.
 
 Used by the tests and by ``validation/regression_zoo.py`` (the zoo runs the job on every entry).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -59,16 +65,17 @@ def prepare_venv(copy: Path) -> None:
 
 def make_venv(venv: Path) -> Path:
     """A virtual environment that sees this environment's installed packages (a .pth file naming every
-    site-packages folder of the running interpreter), with ``pytest`` and ``mlflow`` scripts of its own."""
+    site-packages folder of the running interpreter), with ``pytest``, ``mlflow`` and ``stability`` scripts of
+    its own (an install into it replaces them)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", code], check=True, capture_output=True,
                                text=True).stdout.strip())
     outer = [p for p in sys.path if p.endswith("site-packages")] or [sysconfig.get_paths()["purelib"]]
     (site / "_outer_environment.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
-    for tool, module in (("pytest", "pytest"), ("mlflow", "mlflow.cli")):
+    for tool, module, entry in (("pytest", "pytest", "console_main"), ("mlflow", "mlflow.cli", "cli"),
+                                ("stability", "stability.cli", "main")):
         script = venv / "bin" / tool
-        entry = "console_main" if tool == "pytest" else "cli"
         script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import {entry}\n"
                           f"sys.exit({entry}())\n")
         script.chmod(0o755)
@@ -148,6 +155,7 @@ class Step:
     output: str = ""
     outputs: dict = field(default_factory=dict)
     seconds: float = 0.0
+    reached: dict | None = None   # on a simulated GPU: the marker of the first CUDA computation (the step stopped)
 
 
 @dataclass
@@ -174,19 +182,67 @@ def _outputs(path: Path) -> dict:
     return out
 
 
+INSTALLS = re.compile(r"^\s*(python3? -m venv|pip install)\b")
+
+
+def install_checks(script: str) -> str:
+    """An install step's lines other than those that make the venv and download packages (``INSTALLS``): its
+    activation and the runner's own checks, which run as written after ``install``."""
+    return "\n".join(line for line in script.splitlines() if not INSTALLS.match(line))
+
+
+def run_script(script: str, cwd: Path, env: dict, timeout: float, reached: Path | None) -> tuple[int | None, str,
+                                                                                                   dict | None]:
+    """(exit code, output, marker) of ``script`` under the runner's shell. With ``reached`` (a simulated GPU's
+    marker folder, ``validation/simulated_gpu``): the script's processes are stopped as soon as one of them
+    reaches its first CUDA computation (a new marker there); the code is then None and the marker returned."""
+    command = ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script]
+    if reached is None:
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                                check=False)
+        return result.returncode, result.stdout + result.stderr, None
+    before = set(reached.glob("*.json"))
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+        deadline, marker = time.monotonic() + timeout, None
+        while process.poll() is None:
+            new = sorted(set(reached.glob("*.json")) - before)
+            if new:
+                marker = json.loads(new[0].read_text())
+                break
+            if time.monotonic() > deadline:
+                _stop(process)
+                raise subprocess.TimeoutExpired(command, timeout)
+            time.sleep(0.1)
+        if marker is not None:
+            _stop(process)
+        log.seek(0)
+        return (None if marker is not None else process.returncode), log.read(), marker
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """End ``process`` and every process it started (its session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def run_job(workflow: Path, job_name: str, copy: Path, install=prepare_venv, env: dict | None = None,
             timeout: float = 3600, run_id: int | None = None, inputs: dict | None = None,
-            skip: tuple[str, ...] = ()) -> Job:
+            skip: tuple[str, ...] = (), reached: Path | None = None) -> Job:
     """Run the job's steps in ``copy`` (see the module docstring); returns what each step did. ``run_id``: the
     workflow run's number (``github.run_id``; default: a new one for every call, as each run has); ``inputs``:
     a manually dispatched run's inputs (``inputs.<name>``); ``skip``: the ids of steps not to run (the later
-    steps of a job run again on what an earlier run of it left, e.g. the check on its records)."""
+    steps of a job run again on what an earlier run of it left, e.g. the check on its records); ``reached``: the
+    marker folder of a simulated GPU (``validation.gpu_jobs``): each step stops at its first CUDA computation,
+    which counts as success (``Step.reached``)."""
     spec = yaml.safe_load(workflow.read_text())["jobs"][job_name]
     contexts = {"github": {"run_id": run_id if run_id is not None else uuid.uuid4().int % 10**10, "run_attempt": 1,
                          "event_name": "workflow_dispatch" if inputs else "pull_request"},
               "inputs": dict(inputs or {})}
     base_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("STABILITY_", "PYTEST_", "MLFLOW_", "GITHUB_", "VIRTUAL_ENV"))}
+                if not k.startswith(("STABILITY_", "PYTEST_", "MLFLOW_", "GITHUB_", "VIRTUAL_ENV", "TRITON_INTERPRET"))}
     base_env["PATH"] = os.pathsep.join(p for p in base_env.get("PATH", "").split(os.pathsep)
                                        if not p.startswith(str(Path(sys.prefix))))
     base_env.update({k: substitute(str(v), {}, contexts) for k, v in (spec.get("env") or {}).items()})
@@ -205,22 +261,21 @@ def run_job(workflow: Path, job_name: str, copy: Path, install=prepare_venv, env
             job.steps[name] = Step(name, ran=False)
             continue
         started = time.perf_counter()
-        if str(step.get("name", "")).startswith("install"):
-            install(copy)
-            job.steps[name] = Step(name, ran=True, code=0, output="(replaced: prepare_venv)",
-                                   seconds=time.perf_counter() - started)
-            continue
         output_file = work / f"output-{index}"
         output_file.write_text("")
         script = substitute(step["run"], outputs, contexts)
-        result = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=copy,
-                                env={**base_env, **{k: str(v) for k, v in (step.get("env") or {}).items()},
-                                     "GITHUB_OUTPUT": str(output_file), "GITHUB_STEP_SUMMARY": str(summary)},
-                                capture_output=True, text=True, timeout=timeout, check=False)
+        replaced = str(step.get("name", "")).startswith("install")
+        if replaced:
+            install(copy)
+            script = install_checks(script)
+        step_env = {**base_env, **{k: str(v) for k, v in (step.get("env") or {}).items()},
+                    "GITHUB_OUTPUT": str(output_file), "GITHUB_STEP_SUMMARY": str(summary)}
+        code, output, marker = run_script(script, copy, step_env, timeout, reached)
         outputs[name] = _outputs(output_file)
-        job.steps[name] = Step(name, ran=True, code=result.returncode, output=result.stdout + result.stderr,
-                               outputs=outputs[name], seconds=time.perf_counter() - started)
-        if result.returncode != 0:
+        job.steps[name] = Step(name, ran=True, code=code, output=("(venv and packages: prepare_venv)\n" if replaced
+                                                                  else "") + output,
+                               outputs=outputs[name], seconds=time.perf_counter() - started, reached=marker)
+        if code not in (0, None):
             job.failed = True
     job.summary = summary.read_text()
     return job

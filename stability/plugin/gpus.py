@@ -6,7 +6,8 @@ The caller's ``CUDA_VISIBLE_DEVICES`` (when set) is the list of GPUs this run ma
 ``gwN`` gets entry N of it, as its own ``CUDA_VISIBLE_DEVICES``, so inside the worker the GPU is
 ``cuda:0`` and a GPU the caller excluded is never touched. Without the variable, the GPUs are
 ``0 .. count-1`` (``gpu_count`` reads the driver's list, no torch import). More workers than GPUs is
-an error unless ``share`` is set (then workers take GPUs round robin).
+an error unless ``share`` is set (then workers take GPUs round robin). Under ``-n auto`` with the device
+cuda, the plugin starts one worker per GPU (``pytest_xdist_auto_num_workers``), so the count fits.
 """
 
 from __future__ import annotations
@@ -31,11 +32,18 @@ def worker_index(worker: str) -> int:
     return int(worker[2:])
 
 
+def visible_gpus(visible: str | None, count: int | None = None) -> list[str]:
+    """The GPUs a run may use: the entries of ``visible`` (the caller's CUDA_VISIBLE_DEVICES), else ``0 ..
+    count-1`` (``count`` None: the driver's list)."""
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    return [str(i) for i in range(gpu_count() if count is None else count)]
+
+
 def worker_devices(worker: str, visible: str | None, count: int | None = None, share: bool = False,
                    workers: int | None = None) -> str | None:
     """The CUDA_VISIBLE_DEVICES of ``worker`` (None: no GPU to give; leave the variable alone)."""
-    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else \
-        [str(i) for i in range(gpu_count() if count is None else count)]
+    devices = visible_gpus(visible, count)
     if not devices:
         return None
     index = worker_index(worker)

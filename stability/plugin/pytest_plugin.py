@@ -244,6 +244,23 @@ def device_option(config: pytest.Config) -> str | None:
     return option(config, "device") or os.environ.get("STABILITY_DEVICE") or None
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` on GPUs: one pytest-xdist worker per GPU this run may use (``CUDA_VISIBLE_DEVICES``, else the
+    driver's list) when the device is cuda (--device, $STABILITY_DEVICE or the table's ``device``), since each
+    worker trains on a GPU of its own (``stability.plugin.gpus``). Elsewhere, and where
+    $PYTEST_XDIST_AUTO_NUM_WORKERS or $STABILITY_GPU_SHARING=1 is set, pytest-xdist's own count (the CPU cores)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or os.environ.get("STABILITY_GPU_SHARING") == "1":
+        return None
+    settings = _load_settings(config)
+    wanted = device_option(config) or (settings.device if settings is not None else None) or ""
+    if not wanted.startswith("cuda"):
+        return None
+    from stability.plugin.gpus import visible_gpus
+
+    return len(visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))) or None
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Under ``--dist loadfile``, the stress suite's cases spread over the workers like files
