@@ -178,3 +178,18 @@ def test_the_replicates_report_is_what_its_command_writes_of_the_kept_jobs(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     assert out.read_text() == (ROOT / "reports" / f"replicates-{scale}.md").read_text(), (
         f"reports/replicates-{scale}.md is stale: run python -m validation.replicate_spread --preset {scale}")
+
+
+def test_figures_md_numbers_are_read_from_the_committed_baselines():
+    """docs/figures.md's tables of smallest failing moves and early-horizon noise are what
+    `python -m validation.figure_numbers` computes from reports/baselines/; a number edited by hand is found."""
+    from validation import figure_numbers
+
+    text = figure_numbers.DOC.read_text()
+    blocks = figure_numbers.BLOCK.findall(text)
+    assert {(kind, preset) for _, kind, preset, _, _ in blocks} == {(k, p) for k in ("moves", "early")
+                                                                  for p in ("smoke", "ci")}
+    assert figure_numbers.rendered(text) == text, "run python -m validation.figure_numbers"
+    assert "| `early_loss` | 4 | 0.05%" in text and "0.1%" not in text
+    edited = text.replace("(median 1,385)", "(median 1,000)")
+    assert edited != text and figure_numbers.rendered(edited) == text

@@ -67,3 +67,20 @@ def test_baseline_calibrate_prints_the_moves(tmp_path, baseline, capsys):
     main(["baseline", "calibrate", str(path)])
     out = capsys.readouterr().out
     assert "smallest failing move" in out and "smoke/standard  gated" in out
+
+
+def test_the_checks_json_carries_each_primary_rows_smallest_failing_move(record, baseline):
+    """Every primary row of `stability check --json` says how far it must move to fail the job alone, the
+    same move `stability baseline calibrate` prints; a move just above it in the JSON's own figure fails."""
+    document = reg.check([record], baseline).to_dict()
+    primary = [row for row in document["rows"] if row["tier"] == "primary"]
+    moves = {(m.case, m.arm, m.figure): m for m in power.smallest_failing_moves(baseline)}
+    assert primary and all("smallest_failing_move" not in row for row in document["rows"] if row["tier"] != "primary")
+    for row in primary:
+        move = moves[(row["case"], row["arm"], row["figure"])]
+        assert row["smallest_failing_move"] == pytest.approx(move.move)
+        assert row["smallest_change"] == pytest.approx(move.change)
+        assert row["of_the_mean"] == pytest.approx(move.relative)
+    row = next(r for r in primary if r["arm"] == "gated" and r["figure"] == "heldout_loss")
+    assert reg.check([edited(record, "gated", "heldout_loss", add=1.15 * row["smallest_failing_move"])],
+                     baseline).exit_code == 1

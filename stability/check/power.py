@@ -101,14 +101,27 @@ def smallest_failing_moves(baseline: dict, alpha: float = DEFAULT_ALPHA, toleran
     mark_duplicates(result.rows, result.signatures)
     rows = [row for row in result.primary if row.se is not None and row.floor is not None]
     hypotheses = sum(len(row.hypotheses) for row in rows)
-    moves = []
-    for row in rows:
-        dof = _dof(row.mode)
-        t = critical_t(alpha / hypotheses, dof)
-        change = None if row.floor_only else critical_t(alpha / hypotheses / 2, dof) * row.se_seed
-        moves.append(Move(row.case, row.arm, row.figure, row.better, row.baseline, row.floor, row.se, dof, t,
-                          row.floor + t * row.se, change))
-    return moves
+    return [move_of(row, hypotheses, alpha) for row in rows]
+
+
+def move_of(row, hypotheses: int, alpha: float = DEFAULT_ALPHA) -> Move:
+    """The smallest failing move and change of one primary row (a ``stability.check.rows.Row`` with its
+    ``se`` and ``floor``) judged among ``hypotheses`` by Holm at ``alpha``."""
+    dof = _dof(row.mode)
+    t = critical_t(alpha / hypotheses, dof)
+    change = None if row.floor_only else critical_t(alpha / hypotheses / 2, dof) * row.se_seed
+    return Move(row.case, row.arm, row.figure, row.better, row.baseline, row.floor, row.se, dof, t,
+                row.floor + t * row.se, change)
+
+
+def move_fields(row, hypotheses: int, alpha: float) -> dict:
+    """What the check's JSON adds to a primary row: ``smallest_failing_move`` (in the worse direction, alone:
+    exit 1), ``of_the_mean`` (that move over the baseline mean) and ``smallest_change`` (the same in every
+    seed, either way: exit 3; None for a row judged by its floor only); all None where the row has no noise."""
+    if row.se is None or row.floor is None or not hypotheses:
+        return {"smallest_failing_move": None, "of_the_mean": None, "smallest_change": None}
+    move = move_of(row, hypotheses, alpha)
+    return {"smallest_failing_move": move.move, "of_the_mean": move.relative, "smallest_change": move.change}
 
 
 def moves_table(moves: list[Move]) -> str:
@@ -117,6 +130,6 @@ def moves_table(moves: list[Move]) -> str:
               "of the mean", "alone", "smallest change, every seed (exit 3)"]
     body = [[m.case, m.arm, m.figure, "up" if m.better == "lower" else "down", fmt(m.baseline), fmt(m.floor),
              fmt(m.se), fmt(m.dof), f"{m.t:.3g}", fmt(m.move),
-             f"{m.relative:.1%}" if m.relative is not None else "-", "yes" if m.can_fail_alone else "CANNOT",
+             f"{100 * m.relative:.2g}%" if m.relative is not None else "-", "yes" if m.can_fail_alone else "CANNOT",
              fmt(m.change) if m.change is not None else "floor only"] for m in moves]
     return text_table([header, *body])

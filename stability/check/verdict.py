@@ -14,7 +14,9 @@ changed and nothing regressed; 2 the inputs cannot be judged.
 
 The job's false-alarm rate, rows, outcomes and invariants together, is what the baseline's null jobs measured
 (harmless jobs: the baseline's code with every run a fresh rounding replicate, ``null_jobs`` in the baseline);
-the check prints it with what it rests on (``CheckResult.rate_lines``).
+the check prints it with what it rests on (``CheckResult.rate_lines``), the machines the null jobs ran on among
+it: a job on another machine (``stability.record.machine``: another CPU, SIMD level, torch or BLAS) is told
+that the rate is unmeasured there.
 
 This module reads JSON only: no torch, no MLflow.
 """
@@ -71,6 +73,8 @@ class CheckResult:
     replicates: list[int] = field(default_factory=list)   # the baseline's: 0 the unperturbed runs
     calibration: dict | None = None
     null_jobs: dict | None = None   # the baseline's null jobs: {"jobs", "failed", ...} (its measured rate)
+    job_machines: dict[str, int] = field(default_factory=dict)   # machine key -> the job's records made on it
+    job_machines_unrecorded: int = 0   # the job's records that name no machine (written before records named it)
     suite_failures: list[str] = field(default_factory=list)   # tests of the job's suites that failed
     settings: list[str] = field(default_factory=list)   # per case whose settings differ from the baseline's
     clean_cells: list[int] = field(default_factory=lambda: [0, 0])   # outcome cells judged clean-only, their runs
@@ -152,7 +156,41 @@ class CheckResult:
                 f"  rows: at most alpha = {self.alpha:g} by Holm over {self.hypotheses} hypotheses{calibrated}",
                 (f"  outcomes: {cells} cells (case, arm, seed, outcome) whose {runs} baseline runs were all clean "
                  f"fail the job on one run that is not"),
-                f"  invariants: {self.invariants_held} that held in the baseline fail the job if one stops holding"]
+                f"  invariants: {self.invariants_held} that held in the baseline fail the job if one stops holding",
+                self.machine_line()]
+
+    def measured_on_job_machine(self) -> bool | None:
+        """Whether every machine the job's records name is one the baseline's null jobs ran on (False: the rate
+        is unmeasured there); None when either side names no machine, or the baseline records no null jobs."""
+        machines = (self.null_jobs or {}).get("machines") if (self.null_jobs or {}).get("jobs") else None
+        if not machines or not self.job_machines:
+            return None
+        return all(key in machines for key in self.job_machines)
+
+    def machine_line(self) -> str:
+        """The machines the rate rests on (the null jobs') and the job's, and whether the job's is among them."""
+        job = ", ".join(self.job_machines) or "not recorded"
+        if self.job_machines and self.job_machines_unrecorded:
+            job += f" ({self.job_machines_unrecorded} records name no machine)"
+        jobs = self.null_jobs or {}
+        measured = self.measured_on_job_machine()
+        if measured is False and jobs["jobs"] > sum(jobs["machines"].values()):
+            job += " (not among those recorded: the rate may be unmeasured on it)"
+        elif measured is False:
+            job += " (not among them: the rate is unmeasured on it)"
+        elif measured:
+            job += " (among them)"
+        if not jobs.get("jobs"):
+            return f"  this job's machine: {job}"
+        machines = jobs.get("machines")
+        if machines is None:
+            null = "machines not recorded"
+        else:
+            unrecorded = jobs["jobs"] - sum(machines.values())
+            null = ", ".join([f"{key} ({count} jobs)" for key, count in machines.items()]
+                             + ([f"not recorded ({unrecorded} jobs kept before jobs named their machine)"]
+                                if unrecorded else []))
+        return f"  machines of the null jobs: {null}; this job's machine: {job}"
 
     def failure_lines(self) -> list[str]:
         """One line per reason the job failed (empty when it passed)."""
@@ -230,8 +268,21 @@ class CheckResult:
                 "method": METHOD, "dof_rule": DOF_RULE, "primary_family": [p.as_dict() for p in fig.primary_rows()],
                 "rows_judged": self.judged, "hypotheses": self.hypotheses, "rows_advisory": self.advisory,
                 "replicates": self.replicates, "calibration": self.calibration, "null_jobs": self.null_jobs,
-                "rate": self.rate(), "clean_cells": self.clean_cells, "invariants_held": self.invariants_held,
-                "suite_failures": self.suite_failures, "rows": [r.as_dict() for r in self.rows]}
+                "rate": self.rate(),
+                "machines": {"job": self.job_machines, "job_records_unrecorded": self.job_machines_unrecorded,
+                             "null_jobs": (self.null_jobs or {}).get("machines"),
+                             "measured_on_job_machine": self.measured_on_job_machine()},
+                "clean_cells": self.clean_cells, "invariants_held": self.invariants_held,
+                "suite_failures": self.suite_failures, "rows": [self.row_dict(r) for r in self.rows]}
+
+    def row_dict(self, row: Row) -> dict:
+        """A row of the JSON; a primary row with its smallest failing move and change
+        (``stability.check.power.move_fields``: how far it must move to fail the job alone)."""
+        if row.tier != "primary":
+            return row.as_dict()
+        from stability.check.power import move_fields   # power reads the check's rows: imported when used
+
+        return {**row.as_dict(), **move_fields(row, self.hypotheses, self.alpha)}
 
 
 def _direction(row: Row) -> str:
