@@ -85,10 +85,10 @@ def early_block(preset: str) -> str:
     spread = [s[4] for s in seeds if s[4] > 0]
     ratios = [s[5] for s in seeds if s[5] != float("inf")]
     exact = len(seeds) - len(ratios)
-    lines = ["| seeds (case, arm, figure) | agree exactly | relative SD of the other seeds | floor / SD | "
-             "floor under 10 SD | under 1 SD |", "|---:|---:|---|---|---:|---:|",
-             f"| {len(seeds)} | {exact} | {span(spread, number)} | {span(ratios, number)} (median "
-             f"{number(statistics.median(ratios))}) | {sum(r < 10 for r in ratios)} | {sum(r < 1 for r in ratios)} |"]
+    lines = [("| seeds (case, arm, figure) | agree exactly | relative SD of the other seeds | floor / SD | "
+             "floor under 10 SD | under 1 SD |"), "|---:|---:|---|---|---:|---:|",
+             (f"| {len(seeds)} | {exact} | {span(spread, number)} | {span(ratios, number)} (median "
+             f"{number(statistics.median(ratios))}) | {sum(r < 10 for r in ratios)} | {sum(r < 1 for r in ratios)} |")]
     return "\n".join(lines) + "\n"
 
 
