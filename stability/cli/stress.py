@@ -16,14 +16,15 @@ def cmd_stress(args) -> int:
 
     cases = list(check_cases(args.cases)) or list(CASES)
     if distributed.launched() > 1:   # started by torchrun: one arm across the processes
-        from stability.cli.run import under_torchrun
+        from stability.cases.torchrun import under_torchrun
+        from stability.cli.options import resolve_from_args
 
         if args.ray:
             raise cfg.ConfigError(f"--ray {args.ray!r} is invalid under torchrun: expected one of the two (Ray sends "
                                   f"whole runs to its workers; torchrun shards one run over its processes)")
-        return under_torchrun(args, "stress",
+        return under_torchrun(resolve_from_args(args), args.out, "stress",
                               lambda config, run_dir: finish(args, stress_cases(args, cases, config, run_dir)),
-                              lambda config: [run_case(case, config) for case in cases])
+                              lambda config: [run_case(case, config) for case in cases], resume=args.resume)
     runner = None
     if args.ray:
         from stability.cases.ray_runner import RayRunner
