@@ -136,6 +136,45 @@ def test_bf16_trained_in_fp32_is_found_and_every_linear_named(monkeypatch):
     assert record["series"]["loss"][0] == train(TINY, arm="reference")["series"]["loss"][0]   # fp32, bit for bit
 
 
+def test_fp16_computing_in_bf16_is_found_by_the_rule_stated_apart_from_its_class(monkeypatch):
+    """The fault: the fp16 format's autocast dtype is bfloat16. Its calls run in bfloat16 and the format class
+    says bfloat16; the rule (stability.precision.rules, by the name "fp16") says float16, so every call is off."""
+    healthy = train(replace(at("fp16"), steps=3), arm="reference")
+    assert healthy["applied"]["linear_calls"]["runs_in"] == "float16"
+    assert healthy["final"]["linear_off_format_calls"] == 0 and healthy["final"]["linear_in_format_share"] == 1.0
+    monkeypatch.setattr(formats.Fp16, "dtype", torch.bfloat16)
+    record = train(replace(at("fp16"), steps=3), arm="reference")
+    calls = record["applied"]["linear_calls"]
+    assert calls["runs_in"] == "float16"   # the record states the rule, not what the class computes in
+    assert record["final"]["linear_off_format_calls"] == 3 * 7 and record["final"]["linear_in_format_share"] == 0.0
+    assert calls["off_format"] == {name: {"calls": 3, "first_step": 0, "ran_as": "bfloat16"} for name in LINEARS}
+
+
+def test_every_format_states_its_linear_rule_apart_and_a_format_without_one_is_refused(monkeypatch):
+    """The table by registered name (what the record's runs_in says); a new format must state its rule first
+    (None: counted, none judged), and a name takes one rule."""
+    from stability.precision import rules
+
+    assert set(rules.LINEAR_RULES) == set(formats.FORMATS)
+    assert {name: rules.runs_in(PrecisionConfig(dtype=name)) for name in formats.FORMATS} == {
+        "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "Float8Linear", "mxfp8": "MXLinear",
+        "mxfp4": "MXLinear"}
+    assert rules.runs_in(PrecisionConfig(dtype="fp8", fp8_recipe="own")) == "Fp8Linear"
+    monkeypatch.setattr(formats, "FORMATS", dict(formats.FORMATS))
+    monkeypatch.setattr(rules, "LINEAR_RULES", dict(rules.LINEAR_RULES))
+    with pytest.raises(ValueError, match=r"'unruled'.*declare_linear_rule\('unruled'"):
+        formats.register(type("Unruled", (formats.Format,), {"name": "unruled"}))
+    assert "unruled" not in formats.FORMATS
+    rules.declare_linear_rule("unjudged", None)
+    formats.register(type("Unjudged", (formats.Format,), {"name": "unjudged"}))
+    record = train(replace(at("unjudged"), steps=2), arm="reference")
+    assert record["applied"]["linear_calls"] == {"runs_in": None, "linears": 7, "high_precision": [], "calls": 2 * 7,
+                                                 "in_format": 0, "off_format": {}}
+    assert record["final"]["linear_in_format_share"] is None
+    with pytest.raises(ValueError, match="'fp16'"):
+        rules.declare_linear_rule("fp16", "bfloat16")
+
+
 def attention_left_in_fp32(monkeypatch) -> None:
     """The fault: the format converts every Linear but the attention projections (they stay plain nn.Linear),
     and says nothing of it."""

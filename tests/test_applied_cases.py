@@ -8,12 +8,19 @@ import contextlib
 
 import pytest
 
-from stability.cases.batch_ramp import off_schedule, scheduled_batch
+from stability.cases.batch_ramp import (
+    off_schedule,
+    scheduled_batch,
+    scheduled_lr_factor,
+    the_batch_doubles_and_the_lr_follows_its_rule,
+)
 from stability.cases.case import cpu_threads
+from stability.cases.checks import CheckFailed
 from stability.cases.precision_ladder import first_loss_gap
+from stability.cases.shock import shocked_lr, the_shock_is_applied_as_configured
 from stability.cases.stress import run_case
-from stability.config import resolve
-from stability.config.schedules import BatchRamp
+from stability.config import RunConfig, resolve, schedules
+from stability.config.schedules import BatchRamp, Shock
 from stability.precision import PrecisionPolicy, formats
 from stability.record import case_result
 
@@ -57,6 +64,37 @@ def test_a_changed_schedule_class_is_found_at_its_step(monkeypatch):
                                                 "expected_tokens": 128}]
 
 
+def test_the_ramps_lr_rule_is_stated_apart_from_the_function_the_schedule_applies(monkeypatch):
+    """The check's LR factor is its own (none 1, linear the growth, sqrt its root): an lr_scale whose "sqrt" rule
+    became linear trains every doubled batch at the wrong LR, and the check names the first such step."""
+    assert [scheduled_lr_factor(rule, 4) for rule in ("none", "linear", "sqrt")] == [1.0, 4.0, 2.0]
+    config = resolve("smoke", {**TINY, "stress.batch.double_every": 2,
+                               "stress.batch.max_size": 8, "stress.batch.lr_rule": "sqrt"})
+    the_batch_doubles_and_the_lr_follows_its_rule(run_case("batch_ramp", config), None)
+    scale = schedules.lr_scale   # the fault: "sqrt" scales the LR linearly
+    monkeypatch.setattr(schedules, "lr_scale", lambda rule, growth: scale("linear" if rule == "sqrt" else rule, growth))
+    with pytest.raises(CheckFailed, match="step 2: LR"):
+        the_batch_doubles_and_the_lr_follows_its_rule(run_case("batch_ramp", config), None)
+
+
+# ----------------------------------------------------------------------------- the LR shock
+
+def test_the_shocks_lr_is_stated_apart_from_the_schedule_that_applies_it(monkeypatch):
+    """The check computes the shocked LR from the settings (``shocked_lr``), not by ``Shock.lr_at``, which made
+    the series it checks: a jump that lasts one step (a spike) is found at the step after it."""
+    run = RunConfig()
+    for kind in ("jump", "no_warmup"):
+        shock = Shock(kind=kind, at_step=3, factor=10.0)
+        assert [shocked_lr(s, run, kind, 3, 10.0) for s in range(8)] == [shock.lr_at(s, run) for s in range(8)]
+    config = resolve("smoke", {**TINY, "stress.shock.at_step": 3, "stress.shock.factor": 10.0})
+    the_shock_is_applied_as_configured(run_case("shock", config), None)
+    jump = Shock.lr_at   # the fault: the LR multiplied at the shock's step alone
+    monkeypatch.setattr(Shock, "lr_at", lambda self, step, run: jump(self, step, run) / (
+        self.factor if step > self.at_step else 1.0))
+    with pytest.raises(CheckFailed, match="step 4: LR"):
+        the_shock_is_applied_as_configured(run_case("shock", config), None)
+
+
 # ----------------------------------------------------------------------------- the precision ladder
 
 def test_the_first_loss_gap_by_hand():
@@ -72,7 +110,7 @@ def twice_the_lr_in_bf16_at(step: int, monkeypatch) -> None:
 
     def step_with(self, optimizer, grads_finite):
         calls = seen[id(self)] = seen.get(id(self), -1) + 1
-        if calls != step or self.format.linear_format != "bfloat16":
+        if calls != step or self.config.dtype != "bf16":
             return original(self, optimizer, grads_finite)
         for group in optimizer.param_groups:
             group["lr"] *= 2

@@ -86,3 +86,19 @@ def test_the_bf16_rung_trained_in_fp32_fails_naming_its_linears(tmp_path):
     code, out, _ = job(tmp_path, "autocast_on_cuda_only", "precision_ladder")
     assert code == 1, out[-3000:]
     assert "linear_off_format_calls_bf16 = " in out and "linear_off_format_calls_fp16 = " in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", [None, "fp16_computes_in_bf16"])
+def test_the_fp16_rung_computing_in_bf16_fails_by_its_proof_and_the_code_as_it_is_passes(tmp_path, entry):
+    """The precision ladder (2 minutes a job at smoke): the fp16 format's autocast dtype made bfloat16, so the fp16
+    rung's Linear calls run in bfloat16 while its class says bfloat16 too. Judged by the rule stated apart
+    (stability/precision/rules.py: fp16 -> "float16"), the rung's proof names it; the code as it is passes."""
+    code, out, document = job(tmp_path, entry, "precision_ladder")
+    if entry is None:
+        assert code == 0, out[-3000:]
+        assert document["rows_judged"] > 0 and not document["errors"]
+        return
+    assert code in (1, 3), out[-3000:]
+    assert "linear_off_format_calls_fp16 = " in out, out[-3000:]
+    assert "linear_off_format_calls_bf16 = " not in out   # the bf16 rung is as it was

@@ -321,12 +321,16 @@ def test_a_format_no_one_registered_is_a_config_error_naming_the_field():
 
 
 def test_the_format_registry_takes_a_new_name_once(monkeypatch):
-    from stability.precision import formats
+    from stability.precision import formats, rules
 
     assert list(precision.FORMATS) == ["fp32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4"]
     monkeypatch.setattr(formats, "FORMATS", dict(formats.FORMATS))
+    monkeypatch.setattr(rules, "LINEAR_RULES", dict(rules.LINEAR_RULES))
     with pytest.raises(ValueError, match="fp16"):
         formats.register(type("Again", (formats.Format,), {"name": "fp16"}))
+    with pytest.raises(ValueError, match="declare_linear_rule"):   # its Linear rule comes first
+        formats.register(type("Plain", (formats.Format,), {"name": "plain"}))
+    rules.declare_linear_rule("plain", "float32")
     formats.register(type("Plain", (formats.Format,), {"name": "plain"}))
     policy = PrecisionPolicy(PrecisionConfig(dtype="plain"), "cpu")
     assert not policy.scaling and policy.describe()["recipe"] == "plain"

@@ -458,8 +458,21 @@ HELD_OUT_APPLIED = (
         ("stability/config/run.py", "    eps: float = 1e-8\n", "    eps: float = 1e-6\n"),)),
 )
 
+# ------------------------------------------------------------------ a proof whose rule was read from what it judges
+# Written with the table of what each format's Linear calls must run in (stability/precision/rules.py): before
+# it, the rule was read from the format class's own dtype, so an fp16 format computing in bfloat16 judged its
+# calls by "bfloat16" and passed (stability check exit 0). Its job is not kept yet (no row in
+# reports/zoo-*.md until `python -m validation.regression_zoo --preset smoke --entries fp16_computes_in_bf16`
+# keeps one); tests/test_applied_gate.py runs it at smoke.
+FP16_DTYPE = "    name = \"fp16\"\n    dtype = torch.float16\n"
+HELD_OUT_RULES = (
+    Entry("fp16_computes_in_bf16", True, "the fp16 format's autocast dtype is bfloat16: the fp16 rung trains in "
+          "bf16 (with its loss scaler) and is still reported as fp16", (
+              ("stability/precision/formats.py", FP16_DTYPE, FP16_DTYPE.replace("float16", "bfloat16")),)),
+)
+
 BY_NAME = {entry.name: entry for entry in (*ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION,
-                                           *FAILURES, *HELD_OUT_NOISE, *HELD_OUT_APPLIED)}
+                                           *FAILURES, *HELD_OUT_NOISE, *HELD_OUT_APPLIED, *HELD_OUT_RULES)}
 
 
 def patched_copy(destination: Path, name: str) -> Path:

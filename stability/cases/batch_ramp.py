@@ -17,7 +17,7 @@ from stability import config as cfg
 from stability.cases.case import CaseRun, StressCase, cpu_threads, every_arm, finite
 from stability.cases.checks import close, learns, require
 from stability.config import RunConfig, from_dict
-from stability.config.schedules import lr_scale, warmup_cosine
+from stability.config.schedules import warmup_cosine
 from stability.record import Status, case_result, set_case_result
 from stability.record.figures import GREW, Figure, Primary
 
@@ -71,6 +71,13 @@ def scheduled_batch(step: int, base: int, double_every: int, max_size: int) -> i
     return min(max_size, base * 2 ** (step // double_every))
 
 
+def scheduled_lr_factor(rule: str, growth: float) -> float:
+    """The LR multiplier the ramp's ``lr_rule`` gives a batch ``growth`` times the base one, stated here, never
+    by the function the schedule applies (``stability.config.schedules.lr_scale``), so that a change to it shows:
+    "none" 1, "linear" the growth, "sqrt" its square root."""
+    return {"none": 1.0, "linear": float(growth), "sqrt": math.sqrt(growth)}[rule]
+
+
 def off_schedule(series: dict, base: int, context: int, double_every: int, max_size: int) -> list[dict]:
     """The steps of ``series`` (from step 0) whose logged batch size, or the tokens they added (tokens seen minus
     the previous step's), differ from ``scheduled_batch`` (tokens: that batch x ``context``)."""
@@ -114,8 +121,9 @@ def run_batch_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, sessio
 # ----------------------------------------------------------------------------- what its record must show
 
 def the_batch_doubles_and_the_lr_follows_its_rule(record, invariant):
-    """At every step the batch is the base batch doubled every ``double_every`` steps (capped), the LR the
-    warmup-cosine LR scaled by the rule, and the tokens seen add up."""
+    """At every step the batch is the base batch doubled every ``double_every`` steps (capped,
+    ``scheduled_batch``), the LR the warmup-cosine LR scaled by the rule (``scheduled_lr_factor``), and the tokens
+    seen add up."""
     ramp = record["config"]["stress"]["batch"]
     run = from_dict(RunConfig, record["config"]["run"])
     base = run.data.batch_size
@@ -124,7 +132,7 @@ def the_batch_doubles_and_the_lr_follows_its_rule(record, invariant):
         for step, batch, lr in zip(series["step"], series["batch_size"], series["lr"]):
             expected = scheduled_batch(step, base, ramp["double_every"], ramp["max_size"])
             require(batch == expected, f"{where} step {step}: batch {batch}, expected {expected}")
-            scaled = warmup_cosine(step, run) * lr_scale(ramp["lr_rule"], batch / base)
+            scaled = warmup_cosine(step, run) * scheduled_lr_factor(ramp["lr_rule"], batch / base)
             require(close(lr, scaled), f"{where} step {step}: LR {lr}, expected {scaled}")
         tokens = [b * run.model.context for b in series["batch_size"]]
         require(series["tokens"][-1] == sum(tokens) == arm["final"]["tokens_seen"], f"{where}: tokens seen")

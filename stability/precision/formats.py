@@ -10,13 +10,15 @@ and asks it, in this order:
     format.describe()              which library and recipe train it, for the record
 
 and, for the record's proof that every Linear ran in it (``stability.train.applied``), ``format.covers(linear)``
-(whether the format declares that a Linear computes in it), ``format.linear_format`` (what a call in the format
-runs in: an output dtype such as "bfloat16", or a converted class such as "Float8Linear"; None: no rule, no call
-judged) and ``format.ran_as(linear, output)`` (what one call ran in).
+(whether the format declares that a Linear computes in it) and ``format.ran_as(linear, output)`` (what one call
+ran in). What a call in the format must run in is not the format's to say: ``stability.precision.rules`` states
+it by the format's name (an output dtype such as "bfloat16", or a converted class such as "Float8Linear"),
+apart from the code here that makes the Linears run in it.
 
 and, before any work, ``Format.check(config, device, tokens_per_batch)`` (a classmethod) says whether
-the format can train here (a ConfigError naming the value otherwise). Adding a format is one class
-here with ``@register``: ``precision.dtype=<name>`` and ``stress.precisions`` accept it from then on.
+the format can train here (a ConfigError naming the value otherwise). Adding a format is its rule
+(``rules.declare_linear_rule``) and one class with ``@register``: ``precision.dtype=<name>`` and
+``stress.precisions`` accept it from then on.
 
     fp32          plain fp32
     bf16, fp16    torch.autocast; fp16 scales the loss with torch.amp.GradScaler
@@ -46,15 +48,22 @@ from stability.precision.ao import version as torchao_version
 from stability.precision.counting import LIMITS, Tally
 from stability.precision.fp8 import Fp8Linear, has_float8, has_fp8_tensor_cores
 from stability.precision.fp8 import convert as convert_own_fp8
+from stability.precision.rules import declares_linear_rule
 from stability.record import library_version
 
 FORMATS: dict[str, type[Format]] = {}  # precision.dtype -> its format, in the order they were registered
 
 
 def register(cls: type[Format]) -> type[Format]:
-    """Class decorator: add a format to ``FORMATS`` under its ``name`` (a name not taken)."""
+    """Class decorator: add a format to ``FORMATS`` under its ``name`` (a name not taken, whose rule for its
+    Linear calls is stated in ``stability.precision.rules``: a format without one is refused, never left
+    unjudged)."""
     if not cls.name or cls.name in FORMATS:
         raise ValueError(f"training format {cls.name!r}: expected a name not registered yet")
+    if not declares_linear_rule(cls.name):
+        raise ValueError(f"training format {cls.name!r}: no rule for what its Linear calls run in: state one with "
+                         f"stability.precision.rules.declare_linear_rule({cls.name!r}, ...) before registering it "
+                         f"(None: its calls counted, none judged)")
     FORMATS[cls.name] = cls
     return cls
 
@@ -107,16 +116,14 @@ class Format:
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    linear_format: str | None = None   # what a Linear call in the format runs in; None: no rule, no call judged
-
     def covers(self, linear: nn.Linear) -> bool:
         """Whether the format declares that ``linear`` computes in it (the others stay in high precision).
         Stated from the Linear's shape, apart from the code that converts it."""
         return True
 
     def ran_as(self, linear: nn.Linear, output: torch.Tensor) -> str:
-        """What one call of ``linear`` ran in, to compare with ``linear_format``: its output's dtype
-        ("float32", "bfloat16" ...). Reads metadata only (no host sync)."""
+        """What one call of ``linear`` ran in, to compare with the format's rule (``stability.precision.rules``):
+        its output's dtype ("float32", "bfloat16" ...). Reads metadata only (no host sync)."""
         return str(output.dtype).removeprefix("torch.")
 
     def describe(self) -> dict:
@@ -136,7 +143,6 @@ class Fp32(Format):
     name = "fp32"
     counts_range = False
     distributed = True
-    linear_format = "float32"
 
 
 class Autocast(Format):
@@ -147,11 +153,6 @@ class Autocast(Format):
     dtype = torch.float32
     tensor_cores = (8, 0)
     activation_bytes = 2
-
-    @property
-    def linear_format(self) -> str:
-        """Every Linear's output in the autocast dtype."""
-        return str(self.dtype).removeprefix("torch.")
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
@@ -248,11 +249,6 @@ class Fp8(Format):
     def watch(self, model: nn.Module, tally: Tally) -> list:
         return [] if self.own else watch_casts(model, tally)
 
-    @property
-    def linear_format(self) -> str:
-        """The converted class: the own Fp8Linear, or torchao's Float8Linear."""
-        return "Fp8Linear" if self.own else "Float8Linear"
-
     def covers(self, linear: nn.Linear) -> bool:
         """The own fp8 converts every Linear; torchao's recipes those whose in and out features are multiples of
         16 (what torch._scaled_mm takes)."""
@@ -308,8 +304,6 @@ class Mx(Format):
 
     def watch(self, model: nn.Module, tally: Tally) -> list:
         return watch_casts(model, tally)
-
-    linear_format = "MXLinear"
 
     def covers(self, linear: nn.Linear) -> bool:
         """The Linears whose in and out features are multiples of the MX block (32)."""

@@ -5,9 +5,10 @@ Nothing here changes what the run computes, and a healthy step pays O(1) Python 
 * ``SteppedLR``: the LR of each of the optimiser's parameter groups at the moment it steps (a step pre-hook),
   which the step compares with the LR it logs (``lr_off_log``);
 * ``LinearFormats``: during each training forward, every nn.Linear call and what it ran in (its output's
-  dtype, or its class for fp8 and MX: ``Format.ran_as``), against what the run's format says its Linears run in
-  (``Format.linear_format``) for the Linears the format declares it covers (``Format.covers``; the others are
-  its high-precision Linears, counted but never judged);
+  dtype, or its class for fp8 and MX: ``Format.ran_as``), against what a Linear call of the run's
+  ``precision.dtype`` must run in, as ``stability.precision.rules`` states it (never read from the format class
+  that applies it), for the Linears the format declares it covers (``Format.covers``; the others are its
+  high-precision Linears, counted but never judged);
 * ``probe_targets`` and ``probe_steps_missed``: the modules the heavy probes must hook, from the model's
   structure, and the steps the config names for them that have no snapshot.
 
@@ -21,6 +22,9 @@ import contextlib
 
 import torch
 from torch import nn
+
+from stability.config import PrecisionConfig
+from stability.precision.rules import runs_in
 
 
 class SteppedLR:
@@ -53,18 +57,20 @@ def lr_off_log(logged: float, seen: list | None, stepped: bool) -> bool:
 
 
 class LinearFormats:
-    """Forward hooks on every nn.Linear of ``model`` (made after the format converted it) that count, while
-    ``training()`` is active, each call and whether it ran in ``fmt.linear_format``. ``pop()`` returns the
-    counts since the last pop: (calls, calls in the format, {Linear the format covers: (calls not in it, what
-    the first of them ran in)}). A format without a rule (``linear_format`` None) has its calls counted, none
+    """Forward hooks on every nn.Linear of ``model`` (made after the format ``fmt`` converted it) that count,
+    while ``training()`` is active, each call and whether it ran in ``runs_in``: the rule that
+    ``stability.precision.rules`` states for the run's ``precision`` (its ``dtype``; fp8: and recipe).
+    ``pop()`` returns the counts since the last pop: (calls, calls in the format, {Linear the format covers:
+    (calls not in it, what the first of them ran in)}). A format whose rule is None has its calls counted, none
     judged."""
 
-    def __init__(self, model: nn.Module, fmt):
+    def __init__(self, model: nn.Module, fmt, precision: PrecisionConfig):
         self.format = fmt
+        self.runs_in = runs_in(precision)   # the stated rule, never an attribute of the class that applies it
         self.active = False
         self.calls, self.in_format, self.off = 0, 0, {}
         linears = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-        judged = fmt.linear_format is not None
+        judged = self.runs_in is not None
         self.linears = len(linears)
         self.high_precision = [name for name, module in linears if not fmt.covers(module)]
         self.handles = [module.register_forward_hook(self._hook(name, judged and fmt.covers(module)))
@@ -72,7 +78,7 @@ class LinearFormats:
 
     def describe(self) -> dict:
         """What the record says before the first step (``stability.record.schema.LinearCalls``)."""
-        return {"runs_in": self.format.linear_format, "linears": self.linears, "high_precision": self.high_precision}
+        return {"runs_in": self.runs_in, "linears": self.linears, "high_precision": self.high_precision}
 
     def _hook(self, name: str, covered: bool):
         def count(module, _args, output):
@@ -80,7 +86,7 @@ class LinearFormats:
                 return
             self.calls += 1
             ran_as = self.format.ran_as(module, output)
-            if ran_as == self.format.linear_format:
+            if ran_as == self.runs_in:
                 self.in_format += 1
             elif covered:
                 calls, first = self.off.get(name, (0, ran_as))

@@ -191,7 +191,7 @@ def build(run: RunConfig, schedule, corpus: Corpus | None, reducer, identity: st
     policy = PrecisionPolicy(run.precision, run.device)
     model = policy.prepare(model)
     policy.watch(model)  # counts overflow/underflow on the device (the own fp8 counts in its casts)
-    linears = applied.LinearFormats(model, policy.format)   # every Linear call of a training forward, judged
+    linears = applied.LinearFormats(model, policy.format, run.precision)   # every Linear call of a training forward
     forward = reducer.wrap(model)
     optimizer = make_optimizer(model, run)
     groups = probes.layer_groups(model)
