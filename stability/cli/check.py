@@ -401,9 +401,16 @@ def add_parsers(sub) -> None:
     chk.add_argument("--json", help="write the verdict rows as JSON here")
     chk.add_argument("--all-rows", action="store_true", help="print every figure, not only those that moved")
     chk.set_defaults(func=cmd_check)
-
     base = sub.add_parser("baseline", help="make and inspect regression baselines")
     base_sub = base.add_subparsers(dest="baseline_command", required=True)
+    add_make_parsers(base_sub)
+    add_reading_parsers(base_sub)
+
+
+def add_make_parsers(base_sub) -> None:
+    """``stability baseline make`` and ``update``: the commands that write a baseline."""
+    from stability.check import DEFAULT_ALPHA
+
     make = base_sub.add_parser("make", help="run the stress suites with rounding replicates and write the baseline")
     make.add_argument("--preset", help="scale preset of the suites (default: the settings' preset, smoke)")
     make.add_argument("--device", help="cpu or cuda (default: the settings' device, the preset's)")
@@ -438,6 +445,13 @@ def add_parsers(sub) -> None:
     add_alpha(upd, DEFAULT_ALPHA)
     add_baseline_flags(upd)
     upd.set_defaults(func=cmd_baseline_update)
+
+
+def add_reading_parsers(base_sub) -> None:
+    """``stability baseline calibrate`` and ``compare``: the commands that read a baseline (calibrate may store
+    its curve)."""
+    from stability.check import DEFAULT_ALPHA
+
     cal = base_sub.add_parser("calibrate", help="judge every arrangement of a baseline's replicates as a harmless job "
                                                 "(its false-alarm curve and margin)")
     cal.add_argument("baseline", help="baseline JSON")
@@ -468,5 +482,7 @@ def add_baseline_flags(parser) -> None:
 
 def add_alpha(parser, default: float) -> None:
     parser.add_argument("--alpha", type=float, default=default,
-                        help=f"the job's false-alarm rate: the chance that a harmless change fails the check "
-                             f"(default {default:g})")
+                        help=f"Holm's alpha over the primary rows: the chance that a harmless change fails the "
+                             f"check through its rows, their share of the job's false-alarm rate (which the "
+                             f"baseline's null jobs measure, rows, outcomes and invariants together; default "
+                             f"{default:g})")

@@ -118,6 +118,48 @@ def check_bundle(bundle: dict, run: cfg.RunConfig, path) -> None:
 
 
 def _replay(bundle: dict, run: cfg.RunConfig, path: Path, notes: list[str]) -> dict:
+    """The bundle's step again: its model, precision and optimiser state restored, one forward and backward with
+    every module's output watched, the optimiser step with the recorded LR, then what it measured."""
+    model, policy, optimizer = _restore(bundle, run, path)
+    step = int(bundle["step"])
+    fault = poison_block(model, run, lambda: step)
+    x, y = bundle["x"], bundle["y"]
+    loss, outputs, first_nonfinite = _forward_backward(model, policy, optimizer, run, step, x, y)
+    groups = probes.layer_groups(model)
+    grad_norm = probes.GradNorms(groups)().tolist()[0]
+    grads = _module_grad_norms(model)
+    bad_grads = probes.nonfinite_grad_modules(model)
+    update = None
+    if bundle.get("optimizer") is not None:
+        update = _update(model, policy, optimizer, run, groups, grad_norm, bundle["measured"].get("lr"))
+    if fault is not None:
+        fault.remove()
+    logit_max = _attention_logit_max(model, x, policy)
+    measured = bundle["measured"]
+    modules = []
+    for name, module in model.named_modules():
+        if not name or (name not in outputs and name not in grads):
+            continue
+        layer = probes.layer_of(name)
+        is_attention = name.endswith(".attn") and layer is not None
+        modules.append({"module": name, "max_abs_output": outputs.get(name), "grad_norm": grads.get(name),
+                        "attn_logit_max": logit_max.get(layer) if is_attention else None})
+    loss_value = loss.item()
+    same_loss, same_grad_norm = _same(loss_value, measured.get("loss")), _same(grad_norm, measured.get("grad_norm"))
+    return {"bundle": str(path), "run_key": bundle.get("run_key"), "name": bundle.get("name"),
+            "case": bundle.get("case"), "arm": bundle.get("arm"), "seed": bundle.get("seed"), "step": step,
+            "reasons": measured.get("reasons", []), "severity": measured.get("severity"), "notes": notes,
+            "loss": loss_value, "recorded_loss": measured.get("loss"), "grad_norm": grad_norm,
+            "recorded_grad_norm": measured.get("grad_norm"),
+            "reproduced_loss": same_loss, "reproduced_grad_norm": same_grad_norm,
+            "reproduced": same_loss and same_grad_norm,
+            "first_nonfinite_module": first_nonfinite[0] if first_nonfinite else None,
+            "nonfinite_grads": bad_grads[:10], "update_norm": update, "modules": modules}
+
+
+def _restore(bundle: dict, run: cfg.RunConfig, path: Path):
+    """(model, precision policy, optimiser) of ``run`` with the bundle's states loaded; a RecordError when they do
+    not fit this code's."""
     model = build_model(run.model, run.seed)
     policy = PrecisionPolicy(run.precision, "cpu")
     model = policy.prepare(model)
@@ -135,12 +177,14 @@ def _replay(bundle: dict, run: cfg.RunConfig, path: Path, notes: list[str]) -> d
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
             raise RecordError(f"bundle {str(path)!r}: optimizer does not fit this code's optimiser: "
                               f"{str(error).strip().splitlines()[0][:300]}") from None
-    step = int(bundle["step"])
-    fault = poison_block(model, run, lambda: step)
-    x, y = bundle["x"], bundle["y"]
+    return model, policy, optimizer
+
+
+def _forward_backward(model, policy: PrecisionPolicy, optimizer, run: cfg.RunConfig, step: int, x, y):
+    """The step's forward and backward (gradients unscaled), every module's output watched: (loss, {module: max
+    |output|}, [the first module in forward order whose output was not finite])."""
     outputs: dict[str, float] = {}
     first_nonfinite: list[str] = []
-    handles = []
 
     def hook(name):
         def observe(_module, _inputs, output):
@@ -151,9 +195,7 @@ def _replay(bundle: dict, run: cfg.RunConfig, path: Path, notes: list[str]) -> d
                     first_nonfinite.append(name)
         return observe
 
-    for name, module in model.named_modules():
-        if name:
-            handles.append(module.register_forward_hook(hook(name)))
+    handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules() if name]
     model.train()
     policy.count_step(step, run.probes.cast_every)
     try:
@@ -165,45 +207,22 @@ def _replay(bundle: dict, run: cfg.RunConfig, path: Path, notes: list[str]) -> d
     finally:
         for handle in handles:
             handle.remove()
-    groups = probes.layer_groups(model)
-    norms = probes.GradNorms(groups)().tolist()
-    loss_value, grad_norm = loss.item(), norms[0]
-    grads = _module_grad_norms(model)
-    bad_grads = probes.nonfinite_grad_modules(model)
-    update = None
-    if bundle.get("optimizer") is not None:
-        measured_lr = bundle["measured"].get("lr")
-        for group in optimizer.param_groups:
-            group["lr"] = measured_lr
-        params = list(model.parameters())
-        if run.optim.grad_clip and math.isfinite(grad_norm) and grad_norm > run.optim.grad_clip:
-            torch._foreach_mul_([p.grad for p in params if p.grad is not None], run.optim.grad_clip / (grad_norm + 1e-6))
-        updates = probes.UpdateNorms(groups)
-        updates.before()
-        policy.step(optimizer, math.isfinite(grad_norm))
-        update = dict(zip(["global", *groups], updates.after().tolist()))
-    if fault is not None:
-        fault.remove()
-    logit_max = _attention_logit_max(model, x, policy)
-    measured = bundle["measured"]
-    modules = []
-    for name, module in model.named_modules():
-        if not name or (name not in outputs and name not in grads):
-            continue
-        layer = probes.layer_of(name)
-        is_attention = name.endswith(".attn") and layer is not None
-        modules.append({"module": name, "max_abs_output": outputs.get(name), "grad_norm": grads.get(name),
-                        "attn_logit_max": logit_max.get(layer) if is_attention else None})
-    same_loss, same_grad_norm = _same(loss_value, measured.get("loss")), _same(grad_norm, measured.get("grad_norm"))
-    return {"bundle": str(path), "run_key": bundle.get("run_key"), "name": bundle.get("name"),
-            "case": bundle.get("case"), "arm": bundle.get("arm"), "seed": bundle.get("seed"), "step": step,
-            "reasons": measured.get("reasons", []), "severity": measured.get("severity"), "notes": notes,
-            "loss": loss_value, "recorded_loss": measured.get("loss"), "grad_norm": grad_norm,
-            "recorded_grad_norm": measured.get("grad_norm"),
-            "reproduced_loss": same_loss, "reproduced_grad_norm": same_grad_norm,
-            "reproduced": same_loss and same_grad_norm,
-            "first_nonfinite_module": first_nonfinite[0] if first_nonfinite else None,
-            "nonfinite_grads": bad_grads[:10], "update_norm": update, "modules": modules}
+    return loss, outputs, first_nonfinite
+
+
+def _update(model, policy: PrecisionPolicy, optimizer, run: cfg.RunConfig, groups: dict, grad_norm: float,
+            lr: float) -> dict:
+    """The optimiser step at the recorded ``lr`` (gradients clipped as the trainer clips them): the update norm,
+    global and per layer group."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    params = list(model.parameters())
+    if run.optim.grad_clip and math.isfinite(grad_norm) and grad_norm > run.optim.grad_clip:
+        torch._foreach_mul_([p.grad for p in params if p.grad is not None], run.optim.grad_clip / (grad_norm + 1e-6))
+    updates = probes.UpdateNorms(groups)
+    updates.before()
+    policy.step(optimizer, math.isfinite(grad_norm))
+    return dict(zip(["global", *groups], updates.after().tolist()))
 
 
 def _same(a, b) -> bool:

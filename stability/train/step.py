@@ -33,7 +33,7 @@ from stability.train.checkpoint import step_bundle
 from stability.train.state import TrainState
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Parts:
     """What an arm trains with, built once before its first step.
 

@@ -201,9 +201,11 @@ def build(run: RunConfig, schedule, corpus: Corpus | None, reducer, identity: st
     held_out = eval_batches(corpus, cfg_p.eval_batches, run.data.batch_size, run.model.context, run.data.bos,
                             device)
     rounding = StepRounding(model, identity, run.replicate, probes.local)
-    return Parts(run, schedule, corpus, device, model, forward, policy, optimizer, reducer, groups, grad_norms,
-                 update_norms, probe_x, held_out, rounding, applied.SteppedLR(optimizer), linears,
-                 applied.probe_targets(model))
+    return Parts(run=run, schedule=schedule, corpus=corpus, device=device, model=model, forward=forward,
+                 policy=policy, optimizer=optimizer, reducer=reducer, groups=groups, grad_norms=grad_norms,
+                 update_norms=update_norms, probe_x=probe_x, held_out=held_out, rounding=rounding,
+                 stepped_lr=applied.SteppedLR(optimizer), linears=linears,
+                 probe_targets=applied.probe_targets(model))
 
 
 def new_record(parts: Parts, arm: str) -> dict:
