@@ -16,19 +16,19 @@ MODULE = '''"""The plain pair at twice the configured learning rate (``double_lr
 
 from dataclasses import replace
 
-from stability.cases.case import CaseRun, StressCase, cpu_threads
+from stability.cases.case import StressCase
 from stability.cases.checks import require
-from stability.config.schedules import Standard
 from stability.record.figures import Figure
 
 
-def run_double_lr(case, config, session=None, runner=None):
-    """Every arm and seed at 2x the peak LR; each run's largest training loss is its own figure."""
-    config = replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=2 * config.run.optim.lr)))
-    with cpu_threads(config.stress.threads):
-        run = CaseRun(case, config, "the plain pair at twice the peak LR", session, runner)
-        run.train_declared(lambda _run, arm: ({"double_lr_peak_loss": max(arm["series"]["loss"])}, {}))
-        return run.finish()
+def double_lr(config):
+    """The config the case trains: every arm and seed at 2x the peak LR."""
+    return replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=2 * config.run.optim.lr)))
+
+
+def train_double_lr(run):
+    """Each run's largest training loss is its own figure."""
+    run.train_declared(lambda _run, arm: ({"double_lr_peak_loss": max(arm["series"]["loss"])}, {}))
 
 
 def every_run_reports_its_peak_loss(record, invariant):
@@ -37,7 +37,9 @@ def every_run_reports_its_peak_loss(record, invariant):
         require("double_lr_peak_loss" in arm["final"], f"{arm['arm']} seed {arm['seed']}: no peak loss")
 
 
-CASE = StressCase("double_lr", run_double_lr, variant=lambda config: "x2", title="2x the LR",
+CASE = StressCase("double_lr", train_double_lr, prepare=double_lr,
+                  describe=lambda config: "the plain pair at twice the peak LR", variant=lambda config: "x2",
+                  title="2x the LR",
                   figures=(Figure("double_lr_peak_loss", kind="run", unit="nats", better="lower", floor=0.05,
                                   meaning="the largest training loss of a run at 2x the peak LR"),),
                   checks=(every_run_reports_its_peak_loss,), reported=lambda record: ["double_lr_peak_loss"])

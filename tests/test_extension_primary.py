@@ -199,13 +199,11 @@ from stability.cases.stress import CaseRun, StressCase, register
 from stability.config.schedules import Standard
 
 
-def run_toy(case, config, session=None, runner=None):
-    run = CaseRun(case, config, "the plain pair, as a case of its own", session, runner)
+def train_toy(run: CaseRun):
     run.train_each_arm(Standard(), lambda _run, arm_record: ({}, {}))
-    return run.finish()
 
 
-register(StressCase("toy_case", run_toy))
+register(StressCase("toy_case", train_toy, describe=lambda config: "the plain pair, as a case of its own"))
 '''
 
 
@@ -248,13 +246,12 @@ from stability.config.schedules import Standard
 from stability.record.figures import Figure, Primary
 
 
-def run_toy(case, config, session=None, runner=None):
-    run = CaseRun(case, config, "the plain pair, its peak loss a figure of its own", session, runner)
+def train_toy(run: CaseRun):
     run.train_each_arm(Standard(), lambda _run, arm: ({"toy_case_peak": max(arm["series"]["loss"])}, {}))
-    return run.finish()
 
 
-register(StressCase("toy_peak_case", run_toy, figures=(Figure(
+register(StressCase("toy_peak_case", train_toy, describe=lambda config: "the plain pair, its peak loss a figure of "
+                    "its own", figures=(Figure(
     "toy_case_peak", "lower", "nats/token", "the highest training loss of the run", kind="run", floor=0.05,
     rel_floor=0.05, primary=(Primary(arms="arms", why="the loss peaked higher"),)),)))
 '''

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import pkgutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -125,15 +127,18 @@ def test_the_case_registry_names_every_case_once_in_order(monkeypatch):
     from stability.cases import stress
     from stability.record import cases as record_cases
 
-    assert list(stress.CASES) == ["standard", "lr_sweep", "lr_ramp", "batch_ramp", "precision_ladder", "shock"]
-    assert all(name == case.name for name, case in stress.CASES.items())
+    modules = [importlib.import_module(f"stability.cases.{info.name}")
+               for info in pkgutil.iter_modules(importlib.import_module("stability.cases").__path__)]
+    declared = {module.CASE.name for module in modules if isinstance(getattr(module, "CASE", None), stress.StressCase)}
+    assert declared and set(stress.CASES) == declared, "the registry holds every case a module of the package declares"
+    assert next(iter(stress.CASES)) == "standard" and all(name == case.name for name, case in stress.CASES.items())
     monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
     monkeypatch.setattr(record_cases, "RECORDED_CASES", dict(record_cases.RECORDED_CASES))
     with pytest.raises(ValueError, match="registered already"):
         stress.register(stress.StressCase("shock", stress.CASES["shock"].train))
-    stress.register(stress.StressCase("toy", lambda case, config, session=None, runner=None: {"stress": case.name}))
-    assert stress.check_cases(["toy", "shock"]) == ("toy", "shock") and run_case("toy", resolve("smoke")) == {
-        "stress": "toy"}
+    stress.register(stress.StressCase("toy", lambda run: None))
+    assert stress.check_cases(["toy", "shock"]) == ("toy", "shock")
+    assert run_case("toy", resolve("smoke"))["stress"] == "toy"
     with pytest.raises(ConfigError, match=r"stress case 'nope' is unknown: expected one of \('standard'.*'toy'\)"):
         stress.check_cases(["shock", "nope"])
 
@@ -154,15 +159,16 @@ def test_a_registered_case_keeps_results_of_its_own_checked_against_its_declared
     monkeypatch.setattr(stress, "CASES", dict(stress.CASES))
     monkeypatch.setattr(record_cases, "RECORDED_CASES", dict(record_cases.RECORDED_CASES))
 
-    def run_doubled(case, config, session=None, runner=None):
-        config = replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=2 * config.run.optim.lr)))
-        run = stress.CaseRun(case, config, "every arm at twice the LR", session, runner)
+    def train_doubled(run):
         per_arm = run.train_each_arm(Standard(), lambda _run, arm_record: ({}, {}))
-        set_case_result(run.record, case.name, {"lr": config.run.optim.lr,
-                                                       "diverged": [a["status"] != "completed" for a in per_arm]})
-        return run.finish()
+        set_case_result(run.record, run.name, {"lr": run.config.run.optim.lr,
+                                               "diverged": [a["status"] != "completed" for a in per_arm]})
 
-    stress.register(stress.StressCase("doubled", run_doubled, result=Doubled, steps=lambda config: 7))
+    def doubled(config):
+        return replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=2 * config.run.optim.lr)))
+
+    stress.register(stress.StressCase("doubled", train_doubled, prepare=doubled, result=Doubled, steps=lambda config: 7,
+                                      describe=lambda config: "every arm at twice the LR"))
     config = resolve("smoke", {"steps": 3, "seeds": "0"})
     record = run_case("doubled", config)
     assert record["stress"] == "doubled" and record["results"]["doubled"]["diverged"] == [False, False]

@@ -14,7 +14,7 @@ import math
 from typing import TypedDict
 
 from stability import config as cfg
-from stability.cases.case import CaseRun, StressCase, cpu_threads, every_arm, finite
+from stability.cases.case import CaseRun, StressCase, every_arm, finite
 from stability.cases.checks import close, learns, require
 from stability.config import RunConfig, from_dict
 from stability.config.schedules import warmup_cosine
@@ -92,30 +92,33 @@ def off_schedule(series: dict, base: int, context: int, double_every: int, max_s
     return off
 
 
-def run_batch_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """Batch doubling every ``stress.batch.double_every`` steps up to ``stress.batch.max_size``, LR by
-    ``stress.batch.lr_rule``."""
-    stress = config.stress
-    schedule = stress.batch
+def describe_batch_ramp(config: cfg.ExperimentConfig) -> str:
+    """What the record says it trains; a ConfigError, before anything is trained, for a ramp that starts above
+    its top."""
+    schedule = config.stress.batch
     if schedule.max_size < config.run.data.batch_size:
         raise cfg.ConfigError(f"stress.batch.max_size={schedule.max_size!r} is invalid: expected at least "
                               f"data.batch_size={config.run.data.batch_size}")
-    with cpu_threads(stress.threads):
-        case = CaseRun(stress_case, config, schedule.describe(), session, runner)
+    return schedule.describe()
 
-        def figures_of(run, arm_record):
-            series = arm_record["series"]
-            off = off_schedule(series, run.data.batch_size, run.model.context, schedule.double_every,
-                               schedule.max_size)
-            figures = {"tokens_seen": series["tokens"][-1] if series["tokens"] else 0,
-                       "final_batch_size": series["batch_size"][-1] if series["batch_size"] else None,
-                       "batch_off_schedule_steps": len(off)}
-            return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record), "batch_off_schedule": off[:20]}
 
-        per_arm = case.train_declared(figures_of)
-        set_case_result(case.record, case.name, {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
-                                                    "max_batch_size": schedule.max_size, "per_arm": per_arm})
-        return case.finish()
+def train_batch_ramp(case: CaseRun) -> None:
+    """Batch doubling every ``stress.batch.double_every`` steps up to ``stress.batch.max_size``, LR by
+    ``stress.batch.lr_rule``."""
+    schedule = case.config.stress.batch
+
+    def figures_of(run, arm_record):
+        series = arm_record["series"]
+        off = off_schedule(series, run.data.batch_size, run.model.context, schedule.double_every,
+                           schedule.max_size)
+        figures = {"tokens_seen": series["tokens"][-1] if series["tokens"] else 0,
+                   "final_batch_size": series["batch_size"][-1] if series["batch_size"] else None,
+                   "batch_off_schedule_steps": len(off)}
+        return figures, {"loss_vs_tokens": loss_vs_tokens(arm_record), "batch_off_schedule": off[:20]}
+
+    per_arm = case.train_declared(figures_of)
+    set_case_result(case.record, case.name, {"lr_rule": schedule.lr_rule, "double_every": schedule.double_every,
+                                             "max_batch_size": schedule.max_size, "per_arm": per_arm})
 
 
 # ----------------------------------------------------------------------------- what its record must show
@@ -171,7 +174,7 @@ PRIMARY = (
 )
 
 
-CASE = StressCase("batch_ramp", run_batch_ramp, figures=FIGURES, primary=PRIMARY, result=BatchRamp, title="batch ramp",
+CASE = StressCase("batch_ramp", train_batch_ramp, describe=describe_batch_ramp, figures=FIGURES, primary=PRIMARY, result=BatchRamp, title="batch ramp",
                   variant=lambda config: config.stress.batch.lr_rule,
                   reported=lambda record: ["loss_spike_score", "grad_spike_score", "final_train_loss",
                                            "m_act_mean", "f_attn_mean"],

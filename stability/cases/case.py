@@ -151,8 +151,12 @@ class StressCase:
     ``variant(config) -> str``; None for one. The two make the case's label (``label``: "batch_ramp-sqrt",
     "lr_ramp"), what its records say under "schedule" and the second half of their key
     (``stability.record.case_key``: "smoke/batch_ramp-sqrt"): neither is typed anywhere else. train:
-    ``train(case, config, session=None, runner=None)`` trains it and returns its case record; it is handed
-    this entry (``CaseRun(case, ...)`` takes its name and rung from it: the name is never written twice).
+    ``train(case_run)`` trains the case's runs into the ``CaseRun`` it is handed (its config, record, session
+    and runner; its name and rung are this entry's: the name is never written twice) and sets its results;
+    the frame around it (the CPU threads, the ``CaseRun``, its finish) is ``run``'s, never the case's.
+    describe: ``describe(config) -> str``, what its record says it trains (None: the standard schedule's
+    description). prepare: ``prepare(config) -> config``, the config ``run`` trains (the plain pair's
+    quantization schemes); None: as given.
     rung: for a case of several runs per arm and seed, what tells them apart (``rung(run) ->
     stability.cases.runs.Rung``: it names the runs and keys their files); None for one run per arm and seed.
     result: the type (a TypedDict, declared in its module) of its own results, ``record["results"][name]``;
@@ -184,7 +188,9 @@ class StressCase:
     case: registering it declares both to the record's table of cases (``stability.record.cases``)."""
 
     name: str
-    train: Callable[..., dict]
+    train: Callable[[CaseRun], None]
+    describe: Callable[[cfg.ExperimentConfig], str] | None = None
+    prepare: Callable[[cfg.ExperimentConfig], cfg.ExperimentConfig] | None = None
     rung: Callable[[cfg.RunConfig], Rung] | None = None
     result: type | None = None
     steps: Callable[[cfg.ExperimentConfig], int] | None = None
@@ -234,6 +240,21 @@ class StressCase:
         """The steps one of its runs trains on ``config``."""
         return self.steps(config) if self.steps is not None else config.run.steps
 
+    def description(self, config: cfg.ExperimentConfig) -> str:
+        """What its record says it trains on ``config`` (``describe``; without, the standard schedule's)."""
+        return self.describe(config) if self.describe is not None else Standard().describe()
+
+    def record(self, config: cfg.ExperimentConfig, session=None, runner=None, purpose: str = "regression") -> dict:
+        """The frame every case trains in, on ``config`` as it is: a ``CaseRun`` (the record, the corpus, the
+        session and the runner), the case's own training (``train(case_run)``), and its finish; the case
+        record."""
+        case_run = CaseRun(self, config, self.description(config), session, runner, purpose)
+        self.train(case_run)
+        return case_run.finish()
+
     def run(self, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-        """Train the case on ``config``; its case record."""
-        return self.train(self, config, session=session, runner=runner)
+        """Train the case on ``config`` (``prepare`` d where it declares it) with its CPU threads
+        (``stress.threads``); its case record."""
+        config = self.prepare(config) if self.prepare is not None else config
+        with cpu_threads(config.stress.threads):
+            return self.record(config, session, runner)

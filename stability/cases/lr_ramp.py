@@ -15,8 +15,7 @@ import itertools
 import math
 from typing import TypedDict
 
-from stability import config as cfg
-from stability.cases.case import CaseRun, StressCase, cpu_threads, every_arm, finite
+from stability.cases.case import CaseRun, StressCase, every_arm, finite
 from stability.cases.checks import close, require
 from stability.record import Status, set_case_result
 from stability.record.figures import Figure, Primary
@@ -86,17 +85,14 @@ def ramp_figures(arm_record: dict, diverge_factor: float, smoothing: int, end_lr
                 losses[max(0, best - smoothing + 1):best + 1])) if best is not None else None}
 
 
-def run_lr_ramp(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+def train_lr_ramp(case: CaseRun) -> None:
     """One LR range test per arm and seed: exponential LR from ``stress.ramp.start_lr`` to ``stress.ramp.end_lr``."""
-    stress = config.stress
+    stress = case.config.stress
     schedule = stress.ramp
-    with cpu_threads(stress.threads):
-        case = CaseRun(stress_case, config, schedule.describe(), session, runner)
-        per_arm = case.train_declared(lambda run, arm_record: (ramp_figures(
-            arm_record, run.probes.diverge_factor, stress.recovery_smoothing, schedule.end_lr), {}))
-        set_case_result(case.record, case.name, {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,
-                                                 "per_arm": per_arm})
-        return case.finish()
+    per_arm = case.train_declared(lambda run, arm_record: (ramp_figures(
+        arm_record, run.probes.diverge_factor, stress.recovery_smoothing, schedule.end_lr), {}))
+    set_case_result(case.record, case.name, {"start_lr": schedule.start_lr, "end_lr": schedule.end_lr,
+                                             "per_arm": per_arm})
 
 
 # ----------------------------------------------------------------------------- what its record must show
@@ -174,7 +170,7 @@ PRIMARY = (
 )
 
 
-CASE = StressCase("lr_ramp", run_lr_ramp, figures=FIGURES, primary=PRIMARY, result=LrRamp, title="LR range test",
+CASE = StressCase("lr_ramp", train_lr_ramp, describe=lambda config: config.stress.ramp.describe(), figures=FIGURES, primary=PRIMARY, result=LrRamp, title="LR range test",
                   reported=lambda record: ["ramp_divergence_lr", "ramp_divergence_step", "ramp_spikes",
                                            "m_act_mean", "f_attn_mean"],
                   checks=(the_lr_rises_exponentially, the_ramp_finds_divergence,

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TypedDict
 
 from stability import config as cfg
-from stability.cases.case import CaseRun, StressCase, cpu_threads, finite, run_summary
+from stability.cases.case import CaseRun, StressCase, finite, run_summary
 from stability.cases.checks import arm_names, learns, require
 from stability.cases.runs import lr_rung
 from stability.config.schedules import Standard
@@ -88,43 +88,42 @@ def sweep_runs(case: StressCase, config: cfg.ExperimentConfig) -> list:
             for seed in config.seeds for arm in config.arm_names for lr in config.stress.sweep_lrs]
 
 
-def run_sweep(stress_case: StressCase, config: cfg.ExperimentConfig, lrs=None, session=None, runner=None) -> dict:
-    """Train every arm at every peak LR of the grid (``lrs`` or ``config.stress.sweep_lrs``) for every seed.
+def describe_sweep(config: cfg.ExperimentConfig) -> str:
+    return f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in config.stress.sweep_lrs)}"
+
+
+def train_sweep(case: CaseRun) -> None:
+    """Train every arm at every peak LR of the grid (``config.stress.sweep_lrs``) for every seed.
 
     ``record["results"]["lr_sweep"]``: the grid, the grid LR nearest ``optim.lr`` (``reference_lr``), per arm
     and seed the final loss per LR and the sweep figures, and a compact summary of every run. The ``arms``
     entries are the configured runs (at that LR), with ``lr_sensitivity``, ``critical_lr`` ... added to
     ``final``."""
-    if lrs is not None:
-        config = replace(config, stress=replace(config.stress, sweep_lrs=tuple(float(v) for v in lrs)))
+    config = case.config
     grid = config.stress.sweep_lrs
     ref = reference_index(grid, config.run.optim.lr)
-    with cpu_threads(config.stress.threads):
-        case = CaseRun(stress_case, config,
-                     f"learning-rate sweep over peak LRs {', '.join(f'{v:g}' for v in grid)}", session, runner)
-        per_arm, runs = [], []
-        trained = case.train_units(stress_case.units(config))
-        for seed in config.seeds:
-            for arm in config.arm_names:
-                records = []
-                for lr in grid:
-                    arm_record = next(trained)
-                    records.append(arm_record)
-                    runs.append(run_summary(arm_record, lr=lr))
-                losses = [r["final"].get("heldout_loss") for r in records]
-                diverged = [r["status"] != Status.COMPLETED for r in records]
-                first = [r["series"]["loss"][0] for r in records if r["series"]["loss"]
-                         and finite(r["series"]["loss"][0])]
-                loss_init = first[0] if first else math.log(config.run.model.vocab_size)
-                figures = sweep_figures(list(grid), losses, diverged, loss_init)
-                per_arm.append({"arm": arm, "seed": seed, "lrs": list(grid), "final_loss": losses,
-                                "status": [r["status"] for r in records], **figures})
-                reference = records[ref]
-                add_figures(reference, {**figures, "peak_lr": grid[ref]})
-                add_arm(case.record, reference)
-        set_case_result(case.record, case.name,
-                        {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs})
-        return case.finish()
+    per_arm, runs = [], []
+    trained = case.train_units(case.case.units(config))
+    for seed in config.seeds:
+        for arm in config.arm_names:
+            records = []
+            for lr in grid:
+                arm_record = next(trained)
+                records.append(arm_record)
+                runs.append(run_summary(arm_record, lr=lr))
+            losses = [r["final"].get("heldout_loss") for r in records]
+            diverged = [r["status"] != Status.COMPLETED for r in records]
+            first = [r["series"]["loss"][0] for r in records if r["series"]["loss"]
+                     and finite(r["series"]["loss"][0])]
+            loss_init = first[0] if first else math.log(config.run.model.vocab_size)
+            figures = sweep_figures(list(grid), losses, diverged, loss_init)
+            per_arm.append({"arm": arm, "seed": seed, "lrs": list(grid), "final_loss": losses,
+                            "status": [r["status"] for r in records], **figures})
+            reference = records[ref]
+            add_figures(reference, {**figures, "peak_lr": grid[ref]})
+            add_arm(case.record, reference)
+    set_case_result(case.record, case.name,
+                    {"lrs": list(grid), "reference_lr": grid[ref], "per_arm": per_arm, "runs": runs})
 
 
 # ----------------------------------------------------------------------------- its plot
@@ -232,7 +231,7 @@ FIGURES = (
 )
 
 
-CASE = StressCase("lr_sweep", run_sweep, figures=FIGURES, rung=lr_rung, result=LrSweep, title="LR sweep",
+CASE = StressCase("lr_sweep", train_sweep, describe=describe_sweep, figures=FIGURES, rung=lr_rung, result=LrSweep, title="LR sweep",
                   reported=lambda record: ["lr_sensitivity", "critical_lr", "m_act_mean", "f_attn_mean",
                                            "loss_spike_score", "heldout_loss"],
                   checks=(the_grid_is_fully_trained, the_reference_lr_is_finite_and_learns,

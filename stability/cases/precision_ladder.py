@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TypedDict
 
 from stability import config as cfg
-from stability.cases.case import CaseRun, StressCase, cpu_threads, finite, run_summary
+from stability.cases.case import CaseRun, StressCase, finite, run_summary
 from stability.cases.checks import arm_names, learns, require
 from stability.cases.runs import precision_rung
 from stability.config.schedules import Standard
@@ -97,7 +97,14 @@ def first_loss_gap(rung: dict, fp32: dict) -> float | None:
     return abs(first[0] - first[1]) if all(finite(value) for value in first) else None
 
 
-def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
+def describe_ladder(config: cfg.ExperimentConfig) -> str:
+    skipped = ladder_skips(config)
+    precisions = [p for p in config.stress.precisions if p not in skipped]
+    return (f"the same run in {', '.join(precisions)}"
+            + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""))
+
+
+def train_precision_ladder(case: CaseRun) -> None:
     """The same run (the configured LR, Standard schedule) at every precision of ``stress.precisions``.
 
     The ``arms`` entries are the fp32 runs; ``final`` gains, per lower precision p, ``loss_gap_<p>``,
@@ -106,48 +113,44 @@ def run_precision_ladder(stress_case: StressCase, config: cfg.ExperimentConfig, 
     ``lr_off_log_steps_<p>``. ``record["results"]["precision_ladder"]`` holds the
     rungs, per rung the library, version and recipe that trained it (``sources``), the rungs skipped
     with their reason (torchao not installed), and a summary of every run."""
+    config = case.config
     skipped = ladder_skips(config)
     precisions = [p for p in config.stress.precisions if p not in skipped]
-    with cpu_threads(config.stress.threads):
-        case = CaseRun(stress_case, config,
-                     f"the same run in {', '.join(precisions)}"
-                     + (f" ({', '.join(skipped)} skipped: torchao missing)" if skipped else ""), session, runner)
-        runs, sources = [], {}
-        trained = case.train_units([unit for unit in stress_case.units(config)
-                                    if unit.run.precision.dtype not in skipped])
-        for seed in config.seeds:
-            for arm in config.arm_names:
-                by_precision = {}
-                for p in precisions:
-                    arm_record = next(trained)
-                    by_precision[p] = arm_record
-                    sources.setdefault(p, arm_record.get("precision"))
-                    runs.append(run_summary(arm_record, precision=p))
-                reference = by_precision[cfg.REFERENCE_PRECISION]
-                ref_loss = reference["final"].get("heldout_loss")
-                for p, rec in by_precision.items():
-                    if p == cfg.REFERENCE_PRECISION:
-                        continue
-                    final = rec["final"]
-                    loss = final.get("heldout_loss")
-                    add_figures(reference, {
-                        f"loss_gap_{p}": (loss - ref_loss) if finite(loss) and finite(ref_loss) and
-                        rec["status"] == Status.COMPLETED else None,
-                        f"nonfinite_events_{p}": final.get("nonfinite_events"),
-                        f"nonfinite_unhandled_{p}": final.get("nonfinite_unhandled"),
-                        f"diverged_{p}": rec["status"] != Status.COMPLETED,
-                        f"overflow_fraction_{p}": final.get("overflow_fraction"),
-                        f"underflow_fraction_{p}": final.get("underflow_fraction"),
-                        f"loss_scale_drops_{p}": final.get("loss_scale_drops"),
-                        f"loss_spike_score_{p}": final.get("loss_spike_score"),
-                        f"first_loss_gap_{p}": first_loss_gap(rec, reference),
-                        f"linear_off_format_calls_{p}": final.get("linear_off_format_calls"),
-                        f"lr_off_log_steps_{p}": final.get("lr_off_log_steps"),
-                    })
-                add_arm(case.record, reference)
-        set_case_result(case.record, case.name,
-                        {"precisions": precisions, "sources": sources, "skipped": skipped, "runs": runs})
-        return case.finish()
+    runs, sources = [], {}
+    trained = case.train_units([unit for unit in case.case.units(config)
+                                if unit.run.precision.dtype not in skipped])
+    for seed in config.seeds:
+        for arm in config.arm_names:
+            by_precision = {}
+            for p in precisions:
+                arm_record = next(trained)
+                by_precision[p] = arm_record
+                sources.setdefault(p, arm_record.get("precision"))
+                runs.append(run_summary(arm_record, precision=p))
+            reference = by_precision[cfg.REFERENCE_PRECISION]
+            ref_loss = reference["final"].get("heldout_loss")
+            for p, rec in by_precision.items():
+                if p == cfg.REFERENCE_PRECISION:
+                    continue
+                final = rec["final"]
+                loss = final.get("heldout_loss")
+                add_figures(reference, {
+                    f"loss_gap_{p}": (loss - ref_loss) if finite(loss) and finite(ref_loss) and
+                    rec["status"] == Status.COMPLETED else None,
+                    f"nonfinite_events_{p}": final.get("nonfinite_events"),
+                    f"nonfinite_unhandled_{p}": final.get("nonfinite_unhandled"),
+                    f"diverged_{p}": rec["status"] != Status.COMPLETED,
+                    f"overflow_fraction_{p}": final.get("overflow_fraction"),
+                    f"underflow_fraction_{p}": final.get("underflow_fraction"),
+                    f"loss_scale_drops_{p}": final.get("loss_scale_drops"),
+                    f"loss_spike_score_{p}": final.get("loss_spike_score"),
+                    f"first_loss_gap_{p}": first_loss_gap(rec, reference),
+                    f"linear_off_format_calls_{p}": final.get("linear_off_format_calls"),
+                    f"lr_off_log_steps_{p}": final.get("lr_off_log_steps"),
+                })
+            add_arm(case.record, reference)
+    set_case_result(case.record, case.name,
+                    {"precisions": precisions, "sources": sources, "skipped": skipped, "runs": runs})
 
 
 # ----------------------------------------------------------------------------- its table
@@ -324,7 +327,7 @@ PRIMARY = (
 )
 
 
-CASE = StressCase("precision_ladder", run_precision_ladder, figures=FIGURES, primary=PRIMARY, rung=precision_rung, result=PrecisionLadder,
+CASE = StressCase("precision_ladder", train_precision_ladder, describe=describe_ladder, figures=FIGURES, primary=PRIMARY, rung=precision_rung, result=PrecisionLadder,
                   steps=rung_steps, title="precision ladder",
                   reported=lambda record: [f"loss_gap_{p}" for p in rungs_of(record)]
                   + ["m_act_mean", "f_attn_mean", "max_attn_logit"],

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TypedDict
 
 from stability import config as cfg
-from stability.cases.case import CaseRun, StressCase, cpu_threads, every_arm, finite
+from stability.cases.case import CaseRun, StressCase, every_arm, finite
 from stability.cases.checks import close, require
 from stability.config import RunConfig, from_dict
 from stability.config.schedules import warmup_cosine
@@ -76,22 +76,25 @@ def shock_figures(losses: list[float], spikes: list[bool], shock_step: int, smoo
             "shock_recovered": recovered, "shock_spikes": sum(spikes[shock_step + 1:])}
 
 
-def run_shock(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """An LR shock: ``stress.shock.factor`` x the LR from ``stress.shock.at_step`` on ("jump"), or no warmup
-    ("no_warmup")."""
-    stress = config.stress
-    schedule = stress.shock
+def describe_shock(config: cfg.ExperimentConfig) -> str:
+    """What the record says it trains; a ConfigError, before anything is trained, for a shock past the run."""
+    schedule = config.stress.shock
     if schedule.shock_step >= config.run.steps:
         raise cfg.ConfigError(f"stress.shock.at_step={schedule.at_step!r} is invalid: expected a step below "
                               f"steps={config.run.steps}")
-    with cpu_threads(stress.threads):
-        case = CaseRun(stress_case, config, schedule.describe(), session, runner)
-        per_arm = case.train_declared(lambda run, arm_record: (shock_figures(
-            arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
-            stress.recovery_smoothing, arm_record["status"]), {}))
-        set_case_result(case.record, case.name, {"kind": schedule.kind, "step": schedule.shock_step,
-                                               "factor": schedule.factor, "per_arm": per_arm})
-        return case.finish()
+    return schedule.describe()
+
+
+def train_shock(case: CaseRun) -> None:
+    """An LR shock: ``stress.shock.factor`` x the LR from ``stress.shock.at_step`` on ("jump"), or no warmup
+    ("no_warmup")."""
+    stress = case.config.stress
+    schedule = stress.shock
+    per_arm = case.train_declared(lambda run, arm_record: (shock_figures(
+        arm_record["series"]["loss"], arm_record["series"]["loss_spike"], schedule.shock_step,
+        stress.recovery_smoothing, arm_record["status"]), {}))
+    set_case_result(case.record, case.name, {"kind": schedule.kind, "step": schedule.shock_step,
+                                             "factor": schedule.factor, "per_arm": per_arm})
 
 
 # ----------------------------------------------------------------------------- what its record must show
@@ -159,7 +162,7 @@ FIGURES = (
 )
 
 
-CASE = StressCase("shock", run_shock, figures=FIGURES, result=Shock, title="LR shock", rerun=True,
+CASE = StressCase("shock", train_shock, describe=describe_shock, figures=FIGURES, result=Shock, title="LR shock", rerun=True,
                   variant=lambda config: config.stress.shock.kind,
                   reported=lambda record: ["shock_peak_excess", "shock_recovery_steps", "shock_spikes",
                                            "loss_spike_score", "m_act_mean", "f_attn_mean"],

@@ -10,29 +10,26 @@ from __future__ import annotations
 from dataclasses import replace
 
 from stability import config as cfg
-from stability.cases.case import CaseRun, StressCase, cpu_threads
+from stability.cases.case import CaseRun, StressCase
 from stability.cases.checks import arm_names, gated, learns, require
-from stability.config.schedules import Standard
 from stability.record.figures import HEAVY_TAILED, SINGLE_STEP, Primary
 
 
-def run_standard(stress_case: StressCase, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
-    """The plain pair (every arm of the config) at the preset's settings, quantized after training
-    (``quantized_by_default``): what ``stability run`` and ``stability stress standard`` run."""
-    with cpu_threads(config.stress.threads):
-        return run_pair(quantized_by_default(config), session=session, runner=runner)
+def train_standard(case: CaseRun) -> None:
+    """The plain pair (every arm of the config) at the preset's settings: every (seed, arm), seed by seed (the
+    case's runs, ``StressCase.units``). ``stability run`` and ``stability stress standard`` train it quantized
+    after training (``quantized_by_default``, its ``prepare``)."""
+    case.train_declared(lambda run, arm_record: ({}, {}))
 
 
 def run_pair(config: cfg.ExperimentConfig, purpose: str = "regression", session=None, runner=None) -> dict:
-    """Train every (seed, arm) of ``config`` as it is, seed by seed (the case's runs, ``StressCase.units``), and
-    return the pair record; ``purpose`` says why ("regression", "claim", "fault").
+    """Train every (seed, arm) of ``config`` as it is (not prepared, in the caller's CPU threads) and return the
+    pair record; ``purpose`` says why ("regression", "claim", "fault").
 
     ``session``: the record on disk after every run, resume (``stability.cases.experiment.train_arm``);
     ``runner``: where the runs train (``stability.cases.experiment.train_units``). Ctrl-C ends the arm in flight
     as "killed" and raises ``Interrupted`` with the record so far."""
-    case = CaseRun(CASE, config, Standard().describe(), session, runner, purpose=purpose)
-    case.train_declared(lambda run, arm_record: ({}, {}))
-    return case.finish()
+    return CASE.record(config, session, runner, purpose)
 
 
 def quantized_by_default(config: cfg.ExperimentConfig) -> cfg.ExperimentConfig:
@@ -146,7 +143,7 @@ PRIMARY = (
     Primary(figure="quant_nf4_kl", arms="arms", why="the trained model loses more to 4-bit weights"),
 )
 
-CASE = StressCase("standard", run_standard, primary=PRIMARY, title="standard pair",
+CASE = StressCase("standard", train_standard, prepare=quantized_by_default, primary=PRIMARY, title="standard pair",
                   reported=lambda record: ["heldout_loss", "m_act_mean", "f_attn_mean", "sink_rate_mean",
                                            "max_attn_logit", "loss_spike_score"],
                   checks=(both_arms_complete_and_learn, the_gated_arm_carries_a_gate_and_reports_its_score,

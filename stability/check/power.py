@@ -31,9 +31,7 @@ This module reads JSON only: no torch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from statistics import NormalDist
 
 from stability.check import (
     DEFAULT_ALPHA,
@@ -44,7 +42,7 @@ from stability.check import (
     rows_of_case,
 )
 from stability.check.calibration import split_runs
-from stability.record.stats import t_quantile
+from stability.check.rows import critical_t, dof_of, smallest_moves
 from stability.report.tables import fmt, text_table
 
 
@@ -75,20 +73,6 @@ class Move:
         return not (self.better == "higher" and self.baseline >= 0 and self.move >= self.baseline)
 
 
-def _dof(mode: str) -> float:
-    """The degrees of freedom of a row's ``mode`` ("n=3 df=4")."""
-    text = mode.split("df=")[-1]
-    return math.inf if text in ("inf", "") else float(text)
-
-
-def critical_t(tail: float, dof: float) -> float:
-    """The t whose upper tail is ``tail`` under ``dof`` degrees of freedom (the check's rounding: whole dof,
-    at least 1; the normal quantile for more than 1000)."""
-    if not math.isfinite(dof) or dof > 1000:
-        return NormalDist().inv_cdf(1 - tail)
-    return t_quantile(tail, max(1, int(dof)))
-
-
 def smallest_failing_moves(baseline: dict, alpha: float = DEFAULT_ALPHA, tolerances: dict | None = None,
                            dof_rule: str = DOF_RULE) -> list[Move]:
     """Per primary row of ``baseline`` (validated by the caller), the smallest move that fails a job alone."""
@@ -107,21 +91,10 @@ def smallest_failing_moves(baseline: dict, alpha: float = DEFAULT_ALPHA, toleran
 def move_of(row, hypotheses: int, alpha: float = DEFAULT_ALPHA) -> Move:
     """The smallest failing move and change of one primary row (a ``stability.check.rows.Row`` with its
     ``se`` and ``floor``) judged among ``hypotheses`` by Holm at ``alpha``."""
-    dof = _dof(row.mode)
+    dof = dof_of(row.mode)
     t = critical_t(alpha / hypotheses, dof)
-    change = None if row.floor_only else critical_t(alpha / hypotheses / 2, dof) * row.se_seed
-    return Move(row.case, row.arm, row.figure, row.better, row.baseline, row.floor, row.se, dof, t,
-                row.floor + t * row.se, change)
-
-
-def move_fields(row, hypotheses: int, alpha: float) -> dict:
-    """What the check's JSON adds to a primary row: ``smallest_failing_move`` (in the worse direction, alone:
-    exit 1), ``of_the_mean`` (that move over the baseline mean) and ``smallest_change`` (the same in every
-    seed, either way: exit 3; None for a row judged by its floor only); all None where the row has no noise."""
-    if row.se is None or row.floor is None or not hypotheses:
-        return {"smallest_failing_move": None, "of_the_mean": None, "smallest_change": None}
-    move = move_of(row, hypotheses, alpha)
-    return {"smallest_failing_move": move.move, "of_the_mean": move.relative, "smallest_change": move.change}
+    move, change = smallest_moves(row, hypotheses, alpha)
+    return Move(row.case, row.arm, row.figure, row.better, row.baseline, row.floor, row.se, dof, t, move, change)
 
 
 def moves_table(moves: list[Move]) -> str:

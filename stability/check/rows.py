@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from stability.record import figures as fig
-from stability.record.stats import t_upper_tail
+from stability.record.stats import t_quantile, t_upper_tail
 
 DOF_RULE = "min"
 """How a row's degrees of freedom are counted: "min" (the smallest n_s - 1 of any seed: valid when one seed is
@@ -183,3 +184,40 @@ def every_seed_moved(deltas: dict[str, float], terms: dict[str, tuple[float, flo
     if not deltas or all(d == 0 for d in deltas.values()):
         return 1.0
     return min(1.0, 2 * min(weakest(1), weakest(-1)))
+
+
+# ----------------------------------------------------------------------------- how far a row must move
+
+def dof_of(mode: str) -> float:
+    """The degrees of freedom of a row's ``mode`` ("n=3 df=4")."""
+    text = mode.split("df=")[-1]
+    return math.inf if text in ("inf", "") else float(text)
+
+
+def critical_t(tail: float, dof: float) -> float:
+    """The t whose upper tail is ``tail`` under ``dof`` degrees of freedom (the check's rounding: whole dof,
+    at least 1; the normal quantile for more than 1000)."""
+    if not math.isfinite(dof) or dof > 1000:
+        return NormalDist().inv_cdf(1 - tail)
+    return t_quantile(tail, max(1, int(dof)))
+
+
+def smallest_moves(row: Row, hypotheses: int, alpha: float) -> tuple[float, float | None]:
+    """(move, change) of a primary row judged among ``hypotheses`` by Holm at ``alpha``: the smallest move in its
+    worse direction that fails the job alone (``floor + t(alpha / H) se``, exit 1) and the smallest move the
+    same in every seed, either way, that makes it CHANGED (``t(alpha / 2H) se_seed``, exit 3; None for a row
+    judged by its floor only). ``stability.check.power`` explains both."""
+    dof = dof_of(row.mode)
+    change = None if row.floor_only else critical_t(alpha / hypotheses / 2, dof) * row.se_seed
+    return row.floor + critical_t(alpha / hypotheses, dof) * row.se, change
+
+
+def move_fields(row: Row, hypotheses: int, alpha: float) -> dict:
+    """What the check's JSON adds to a primary row: ``smallest_failing_move`` (in the worse direction, alone:
+    exit 1), ``of_the_mean`` (that move over the baseline mean) and ``smallest_change`` (the same in every
+    seed, either way: exit 3; None for a row judged by its floor only); all None where the row has no noise."""
+    if row.se is None or row.floor is None or not hypotheses:
+        return {"smallest_failing_move": None, "of_the_mean": None, "smallest_change": None}
+    move, change = smallest_moves(row, hypotheses, alpha)
+    return {"smallest_failing_move": move, "of_the_mean": move / abs(row.baseline) if row.baseline else None,
+            "smallest_change": change}

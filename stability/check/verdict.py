@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from stability.check.rows import DOF_RULE, Row
+from stability.check.rows import DOF_RULE, Row, move_fields
 from stability.record import figures as fig
 from stability.record.stats import binomial_upper_bound, holm
 from stability.report.tables import fmt, markdown_text, text_table
@@ -277,11 +277,9 @@ class CheckResult:
 
     def row_dict(self, row: Row) -> dict:
         """A row of the JSON; a primary row with its smallest failing move and change
-        (``stability.check.power.move_fields``: how far it must move to fail the job alone)."""
+        (``stability.check.rows.move_fields``: how far it must move to fail the job alone)."""
         if row.tier != "primary":
             return row.as_dict()
-        from stability.check.power import move_fields   # power reads the check's rows: imported when used
-
         return {**row.as_dict(), **move_fields(row, self.hypotheses, self.alpha)}
 
 
