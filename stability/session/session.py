@@ -44,6 +44,7 @@ from stability.record import (
     UNFINISHED,
     RecordError,
     Status,
+    case_key,
     case_name,
     config_diff,
     name_run,
@@ -148,9 +149,9 @@ class Resume:
         return count
 
     def record_for(self, case_record: dict) -> dict | None:
-        """The interrupted record of the same case (stress case, name and schedule), if any."""
-        key = (case_name(case_record), case_record.get("name"), case_record.get("schedule"))
-        return next((r for r in self.records if (case_name(r), r.get("name"), r.get("schedule")) == key), None)
+        """The interrupted record of the same case (its stress case and case key), if any."""
+        key = (case_name(case_record), case_key(case_record))
+        return next((r for r in self.records if (case_name(r), case_key(r)) == key), None)
 
 
 def locked_by(run_dir: Path) -> str | None:
