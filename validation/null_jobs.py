@@ -20,8 +20,11 @@ judging them (before the baseline exists).
 
 Records are kept like the zoo's (``reports/null/<scale>/draw<N>.json.xz`` for replicate N: the regression
 records without their per-step series, which the check never reads, the failed stress tests, the kernel
-step's exit, the job's time) so that ``--rejudge`` judges them again without training. The table goes to
-``reports/null-<scale>.md``. Nothing is asserted here.
+step's exit, the job's time, the commit, git tree and machine it ran: ``regression_zoo.run_entry``) so that
+``--rejudge`` judges them again without training. The table goes to ``reports/null-<scale>.md``, with the
+jobs counted per machine (``stability.record.machine.machine_key``; jobs kept before jobs named their machine
+apart); ``--write-baseline`` keeps the per-machine counts in ``null_jobs.machines``, and ``stability check``
+says when the job's machine is not among them. Nothing is asserted here.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from pathlib import Path
 from stability.check.baseline import write_baseline
 from stability.check.baseline_schema import load_baseline
 from stability.check.calibration import null_job_evidence
+from stability.record.machine import machine_key
 from stability.record.stats import binomial_upper_bound
+from stability.report.tables import markdown_text
 from validation import regression_zoo as zoo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +67,38 @@ def replicate_of(name: str) -> int:
     return int(name.removeprefix("draw"))
 
 
+UNRECORDED = "machine not recorded (jobs kept before records named their machine)"
+
+
+def by_machine(rows: list[dict]) -> dict[str, list[dict]]:
+    """The judged jobs (``zoo.judged``'s rows) by the key of the machine each ran on
+    (``stability.record.machine.machine_key``), sorted; the jobs kept before jobs named their machine last,
+    under ``UNRECORDED``."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(machine_key(row["machine"]) if row.get("machine") else UNRECORDED, []).append(row)
+    return dict(sorted(groups.items(), key=lambda item: (item[0] == UNRECORDED, item[0])))
+
+
+def machines(rows: list[dict]) -> dict[str, int]:
+    """Machine key -> the jobs of ``rows`` run on it (those kept before jobs named their machine left out):
+    what the baseline's ``null_jobs.machines`` keeps."""
+    return {key: len(group) for key, group in by_machine(rows).items() if key != UNRECORDED}
+
+
+def machine_lines(rows: list[dict]) -> list[str]:
+    """The per-machine summary of the counted jobs: jobs, failed and the exact 95% upper bound per machine
+    (a rate holds on the machine it was measured on)."""
+    lines = [("By machine (the CPU, the SIMD level torch dispatches to, torch and its BLAS: "
+              "`stability.record.machine.machine_key`; the rate is measured on these machines only):"), "",
+             "| machine | jobs | failed | 95% upper bound (exact) |", "|---|---|---|---|"]
+    for key, group in by_machine(rows).items():
+        failed = sum(r["failed"] for r in group)
+        lines.append(f"| {markdown_text(key)} | {len(group)} | {failed} | "
+                     f"{binomial_upper_bound(failed, len(group)):.1%} |")
+    return lines + [""]
+
+
 def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozenset(),
           jobs_commit: str | None = None) -> str:
     """The Markdown table; jobs named in ``chose`` (replicates that chose the current rule) are listed and
@@ -82,6 +119,8 @@ def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozen
              ""]
     if jobs_commit:
         lines += [f"The counted jobs ran the code of commit `{jobs_commit[:12]}`.", ""]
+    if counted:
+        lines += machine_lines(counted)
     if chose:
         lines += [(f"Replicates {', '.join(str(n) for n in sorted(map(replicate_of, chose)))} chose the current "
                    f"rule (their jobs showed what it changed): judged and listed below, not counted above."), ""]
@@ -151,7 +190,7 @@ def main() -> int:
         baseline["null_jobs"] = null_job_evidence(len(counted), sum(r["failed"] for r in counted),
                                                   args.jobs_commit or baseline.get("commit"),
                                                   [replicate_of(r["entry"]) for r in counted],
-                                                  min(margins) if margins else None)
+                                                  min(margins) if margins else None, machines(counted))
         write_baseline(baseline, path)
         print(f"null jobs written into {path}: {baseline['null_jobs']['failed']} of {baseline['null_jobs']['jobs']} "
               f"failed")

@@ -9,7 +9,9 @@ repository, the entry's patch, then the steps of the ``stress-cpu`` job of
 ``.github/workflows/stability.yml`` exactly as written (``--preset``/``BASELINE`` switched to the chosen
 preset), run by ``validation/workflow.py``. What the job measured is kept in
 ``reports/zoo/<scale>/<entry>.json.xz``: its regression records (without their per-step series and probe
-snapshots, which the check never reads), which stress tests and which kernel step failed, and its time.
+snapshots, which the check never reads), which stress tests and which kernel step failed, its time, and what
+ran: the commit (``code_of``), the git tree of the files as the job ran them (``tree_of``, the patch included)
+and the machine (``stability.record.machine.describe``). Jobs kept before these were kept read as unrecorded.
 
 Judging (also ``--rejudge``, which trains nothing) applies two rules to the kept records against the
 committed baseline (``reports/baselines/<scale>-cpu.json``): the check as it is (``stability check``:
@@ -25,7 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +43,7 @@ from stability.check.coverage import reported
 from stability.record import figures as fig
 from stability.record import git_info, upgraded
 from stability.record.invariants import read_invariants
+from stability.record.machine import describe, record_machine
 from stability.record.rundir import load_records
 from validation import seed_spread_rule
 from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
@@ -50,6 +55,7 @@ from validation.zoo import (
     HELD_OUT_MISSION,
     HELD_OUT_NOISE,
     HELD_OUT_PRIMARY,
+    HELD_OUT_RULES,
     ZOO,
     Entry,
 )
@@ -64,6 +70,7 @@ GROUPS = (("the code as it is", [UNCHANGED]),
           ("entries held out from the quantization and spike rows", list(HELD_OUT_MISSION)),
           ("entries held out from the per-step replicates", list(HELD_OUT_NOISE)),
           ("entries held out from the applied-stress proofs", list(HELD_OUT_APPLIED)),
+          ("entries written with the Linear rules stated apart", list(HELD_OUT_RULES)),
           ("failures the verdict must not pass", list(FAILURES)))
 KEPT = ROOT / "reports" / "zoo"
 LABELS = {e.name: (e.harmful, e.what) for _, entries in GROUPS for e in entries}   # a kept job is judged by these
@@ -134,6 +141,7 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
         shutil.rmtree(copy)
     fresh_copy(copy, source)
     apply_patch(copy, entry.edits)
+    tree = tree_of(Path(source), copy)   # the files as the job runs them, the entry's patch included
     started = time.perf_counter()
     workflow = scaled_workflow(scale, work, Path(source) / ".github" / "workflows" / "stability.yml")
     job = run_job(workflow, "stress-cpu", copy, install=prepare_venv, env=env,
@@ -146,7 +154,8 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
     invariants = [line for folder in sorted({Path(r["_path"]).parent for r in load_records([copy / "reports" / "runs"])
                                              if r.get("_path")}) for line in read_invariants(folder)]
     return {"entry": name or entry.name, "harmful": entry.harmful, "what": entry.what, "scale": scale,
-            "code": code_of(Path(source)), "stress_exit": stress.code if stress else None, "stress_failures": stress_failures(copy),
+            "code": code_of(Path(source)), "tree": tree, "machine": describe("cpu"),
+            "stress_exit": stress.code if stress else None, "stress_failures": stress_failures(copy),
             "kernel_exit": kernel.code if kernel and kernel.ran else None,
             "stress_seconds": stress.seconds if stress else None, "seconds": seconds, "records": records,
             "invariants": invariants}
@@ -157,6 +166,39 @@ def code_of(source: Path) -> str | None:
     aside; None when ``source`` is not a git checkout. Kept with the job: its records do not name their code."""
     git = git_info(source)
     return git["commit"] and git["commit"] + ("+changes" if git["dirty"] else "")
+
+
+def tree_of(source: Path, files: Path | None = None) -> str | None:
+    """The git tree id of the checkout ``source``'s working files as they are (tracked, and untracked but not
+    ignored: what ``fresh_copy`` copies; uncommitted changes included), or of ``files`` (a copy of it, e.g.
+    with a zoo entry's patch applied) read as ``source``'s files; None when ``source`` is not a git checkout.
+    Kept with the job beside ``code_of``: two jobs of one tree ran the same files. Written through a temporary
+    index (a copy of the checkout's): the checkout's index, refs and work tree stay as they are (only blob and
+    tree objects join its object store). The commit's own tree (``git rev-parse HEAD^{tree}``) when clean."""
+    def git(*args: str, env: dict | None = None, where: Path = Path(source)) -> str:
+        return subprocess.run(["git", "-C", str(where), *args], env=env, capture_output=True, text=True,
+                              timeout=300, check=True).stdout.strip()
+    try:
+        repository = git("rev-parse", "--absolute-git-dir")
+        index = Path(source) / git("rev-parse", "--git-path", "index")
+        work = Path(files).resolve() if files is not None else Path(git("rev-parse", "--show-toplevel"))
+        with tempfile.TemporaryDirectory(prefix="stability-tree-") as folder:
+            env = {**os.environ, "GIT_DIR": repository, "GIT_WORK_TREE": str(work),
+                   "GIT_INDEX_FILE": str(Path(folder) / "index")}
+            if index.is_file():
+                shutil.copyfile(index, env["GIT_INDEX_FILE"])
+            git("add", "--all", env=env, where=work)
+            return git("write-tree", env=env, where=work) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def job_machine(document: dict) -> dict | None:
+    """The machine a kept job ran on: the one it was kept with, else the one its records name
+    (``env.machine``); None for a job kept before jobs and records named their machine."""
+    if isinstance(document.get("machine"), dict):
+        return document["machine"]
+    return next(filter(None, (record_machine(r) for r in document.get("records") or [])), None)
 
 
 FLOOR_SCALES = (0.8, 1.25)
@@ -197,7 +239,7 @@ def judged(document: dict, baseline: dict) -> dict:
             "margin": f"{margin(result):.3g}", "failed": other or result.exit_code != 0,
             **{f"failed_floors_x{scale:g}": failed for scale, failed in by_floor.items()},
             "old_regressed": old, "old_failed": other or bool(old), "seconds": document["seconds"],
-            "code": document.get("code")}
+            "code": document.get("code"), "tree": document.get("tree"), "machine": job_machine(document)}
 
 
 def predates(document: dict, baseline: dict) -> list[str]:
@@ -281,7 +323,7 @@ def main() -> int:
     parser.add_argument("--out", help="Markdown table (default reports/zoo-<scale>.md)")
     args = parser.parse_args()
     everything = [UNCHANGED, *ZOO, *HELD_OUT, *HELD_OUT_PRIMARY, *HELD_OUT_EARLY, *HELD_OUT_MISSION, *HELD_OUT_NOISE,
-                  *HELD_OUT_APPLIED, *FAILURES]
+                  *HELD_OUT_APPLIED, *HELD_OUT_RULES, *FAILURES]
     wanted = args.entries.split(",") if args.entries else [e.name for e in everything]
     unknown = sorted(set(wanted) - {e.name for e in everything})
     if unknown:

@@ -75,6 +75,8 @@ class NullJobs(TypedDict, total=False):
     commit: str | None
     replicates: list[int] | None
     closest_margin: float | None
+    machines: dict[str, int] | None   # machine key (stability.record.machine) -> jobs run on it (jobs beyond
+                                      # their sum: kept before jobs named their machine); absent: not recorded
 
 
 class Covers(TypedDict, total=False):
@@ -272,6 +274,16 @@ def _check_null_jobs(jobs: NullJobs, where_: str) -> None:
     if jobs["failed"] > jobs["jobs"]:
         raise RecordError(f"{here}.failed = {jobs['failed']} is more than null_jobs.jobs = {jobs['jobs']}: expected "
                           f"at most as many failures as jobs")
+    machines = jobs.get("machines")
+    if machines is not None:
+        for key, count in machines.items():
+            if not key.strip():
+                raise RecordError(f"{here}.machines has an empty key: expected machine keys "
+                                  f"(stability.record.machine.machine_key)")
+            _at_least(count, 1, f"machines[{key!r}]", here)
+        if sum(machines.values()) > jobs["jobs"]:
+            raise RecordError(f"{here}.machines counts {sum(machines.values())} jobs, more than null_jobs.jobs = "
+                              f"{jobs['jobs']}: expected at most as many jobs on the machines as jobs")
 
 
 def validate_baseline(baseline, where_: str) -> dict:

@@ -166,13 +166,18 @@ def stored(curve: dict, reason: str | None) -> dict:
 
 
 def null_job_evidence(jobs: int, failed: int, commit: str | None, replicates: list[int],
-                      closest_margin: float | None) -> dict:
+                      closest_margin: float | None, machines: dict[str, int] | None = None) -> dict:
     """What a baseline keeps of its null jobs (``baseline["null_jobs"]``): ``jobs`` harmless jobs of the code of
     ``commit`` (its own, or a later commit's that records the same figures; every run a fresh rounding replicate,
     ``replicates``) judged against it, ``failed`` of them failed, the
-    margin of the closest; the check states the job's false-alarm rate from it."""
-    return {"jobs": jobs, "failed": failed, "commit": commit, "replicates": sorted(replicates),
-            "closest_margin": closest_margin}
+    margin of the closest, and the machines they ran on (``machines``: machine key -> jobs, those kept before
+    jobs named their machine left out; None: not recorded, no key written); the check states the job's
+    false-alarm rate from it, and whether the job's machine is among those."""
+    evidence = {"jobs": jobs, "failed": failed, "commit": commit, "replicates": sorted(replicates),
+                "closest_margin": closest_margin}
+    if machines is not None:
+        evidence["machines"] = dict(sorted(machines.items()))
+    return evidence
 
 
 def curve_lines(curve: dict) -> list[str]:

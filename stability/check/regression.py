@@ -58,6 +58,7 @@ from stability.record import (
     where,
 )
 from stability.record import figures as fig
+from stability.record.machine import machines_of
 from stability.report.tables import fmt
 
 
@@ -211,6 +212,7 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
         raise RecordError(f"alpha={alpha!r} is invalid: expected a false-alarm rate in (0, 1), e.g. 0.01")
     tolerances = resolve_tolerances(tolerances)
     result = CheckResult(alpha=alpha)
+    result.job_machines, result.job_machines_unrecorded = machines_of(records)   # the machines it ran on
     try:
         validate_baseline(baseline, "baseline")
     except RecordError as error:

@@ -187,7 +187,8 @@ class CheckResult:
             null = "machines not recorded"
         else:
             unrecorded = jobs["jobs"] - sum(machines.values())
-            null = ", ".join([f"{key} ({count} jobs)" for key, count in machines.items()]
+            most = sorted(machines.items(), key=lambda item: (-item[1], item[0]))   # the most jobs first
+            null = ", ".join([f"{key} ({count} jobs)" for key, count in most]
                              + ([f"not recorded ({unrecorded} jobs kept before jobs named their machine)"]
                                 if unrecorded else []))
         return f"  machines of the null jobs: {null}; this job's machine: {job}"

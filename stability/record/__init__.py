@@ -15,6 +15,8 @@ without them). One idea per module:
     upgrade.py    a record of the schema before, read as this schema holds it (the reference arm renamed)
     cases.py      where a case keeps its results, the result types of the cases registered here, its run length
     identity.py   what makes records comparable: case key, comparable config, fingerprints, device, replicate
+    machine.py    the machine a record was made on (``env.machine``): ``describe`` (imports torch, inside),
+                  ``machine_key``, the label that groups jobs by machine
     figures.py    the one table of figures; stats.py: paired statistics; rundir.py: run directories
 
 A case record (``CaseRecord``) holds ``schema_version``, ``id``, ``created_at``, ``name``, ``preset``,

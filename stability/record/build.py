@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from stability.config import extensions
 from stability.record.cases import result_type
 from stability.record.identity import STANDARD
+from stability.record.machine import describe as describe_machine
 from stability.record.schema import (
     PURPOSES,
     SCHEMA_VERSION,
@@ -64,7 +65,8 @@ def library_version(distribution: str) -> str | None:
 
 
 def env_info(device: str) -> dict:
-    """Versions and device name, for the record and the MLflow tags (imports torch: trainer side only)."""
+    """Versions, device name and the machine (``stability.record.machine.describe``), for the record and the
+    MLflow tags (imports torch: trainer side only)."""
     import torch
 
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") \
@@ -73,7 +75,8 @@ def env_info(device: str) -> dict:
             "bitsandbytes": library_version("bitsandbytes"), "mlflow": library_version("mlflow"),
             "transformers": library_version("transformers"), "torchao": library_version("torchao"), "device": device,
             "device_name": name, "threads": torch.get_num_threads(),
-            "extensions": [extension.describe() for extension in extensions.loaded()]}
+            "extensions": [extension.describe() for extension in extensions.loaded()],
+            "machine": describe_machine(device)}
 
 
 def _new_id() -> str:

@@ -209,8 +209,8 @@ class LinearOffFormat(TypedDict, total=False):
 class LinearCalls(TypedDict, total=False):
     """The Linear calls of the training forwards against the run's format (``stability.train.applied``)."""
 
-    runs_in: str | None               # what a call in the format runs in ("bfloat16", "Float8Linear" ...); null:
-                                      # the format states no rule, and no call is judged
+    runs_in: str | None               # what a call in the format must run in ("bfloat16", "Float8Linear" ...), as
+                                      # stability.precision.rules states it; null: no rule, no call judged
     linears: int                      # the model's nn.Linear modules
     high_precision: list[str]         # those the format declares it leaves in high precision (never judged)
     calls: int                        # Linear calls of the training forwards
@@ -381,6 +381,27 @@ class ExtensionInfo(TypedDict, total=False):
     version: str | None
 
 
+class MachineTorch(TypedDict, total=False):
+    """The torch build a record's runs used (``stability.record.machine.describe``)."""
+
+    version: str
+    cuda: str | None                  # torch.version.cuda; null: a CPU-only build
+    blas: str | None                  # BLAS_INFO of torch.__config__.show() ("mkl", "open" ...)
+    lapack: str | None                # LAPACK_INFO
+    onednn: str | None                # the oneDNN (MKL-DNN) version of the build
+    mkldnn_available: bool
+
+
+class Machine(TypedDict, total=False):
+    """The machine a record was made on (``stability.record.machine.describe``; its key: ``machine_key``)."""
+
+    cpu: str                          # /proc/cpuinfo's model name (else platform.processor())
+    isa: list[str] | None             # the SIMD flags present that change rounding or kernels; null: unknown
+    cpu_capability: str | None        # the level torch's CPU kernels dispatch to ("AVX2", "AVX512" ...)
+    torch: MachineTorch
+    gpu: str | None                   # the CUDA device's name; null: the runs trained on the CPU
+
+
 class Env(TypedDict, total=False):
     python: str
     torch: str
@@ -393,6 +414,7 @@ class Env(TypedDict, total=False):
     device_name: str
     threads: int
     extensions: list[ExtensionInfo]   # what this process had loaded (stability.config.extensions)
+    machine: Machine                  # the machine (absent in records written before records named it)
 
 
 class CorpusInfo(TypedDict, total=False):

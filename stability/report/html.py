@@ -24,6 +24,7 @@ from pathlib import Path
 from stability.config.schedules import Standard
 from stability.record import REFERENCE_ARM, Status, case_key, declared_case, usable_value
 from stability.record import figures as fig
+from stability.record.machine import machine_key
 from stability.report.tables import fmt, markdown_text, quant_rows, side_means
 
 ARM_COLORS = {REFERENCE_ARM: "#1f77b4", "gated": "#d62728"}
@@ -313,7 +314,11 @@ def env_rows(record: dict) -> list[list[str]]:
     for key, value in (record.get("git") or {}).items():
         rows.append([f"git.{key}", fmt(value)])
     for key, value in (record.get("env") or {}).items():
-        rows.append([key, fmt(value)])
+        if key == "machine" and isinstance(value, dict):   # its key, then what the key leaves out
+            rows += [["machine", machine_key(value)], ["machine.isa", ", ".join(value.get("isa") or []) or "-"],
+                     ["machine.torch", ", ".join(f"{k} {fmt(v)}" for k, v in (value.get("torch") or {}).items())]]
+        else:
+            rows.append([key, fmt(value)])
     return rows
 
 
@@ -368,9 +373,9 @@ def render(records: list[dict], result=None, plots: list[dict[str, bytes]] | Non
     title = "Stability report"
     h = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{CSS}</style></head><body>",
          f"<h1>{title}</h1>", f"<p>{len(records)} record(s): "
-         + ", ".join(html.escape(f"{r.get('name')}/{r.get('schedule')}") for r in records) + "</p>"]
+         + ", ".join(html.escape(case_key(r)) for r in records) + "</p>"]
     m = [f"# {title}", "", f"{len(records)} record(s): "
-         + ", ".join(markdown_text(f"{r.get('name')}/{r.get('schedule')}") for r in records), ""]
+         + ", ".join(markdown_text(case_key(r)) for r in records), ""]
     if result is not None:
         cls = {0: "ok", 1: "regressed", 2: "regressed", 3: "regressed"}[result.exit_code]
         h += ["<h2 id='regression'>Regression check</h2>",

@@ -37,6 +37,7 @@ from urllib.parse import urlparse
 
 from stability.config import flatten
 from stability.record import USABLE, Status, case_key, case_name, record_replicate, write_json
+from stability.record.machine import machine_key
 from stability.track.store import open_client, sqlite_path, store_lock
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -272,6 +273,8 @@ def _tags(record: dict) -> dict[str, str]:
             "case": case_name(record), "mlflow.note.content": describe(record)}
     tags.update({f"git.{k}": str(v) for k, v in git.items()})
     tags.update({f"env.{k}": str(v) for k, v in env.items()})
+    if isinstance(env.get("machine"), dict):   # the machine's label, not its whole description
+        tags["env.machine"] = machine_key(env["machine"])
     model = ((record.get("config") or {}).get("run") or {}).get("model") or {}
     tags.update({"stability.model_source": "factory" if model.get("factory") else str(model.get("source", "harness")),
                  "stability.model_family": str(model.get("family", "llama")),
