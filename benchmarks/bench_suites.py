@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from validation.options import add_preset_option
+
 
 def _case_timing(record: dict) -> dict:
     """Seconds per part for one record (a stress record has case-level timing; a plain pair
@@ -69,7 +71,7 @@ def table(rows: list[dict], pytest_wall: float | None) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci", "full"))
+    add_preset_option(parser, baseline=False)
     parser.add_argument("--records-from", help="read records from this directory instead of running pytest")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
@@ -80,7 +82,7 @@ def main() -> int:
     else:
         folder = Path(tempfile.mkdtemp(prefix="bench-suites-"))
         env = {**os.environ, "STABILITY_RUN_DIR": str(folder / "runs")}  # MLflow: the suites' usual store
-        command = [sys.executable, "-m", "pytest", "suites/", "-m", "stress", "--preset", args.scale, "-q",
+        command = [sys.executable, "-m", "pytest", "suites/", "-m", "stress", "--preset", args.preset, "-q",
                    "--durations=15", "-p", "no:cacheprovider", *args.pytest_args]
         print("$", " ".join(command), flush=True)
         started = time.perf_counter()
@@ -93,7 +95,7 @@ def main() -> int:
         print(f"no records in {folder}")
         return 1
     print()
-    print(f"## Stress suites at {args.scale}: where the time goes ({len(records)} records)\n")
+    print(f"## Stress suites at {args.preset}: where the time goes ({len(records)} records)\n")
     print(table([_case_timing(r) for r in records], pytest_wall))
     return 0
 

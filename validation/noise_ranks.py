@@ -33,6 +33,7 @@ from stability.check.baseline_schema import load_baseline
 from stability.record import REFERENCE_ARM, RecordError
 from stability.record import figures as fig
 from validation import regression_zoo as zoo
+from validation.options import add_preset_option
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (0.05, 0.01)   # outside the central 95% and 99% of the replicates
@@ -143,10 +144,10 @@ def leave_one_out(rows: dict) -> dict[str, dict]:
 
 # ----------------------------------------------------------------------------- the entries
 
-def harmless_entries(scale: str, baseline: dict, rows: dict) -> tuple[dict, list[str]]:
-    """(entry name -> row -> (p, sizes) for each harmless zoo entry kept at ``scale`` that is not bit-identical to
+def harmless_entries(preset: str, baseline: dict, rows: dict) -> tuple[dict, list[str]]:
+    """(entry name -> row -> (p, sizes) for each harmless zoo entry kept at ``preset`` that is not bit-identical to
     the unchanged code on the primary rows; notes on the entries left out and why)."""
-    unchanged = zoo.read_kept(scale, "unchanged")
+    unchanged = zoo.read_kept(preset, "unchanged")
     reference = job_rows(unchanged["records"], baseline) if unchanged is not None else None
     ranked, notes = {}, []
     if reference is None:
@@ -155,9 +156,9 @@ def harmless_entries(scale: str, baseline: dict, rows: dict) -> tuple[dict, list
         for entry in entries:
             if entry.harmful or entry.name == "unchanged":
                 continue
-            document = zoo.read_kept(scale, entry.name)
+            document = zoo.read_kept(preset, entry.name)
             if document is None:
-                notes.append(f"`{entry.name}`: not kept at {scale}")
+                notes.append(f"`{entry.name}`: not kept at {preset}")
                 continue
             if zoo.predates(document, baseline):
                 notes.append(f"`{entry.name}`: its kept job predates the baseline's figures")
@@ -203,12 +204,12 @@ def counts(ps: dict) -> list[str]:
     return cells
 
 
-def report(scale: str, baseline: dict, ranked: dict, replicates: dict, notes: list[str]) -> str:
+def report(preset: str, baseline: dict, ranked: dict, replicates: dict, notes: list[str]) -> str:
     rows = sorted({row for ps in (*ranked.values(), *replicates.values()) for row in ps})
     named = {f"`{name}`": ps for name, ps in ranked.items()}
-    lines = [f"## Harmless rewrites ranked among rounding replicates at `{scale}`", "",
-             (f"Baseline `reports/baselines/{scale}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, "
-              f"replicates {baseline.get('replicates')}); kept jobs `reports/zoo/{scale}/`. Per primary row and "
+    lines = [f"## Harmless rewrites ranked among rounding replicates at `{preset}`", "",
+             (f"Baseline `reports/baselines/{preset}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, "
+              f"replicates {baseline.get('replicates')}); kept jobs `reports/zoo/{preset}/`. Per primary row and "
               f"seed, the rank of a value among the seed's replicates; over the seeds, the two-sided p of the sum "
               f"of the ranks if the value were one more replicate (validation/noise_ranks.py). Replicates: each "
               f"ranked among the others of its seed (leave-one-out)."), "",
@@ -233,15 +234,15 @@ def report(scale: str, baseline: dict, ranked: dict, replicates: dict, notes: li
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
+    add_preset_option(parser)
     parser.add_argument("--out", action="store_true", help="write reports/noise-ranks-<scale>.md too")
     args = parser.parse_args()
-    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
+    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.preset}-cpu.json")
     rows = baseline_rows(baseline)
-    ranked, notes = harmless_entries(args.scale, baseline, rows)
-    text = report(args.scale, baseline, ranked, leave_one_out(rows), notes)
+    ranked, notes = harmless_entries(args.preset, baseline, rows)
+    text = report(args.preset, baseline, ranked, leave_one_out(rows), notes)
     if args.out:
-        (ROOT / "reports" / f"noise-ranks-{args.scale}.md").write_text(text)
+        (ROOT / "reports" / f"noise-ranks-{args.preset}.md").write_text(text)
     print(text)
     return 0
 

@@ -43,6 +43,7 @@ from stability.record.machine import machine_key
 from stability.record.stats import binomial_upper_bound
 from stability.report.tables import markdown_text
 from validation import regression_zoo as zoo
+from validation.options import add_preset_option
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,16 +100,16 @@ def machine_lines(rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozenset(),
-          jobs_commit: str | None = None) -> str:
+def table(rows: list[dict], preset: str, baseline: dict, chose: set[str] = frozenset(),
+          jobs_commit: str | None = None, baseline_name: str | None = None) -> str:
     """The Markdown table; jobs named in ``chose`` (replicates that chose the current rule) are listed and
     judged but not counted in the rate: a job that shaped a rule is no evidence for it."""
     counted = [r for r in rows if r["entry"] not in chose]
     failed = [r for r in counted if r["failed"]]
     minutes = [r["seconds"] / 60 for r in counted]
-    lines = [f"## Null jobs at `{scale}`", "",
+    lines = [f"## Null jobs at `{preset}`", "",
              (f"The CPU job of unchanged code, each run a fresh rounding replicate the baseline does not hold "
-              f"(`--replicate N`), judged against `reports/baselines/{scale}-cpu.json` (commit "
+              f"(`--replicate N`), judged against `{baseline_name or f'reports/baselines/{preset}-cpu.json'}` (commit "
               f"`{str(baseline.get('commit'))[:12]}`, replicates {baseline.get('replicates')}). A job fails on a "
               f"stress test, the kernel step or the check; every failure is a false alarm."), "",
              "| jobs | failed | false-alarm rate | 95% upper bound (exact) | minutes per job: median (range) |",
@@ -137,7 +138,7 @@ def table(rows: list[dict], scale: str, baseline: dict, chose: set[str] = frozen
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
+    add_preset_option(parser)
     parser.add_argument("--replicates", default="20-169",
                         help="rounding replicates to run, e.g. 20-169 or 20,21,22 (never the baseline's own)")
     parser.add_argument("--work", help="where the copies are made (default: a new temporary folder)")
@@ -147,30 +148,33 @@ def main() -> int:
     parser.add_argument("--write-baseline", action="store_true",
                         help="record the count and the failures in the baseline (its null_jobs), nothing else changed")
     parser.add_argument("--out", help="Markdown table (default reports/null-<scale>.md)")
+    parser.add_argument("--baseline", help="the baseline the jobs are judged against (default the committed "
+                                           "reports/baselines/<scale>-cpu.json; e.g. a cut of it with fewer replicates, "
+                                           "validation/replicate_subset.py); --write-baseline writes there")
     parser.add_argument("--jobs-commit", help="the commit whose code the counted jobs ran, recorded with them "
                                               "(default: the baseline's; a kept job does not name its code)")
     parser.add_argument("--chose", default="", help="replicates whose jobs chose the current rule, e.g. 5-16: listed, "
                                                     "not counted in the rate")
     args = parser.parse_args()
     zoo.KEPT = ROOT / "reports" / "null"
-    path = ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json"
+    path = Path(args.baseline) if args.baseline else ROOT / "reports" / "baselines" / f"{args.preset}-cpu.json"
     baseline = None if args.train_only else load_baseline(path)
     replicates = replicates_of(args.replicates)
     held = set((baseline or {}).get("replicates") or range(20))
     if held & set(replicates):
         parser.error(f"--replicates {args.replicates}: replicates {sorted(held & set(replicates))} are the "
                      f"baseline's own; expected others (a null job needs a fresh replicate)")
-    work = Path(args.work or tempfile.mkdtemp(prefix="stability-null-")) / args.scale
+    work = Path(args.work or tempfile.mkdtemp(prefix="stability-null-")) / args.preset
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     for replicate in replicates:
         name = kept_name(replicate)
-        document = zoo.read_kept(args.scale, name)
+        document = zoo.read_kept(args.preset, name)
         if document is None and not args.rejudge:
-            print(f"replicate {replicate}: running the CPU job at {args.scale} ...", flush=True)
-            document = zoo.run_entry(zoo.UNCHANGED, args.scale, work, env={"PYTEST_ADDOPTS": f"--replicate {replicate}"},
+            print(f"replicate {replicate}: running the CPU job at {args.preset} ...", flush=True)
+            document = zoo.run_entry(zoo.UNCHANGED, args.preset, work, env={"PYTEST_ADDOPTS": f"--replicate {replicate}"},
                                      name=name, source=Path(args.source))
-            zoo.keep(args.scale, document)
+            zoo.keep(args.preset, document)
             shutil.rmtree(work / name, ignore_errors=True)
         if document is None or baseline is None:
             continue
@@ -180,8 +184,9 @@ def main() -> int:
     if baseline is None:
         return 0
     chose = {kept_name(r) for r in replicates_of(args.chose)} if args.chose else set()
-    text = table(rows, args.scale, baseline, chose, args.jobs_commit)
-    out = Path(args.out) if args.out else ROOT / "reports" / f"null-{args.scale}.md"
+    text = table(rows, args.preset, baseline, chose, args.jobs_commit,
+                 path.resolve().relative_to(ROOT).as_posix() if args.baseline else None)
+    out = Path(args.out) if args.out else ROOT / "reports" / f"null-{args.preset}.md"
     out.write_text(text)
     print(text)
     if args.write_baseline:

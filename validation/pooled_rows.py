@@ -33,6 +33,7 @@ from stability.check import CheckResult, judge_cases, single_replicate
 from stability.check.baseline import case_values, regression_records
 from stability.check.baseline_schema import load_baseline
 from stability.check.calibration import split_runs
+from validation.options import add_preset_option
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,16 +105,16 @@ def main() -> int:
     from validation import regression_zoo as zoo
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", "--scale", dest="scale", default="ci", choices=("smoke", "ci"))
+    add_preset_option(parser, default="ci")
     parser.add_argument("--entries", required=True, help="comma-separated names of kept zoo jobs")
     args = parser.parse_args()
-    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
+    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.preset}-cpu.json")
     print("| entry | kind | arrangements | Fisher sum of -log p | its permutation p | smallest p | "
           "its permutation p |\n|---|---|---|---|---|---|---|")
     for name in args.entries.split(","):
-        document = zoo.read_kept(args.scale, name)
+        document = zoo.read_kept(args.preset, name)
         if document is None:
-            parser.error(f"no kept job {name!r} at {args.scale} (run python -m validation.regression_zoo first)")
+            parser.error(f"no kept job {name!r} at {args.preset} (run python -m validation.regression_zoo first)")
         out = permutation_test(baseline, document["records"])
         kind = "harmful" if document["harmful"] else "harmless"
         if not out["arrangements"]:

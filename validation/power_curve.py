@@ -25,6 +25,7 @@ from pathlib import Path
 
 from stability.check.baseline_schema import load_baseline
 from validation import regression_zoo as zoo
+from validation.options import add_preset_option
 from validation.zoo import Entry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,27 +48,27 @@ def name_of(e: float, replicate: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
+    add_preset_option(parser)
     parser.add_argument("--dials", help="comma-separated e values, largest first (default: the preset's grid)")
     parser.add_argument("--work", help="where the patched copies are made (default: a new temporary folder)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
     args = parser.parse_args()
-    dials = [float(v) for v in args.dials.split(",")] if args.dials else list(DEFAULT_DIALS[args.scale])
-    work = Path(args.work or tempfile.mkdtemp(prefix="stability-power-")) / args.scale
+    dials = [float(v) for v in args.dials.split(",")] if args.dials else list(DEFAULT_DIALS[args.preset])
+    work = Path(args.work or tempfile.mkdtemp(prefix="stability-power-")) / args.preset
     work.mkdir(parents=True, exist_ok=True)
     zoo.KEPT = ROOT / "reports" / "power"
-    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
+    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.preset}-cpu.json")
     rows = []
     for e in dials:
         caught = {"check": 0, "earlier": 0, "judged": 0}
         for replicate in REPLICATES:
             name = name_of(e, replicate)
-            document = None if not args.rejudge else zoo.read_kept(args.scale, name)
+            document = None if not args.rejudge else zoo.read_kept(args.preset, name)
             if document is None and not args.rejudge:
-                print(f"e={e:g} replicate {replicate}: running the CPU job at {args.scale} ...", flush=True)
-                document = zoo.run_entry(dialled(e), args.scale, work,
+                print(f"e={e:g} replicate {replicate}: running the CPU job at {args.preset} ...", flush=True)
+                document = zoo.run_entry(dialled(e), args.preset, work,
                                          env={"PYTEST_ADDOPTS": f"--replicate {replicate}"}, name=name)
-                zoo.keep(args.scale, document)
+                zoo.keep(args.preset, document)
             if document is None:
                 continue
             row = zoo.judged(document, baseline)
@@ -82,8 +83,8 @@ def main() -> int:
         rows.append((e, caught))
         if not args.rejudge and caught["check"] < len(REPLICATES) and caught["earlier"] < len(REPLICATES):
             break
-    text = table(rows, args.scale, baseline)
-    (ROOT / "reports" / f"power-{args.scale}.md").write_text(text)
+    text = table(rows, args.preset, baseline)
+    (ROOT / "reports" / f"power-{args.preset}.md").write_text(text)
     print(text)
     return 0
 
@@ -98,8 +99,8 @@ def smallest(rows, rule: str) -> str:
     return f"{best:g}" if best is not None else "none of the grid"
 
 
-def table(rows, scale: str, baseline: dict) -> str:
-    lines = [f"## Power curve at `{scale}`", "",
+def table(rows, preset: str, baseline: dict) -> str:
+    lines = [f"## Power curve at `{preset}`", "",
              (f"The dial: initial weights' standard deviation x (1 + e); {len(REPLICATES)} replicates per e, each "
               f"under another rounding perturbation. Baseline commit `{str(baseline.get('commit'))[:12]}`."), "",
              (f"Smallest e caught in {len(REPLICATES)} of {len(REPLICATES)} replicates: the check "

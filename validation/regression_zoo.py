@@ -46,6 +46,7 @@ from stability.record.invariants import read_invariants
 from stability.record.machine import describe, record_machine
 from stability.record.rundir import load_records
 from validation import seed_spread_rule
+from validation.options import add_preset_option
 from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
 from validation.zoo import (
     FAILURES,
@@ -77,15 +78,15 @@ LABELS = {e.name: (e.harmful, e.what) for _, entries in GROUPS for e in entries}
 DROPPED = ("series", "probes", "precision_stats", "events")   # per-step and per-snapshot detail: never judged
 
 
-def scaled_workflow(scale: str, work: Path, workflow: Path = WORKFLOW) -> Path:
-    """The workflow file (this repository's, or another checkout's) with the CPU job switched to ``scale`` (smoke:
+def preset_workflow(preset: str, work: Path, workflow: Path = WORKFLOW) -> Path:
+    """The workflow file (this repository's, or another checkout's) with the CPU job switched to ``preset`` (smoke:
     unchanged)."""
     text = workflow.read_text()
-    if scale != "smoke":
+    if preset != "smoke":
         for option in ("--preset", "--scale"):   # --scale: the suites' option in a checkout before its rename
-            text = text.replace(f"{option} smoke", f"{option} {scale}")
-        text = text.replace("smoke-cpu.json", f"{scale}-cpu.json")
-    path = work / f"stability-{scale}.yml"
+            text = text.replace(f"{option} smoke", f"{option} {preset}")
+        text = text.replace("smoke-cpu.json", f"{preset}-cpu.json")
+    path = work / f"stability-{preset}.yml"
     path.write_text(text)
     return path
 
@@ -110,21 +111,21 @@ def slim(record: dict) -> dict:
     return out
 
 
-def kept_path(scale: str, name: str) -> Path:
-    return KEPT / scale / f"{name}.json.xz"
+def kept_path(preset: str, name: str) -> Path:
+    return KEPT / preset / f"{name}.json.xz"
 
 
-def keep(scale: str, document: dict) -> Path:
-    path = kept_path(scale, document["entry"])
+def keep(preset: str, document: dict) -> Path:
+    path = kept_path(preset, document["entry"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(lzma.compress(json.dumps(document, allow_nan=False).encode(), preset=9))
     return path
 
 
-def read_kept(scale: str, name: str) -> dict | None:
+def read_kept(preset: str, name: str) -> dict | None:
     """The kept job ``name``, its records read as this schema holds them (``stability.record.upgraded``: a job
     kept before the reference arm was renamed); None when it was never kept."""
-    path = kept_path(scale, name)
+    path = kept_path(preset, name)
     if not path.is_file():
         return None
     document = json.loads(lzma.decompress(path.read_bytes()))
@@ -132,7 +133,7 @@ def read_kept(scale: str, name: str) -> dict | None:
     return document
 
 
-def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, name: str | None = None,
+def run_entry(entry: Entry, preset: str, work: Path, env: dict | None = None, name: str | None = None,
               source: Path = ROOT) -> dict:
     """Run the CPU job on a patched copy of ``source`` (a checkout: this repository, or another worktree that holds
     the commit to measure); the kept document (records, the suites' invariants, failures, time)."""
@@ -143,7 +144,7 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
     apply_patch(copy, entry.edits)
     tree = tree_of(Path(source), copy)   # the files as the job runs them, the entry's patch included
     started = time.perf_counter()
-    workflow = scaled_workflow(scale, work, Path(source) / ".github" / "workflows" / "stability.yml")
+    workflow = preset_workflow(preset, work, Path(source) / ".github" / "workflows" / "stability.yml")
     job = run_job(workflow, "stress-cpu", copy, install=prepare_venv, env=env,
                   timeout=6 * 3600)
     seconds = time.perf_counter() - started
@@ -153,7 +154,7 @@ def run_entry(entry: Entry, scale: str, work: Path, env: dict | None = None, nam
                if r.get("purpose", "regression") == "regression"]
     invariants = [line for folder in sorted({Path(r["_path"]).parent for r in load_records([copy / "reports" / "runs"])
                                              if r.get("_path")}) for line in read_invariants(folder)]
-    return {"entry": name or entry.name, "harmful": entry.harmful, "what": entry.what, "scale": scale,
+    return {"entry": name or entry.name, "harmful": entry.harmful, "what": entry.what, "scale": preset,
             "code": code_of(Path(source)), "tree": tree, "machine": describe("cpu"),
             "stress_exit": stress.code if stress else None, "stress_failures": stress_failures(copy),
             "kernel_exit": kernel.code if kernel and kernel.ran else None,
@@ -276,9 +277,9 @@ def _counts(rows: list[dict], key: str) -> str:
     return text + (f" ({len(harmless) - len(judged)} refused: other seeds)" if len(judged) < len(harmless) else "")
 
 
-def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> str:
-    lines = [f"## Regression zoo at `{scale}`", "",
-             (f"Baseline `reports/baselines/{scale}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, "
+def table(groups: list[tuple[str, list[dict]]], preset: str, baseline: dict) -> str:
+    lines = [f"## Regression zoo at `{preset}`", "",
+             (f"Baseline `reports/baselines/{preset}-cpu.json` (commit `{str(baseline.get('commit'))[:12]}`, "
               f"replicates {baseline.get('replicates')}). Check: outcomes seed by seed (failed where every replicate "
               f"stayed clean), each primary row judged twice (regressed beyond its floor; changed: every seed "
               f"beyond its replicate noise the same way, either way, exit 3, except rows judged by their floor only) in one Holm family at "
@@ -314,7 +315,7 @@ def table(groups: list[tuple[str, list[dict]]], scale: str, baseline: dict) -> s
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
+    add_preset_option(parser)
     parser.add_argument("--entries", help="comma-separated entry names (default: unchanged and every entry)")
     parser.add_argument("--work", help="where the patched copies are made (default: a new temporary folder)")
     parser.add_argument("--rejudge", action="store_true", help="judge the kept records again, train nothing")
@@ -328,22 +329,22 @@ def main() -> int:
     unknown = sorted(set(wanted) - {e.name for e in everything})
     if unknown:
         parser.error(f"unknown zoo entries {unknown}")
-    work = Path(args.work or tempfile.mkdtemp(prefix="stability-zoo-")) / args.scale
+    work = Path(args.work or tempfile.mkdtemp(prefix="stability-zoo-")) / args.preset
     work.mkdir(parents=True, exist_ok=True)
     if not args.rejudge:
         for entry in (e for e in everything if e.name in wanted):
-            print(f"{entry.name}: running the CPU job at {args.scale} ...", flush=True)
-            document = run_entry(entry, args.scale, work, source=Path(args.source))
-            print(f"  kept {keep(args.scale, document)} ({document['seconds'] / 60:.1f} min)", flush=True)
+            print(f"{entry.name}: running the CPU job at {args.preset} ...", flush=True)
+            document = run_entry(entry, args.preset, work, source=Path(args.source))
+            print(f"  kept {keep(args.preset, document)} ({document['seconds'] / 60:.1f} min)", flush=True)
             shutil.rmtree(work / entry.name, ignore_errors=True)
     if args.train_only:
         return 0
-    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
+    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.preset}-cpu.json")
     groups = []
     for title, entries in GROUPS:
         rows = []
         for entry in (e for e in entries if e.name in wanted):
-            document = read_kept(args.scale, entry.name)
+            document = read_kept(args.preset, entry.name)
             if document is not None and predates(document, baseline):
                 print(f"{entry.name}: left out, its kept job predates {predates(document, baseline)[:3]} ...")
             elif document is not None:
@@ -352,8 +353,8 @@ def main() -> int:
                       f"{verdict(rows[-1], rows[-1]['old_failed'])}) {rows[-1]['regressed'][:3]}", flush=True)
         if rows:
             groups.append((title, rows))
-    text = table(groups, args.scale, baseline)
-    out = Path(args.out) if args.out else ROOT / "reports" / f"zoo-{args.scale}.md"
+    text = table(groups, args.preset, baseline)
+    out = Path(args.out) if args.out else ROOT / "reports" / f"zoo-{args.preset}.md"
     out.write_text(text)
     print(text)
     return 0

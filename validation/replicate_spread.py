@@ -32,6 +32,7 @@ from stability.check.baseline_schema import load_baseline
 from stability.record import REFERENCE_ARM
 from stability.record import figures as fig
 from validation import regression_zoo as zoo
+from validation.options import add_preset_option
 from validation.zoo import BY_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,13 +104,13 @@ def summary(name: str, values: list[float | None]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", "--scale", dest="scale", default="smoke", choices=("smoke", "ci"))
+    add_preset_option(parser)
     parser.add_argument("--kept", default=str(zoo.KEPT), help="folder of the kept zoo records")
     parser.add_argument("--out", help="Markdown table (default reports/replicates-<scale>.md)")
     args = parser.parse_args()
     zoo.KEPT = Path(args.kept)
-    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.scale}-cpu.json")
-    lines = [f"## Rounding replicates against harmless changes at `{args.scale}`", "",
+    baseline = load_baseline(ROOT / "reports" / "baselines" / f"{args.preset}-cpu.json")
+    lines = [f"## Rounding replicates against harmless changes at `{args.preset}`", "",
              ("Per row (case x arm x figure and paired differences) and seed: `u = (x - m) / sqrt(v (1 + 1/n))`, "
              "x the value, m and v the mean and sample variance of the seed's baseline runs. Replicates: each "
              "baseline run against the other runs of its seed. *Same*: the value equals every baseline run "
@@ -119,11 +120,11 @@ def main() -> int:
     for entry in BY_NAME.values():   # every harmless entry whose job is kept
         if entry.harmful or entry.name.startswith("other_seeds"):
             continue
-        document = zoo.read_kept(args.scale, entry.name)
+        document = zoo.read_kept(args.preset, entry.name)
         if document is not None:
             lines.append(summary(f"`{entry.name}`", entry_u(document, baseline)))
     text = "\n".join(lines) + "\n"
-    Path(args.out or ROOT / "reports" / f"replicates-{args.scale}.md").write_text(text)
+    Path(args.out or ROOT / "reports" / f"replicates-{args.preset}.md").write_text(text)
     print(text)
     return 0
 
