@@ -38,7 +38,7 @@ def every_run_reports_its_peak_loss(record, invariant):
 
 
 CASE = StressCase("double_lr", train_double_lr, prepare=double_lr,
-                  describe=lambda config: "the plain pair at twice the peak LR", variant=lambda config: "x2",
+                  describe=lambda config: "the plain pair at twice the peak LR", qualifier=lambda config: "x2",
                   title="2x the LR",
                   figures=(Figure("double_lr_peak_loss", kind="run", unit="nats", better="lower", floor=0.05,
                                   meaning="the largest training loss of a run at 2x the peak LR"),),

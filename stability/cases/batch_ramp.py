@@ -175,7 +175,7 @@ PRIMARY = (
 
 
 CASE = StressCase("batch_ramp", train_batch_ramp, describe=describe_batch_ramp, figures=FIGURES, primary=PRIMARY, result=BatchRamp, title="batch ramp",
-                  variant=lambda config: config.stress.batch.lr_rule,
+                  qualifier=lambda config: config.stress.batch.lr_rule,
                   reported=lambda record: ["loss_spike_score", "grad_spike_score", "final_train_loss",
                                            "m_act_mean", "f_attn_mean"],
                   checks=(the_batch_doubles_and_the_lr_follows_its_rule, the_ramp_stays_trainable,

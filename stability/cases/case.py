@@ -146,9 +146,9 @@ def every_arm(case: StressCase, config: cfg.ExperimentConfig, schedule) -> list[
 class StressCase:
     """A stress case, declared once: everything the harness knows about it.
 
-    name: what ``stability stress NAME`` calls it, what its records say under "stress". variant: for a case whose
+    name: what ``stability stress NAME`` calls it, what its records say under "stress". qualifier: for a case whose
     settings make records that are never compared with each other (the batch ramp's LR rule, the shock's kind),
-    ``variant(config) -> str``; None for one. The two make the case's label (``label``: "batch_ramp-sqrt",
+    ``qualifier(config) -> str``; None for one. The two make the case's label (``label``: "batch_ramp-sqrt",
     "lr_ramp"), what its records say under "schedule" and the second half of their key
     (``stability.record.case_key``: "smoke/batch_ramp-sqrt"): neither is typed anywhere else. train:
     ``train(case_run)`` trains the case's runs into the ``CaseRun`` it is handed (its config, record, session
@@ -201,7 +201,7 @@ class StressCase:
     checks: tuple[Callable[..., None], ...] = ()
     rerun: bool = False
     runs: Callable[[StressCase, cfg.ExperimentConfig], list[Unit]] | None = None
-    variant: Callable[[cfg.ExperimentConfig], str] | None = None
+    qualifier: Callable[[cfg.ExperimentConfig], str] | None = None
     tables: tuple[CaseTable, ...] = ()
     plots: tuple[CasePlot, ...] = ()
 
@@ -222,8 +222,8 @@ class StressCase:
         return tuple(row if row.case else replace(row, case=self.name) for row in rows)
 
     def label(self, config: cfg.ExperimentConfig) -> str:
-        """What its records on ``config`` say under "schedule": its name, then its variant ("batch_ramp-sqrt")."""
-        return self.name if self.variant is None else f"{self.name}-{self.variant(config)}"
+        """What its records on ``config`` say under "schedule": its name, then its qualifier ("batch_ramp-sqrt")."""
+        return self.name if self.qualifier is None else f"{self.name}-{self.qualifier(config)}"
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:
         """One run of the case, named by its rung where the case declares one."""

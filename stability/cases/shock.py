@@ -163,7 +163,7 @@ FIGURES = (
 
 
 CASE = StressCase("shock", train_shock, describe=describe_shock, figures=FIGURES, result=Shock, title="LR shock", rerun=True,
-                  variant=lambda config: config.stress.shock.kind,
+                  qualifier=lambda config: config.stress.shock.kind,
                   reported=lambda record: ["shock_peak_excess", "shock_recovery_steps", "shock_spikes",
                                            "loss_spike_score", "m_act_mean", "f_attn_mean"],
                   checks=(the_shock_is_applied_as_configured,
