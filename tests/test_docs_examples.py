@@ -193,3 +193,18 @@ def test_figures_md_numbers_are_read_from_the_committed_baselines():
     assert "| `early_loss` | 4 | 0.05%" in text and "0.1%" not in text
     edited = text.replace("(median 1,385)", "(median 1,000)")
     assert edited != text and figure_numbers.rendered(edited) == text
+
+
+def test_the_replicate_count_report_is_what_its_command_writes(tmp_path):
+    """reports/replicate-count-smoke.md (4 replicates beside 19) is what `python -m validation.replicate_count`
+    writes from the committed baselines; the cut it reads is the reference and replicates 1-4 of the whole."""
+    from validation import replicate_count, replicate_subset
+
+    cut_path = ROOT / "reports" / "baselines" / "smoke-cpu-r4.json"
+    written = tmp_path / "replicate-count.md"
+    assert replicate_count.main(["--preset", "smoke", "--cut", str(cut_path), "--out", str(written)]) == 0
+    assert written.read_text() == (ROOT / "reports" / "replicate-count-smoke.md").read_text()
+    whole = json.loads((ROOT / "reports" / "baselines" / "smoke-cpu.json").read_text())
+    cut = json.loads(cut_path.read_text())
+    assert replicate_subset.cut(whole, 4)["cases"] == cut["cases"] and cut["replicates"] == [0, 1, 2, 3, 4]
+    assert cut["null_jobs"]["jobs"] >= 60 and cut["null_jobs"]["failed"] == 0

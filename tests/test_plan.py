@@ -101,6 +101,18 @@ def test_each_gpu_job_fits_its_time_limit_by_the_plan_on_an_h200():
         assert max(c["memory_bytes"] for c in plan.to_json()["cases"].values()) < GPUS["h200"].memory
 
 
+def test_each_gpu_baseline_job_fits_its_time_limit_by_the_plan_on_an_h200():
+    """The dispatched baseline jobs (`baseline-gpu`, `baseline-nightly`): the baseline of the preset's replicates,
+    by the plan on its runner's H200s at the stated utilisation, fits the job's timeout in wall time."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    for name, (preset, gpus) in {"baseline-gpu": ("gpu-pr", 1), "baseline-nightly": ("full", 4)}.items():
+        minutes = workflow[name]["timeout-minutes"]
+        baseline = make_plan(resolve(preset), tuple(CASES), GPUS["h200"], 0.35, gpus).baseline()
+        print(f"\n{name}: {preset}, {resolve(preset).replicates} replicates, {baseline['seconds'] / 3600:.1f} "
+              f"GPU-hours, {baseline['wall_seconds'] / 3600:.1f} h wall of {minutes / 60:.0f} h")
+        assert baseline["wall_seconds"] <= 60 * minutes, (name, baseline, minutes)
+
+
 def test_the_docs_quote_the_plan():
     """docs/scale-out.md and docs/merge-gate.md quote the job's and the baseline's GPU-hours of both GPU presets as the
     plan gives them (an H200 at the stated utilisation; the nightly job on its four GPUs)."""
