@@ -306,34 +306,21 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
-    # Query blocks: causal ones before this key block see none of it (skipped); those that
-    # overlap it need the causal mask; after it, only the ragged tail needs a mask.
-    m_tail = (seq_len // BLOCK_M) * BLOCK_M  # query blocks from here on are ragged
-    if CAUSAL:
-        m_diag_end = tl.minimum(start_n + BLOCK_N, seq_len)
-        m_full = start_n + BLOCK_N
-        m_tail_lo = tl.maximum(m_full, m_tail)
-    else:
-        m_full = 0
-        m_tail_lo = m_tail
+    # Query blocks: causal ones before this key block see none of it (skipped); the rest are one loop, every
+    # block masked (the causal and the ragged-tail mask; on a block that needs neither they keep every value, so
+    # the sums are those of unmasked blocks). One loop, not a masked diagonal loop, an unmasked middle and a
+    # masked tail as in the forward and dQ: three loops carrying the dK and dV accumulators keep more registers
+    # live, and every config with 64 or more keys per block spilled on sm_90 (docs/kernel.md, the compile table).
+    m_lo = start_n if CAUSAL else 0
     for j in range(group):
         h = hk * group + j
         q_base = Q + b * sq_b + h * sq_h
         do_base = DO + b * sdo_b + h * sdo_h
         lse_base = LSE + (b * n_heads + h) * seq_len
         delta_base = DELTA + (b * n_heads + h) * seq_len
-        if CAUSAL:
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, sq_s, sq_d, sdo_s, sdo_d,
-                                     lse_base, delta_base, cols, offs_m, offs_d, start_n, m_diag_end,
-                                     seq_len, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True,
-                                     UPCAST, DOT_PRECISION)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, sq_s, sq_d, sdo_s, sdo_d,
-                                 lse_base, delta_base, cols, offs_m, offs_d, m_full, m_tail,
-                                 seq_len, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, False,
-                                 UPCAST, DOT_PRECISION)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, sq_s, sq_d, sdo_s, sdo_d,
-                                 lse_base, delta_base, cols, offs_m, offs_d, m_tail_lo,
-                                 seq_len, seq_len, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True,
+                                 lse_base, delta_base, cols, offs_m, offs_d, m_lo, seq_len,
+                                 seq_len, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True,
                                  UPCAST, DOT_PRECISION)
 
     tile_ok = (cols[:, None] < seq_len) & (offs_d[None, :] < HEAD_DIM)
@@ -452,35 +439,38 @@ def _configs(entries):
 # (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages) per target (compute capability: 80 Ampere, 90 Hopper,
 # 100 Blackwell) and tier ("fast": fp16 / bf16 with D <= 128; "big": D = 256 or fp32 tiles). Each list holds
 # configs that compile for that target without spilling a register, within its shared memory, for every dtype,
-# gate mode and head dim of the tier; the last of each fast list is the smallest. The evidence is the table in
+# gate mode and head dim of the tier, under each triton version the table holds: 3.6.0 (the oldest the package
+# accepts, the GPU runners' version) and 3.9.0; one list for both, so nothing here depends on the triton
+# installed. The last of each fast list is the smallest. On sm_90 the dK/dV configs with 64 or more keys per
+# block compile to wgmma (the rest of its list to mma.sync). The evidence is the table in
 # docs/kernel.md (every compile: reports/kernel-compile.md), made on the CPU by ``python -m
 # validation.compile_kernels``; tests/test_kernel_compile.py keeps lists and table in step. The configs tried and
-# left out (they spilled, did not compile within the time limit, or compiled to a kernel that traps) are in the
-# table too.
+# left out (they spilled under either version, did not compile within the time limit, or compiled to a kernel
+# that traps) are in the table too.
 # forward and dq: BLOCK_M % BLOCK_N == 0; dkdv: BLOCK_N % BLOCK_M == 0
 GPU_CONFIGS = {
     80: {
         ("fwd", "fast"): [(64, 64, 8, 2), (64, 32, 4, 3), (64, 32, 4, 2), (32, 32, 4, 2)],
         ("fwd", "big"): [(32, 16, 4, 2), (16, 16, 4, 1)],
-        ("dkdv", "fast"): [(32, 32, 4, 2), (16, 32, 4, 1)],
-        ("dkdv", "big"): [(16, 32, 8, 1), (16, 16, 8, 2)],
+        ("dkdv", "fast"): [(32, 64, 8, 2), (32, 32, 4, 2), (16, 32, 4, 1)],
+        ("dkdv", "big"): [(16, 16, 8, 2), (16, 16, 8, 1), (16, 16, 4, 1)],
         ("dq", "fast"): [(128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 3), (32, 32, 4, 2), (32, 32, 4, 1)],
         ("dq", "big"): [(32, 32, 8, 1), (32, 16, 4, 2), (32, 16, 4, 1), (16, 16, 4, 1)],
     },
     90: {
         ("fwd", "fast"): [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 8, 2), (32, 32, 4, 2)],
-        ("fwd", "big"): [(32, 16, 4, 2), (16, 16, 4, 1)],
-        ("dkdv", "fast"): [(32, 32, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1)],
-        ("dkdv", "big"): [(16, 32, 8, 2), (16, 32, 8, 1), (16, 16, 8, 1)],
+        ("fwd", "big"): [(32, 16, 8, 2), (32, 16, 8, 1), (16, 16, 4, 1)],
+        ("dkdv", "fast"): [(16, 128, 8, 2), (32, 64, 8, 3), (32, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2)],
+        ("dkdv", "big"): [(16, 32, 8, 2), (16, 16, 8, 2), (16, 16, 4, 1)],
         ("dq", "fast"): [(128, 64, 8, 3), (128, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 3), (32, 32, 4, 1)],
         ("dq", "big"): [(32, 16, 4, 2), (16, 16, 4, 1)],
     },
     100: {
         ("fwd", "fast"): [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (32, 32, 4, 2)],
-        ("fwd", "big"): [(32, 16, 8, 1), (32, 16, 4, 2), (16, 16, 8, 1)],
-        ("dkdv", "fast"): [(32, 32, 4, 2), (32, 32, 4, 1)],
-        ("dkdv", "big"): [(16, 32, 8, 1), (16, 16, 4, 1)],
-        ("dq", "fast"): [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 8, 2), (64, 32, 4, 3), (32, 32, 4, 1)],
+        ("fwd", "big"): [(32, 16, 8, 2), (32, 16, 8, 1), (16, 16, 8, 1)],
+        ("dkdv", "fast"): [(16, 64, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2)],
+        ("dkdv", "big"): [(16, 16, 4, 2), (16, 16, 4, 1)],
+        ("dq", "fast"): [(128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 8, 2), (64, 32, 4, 3), (32, 32, 4, 1)],
         ("dq", "big"): [(32, 16, 4, 2), (16, 16, 4, 1)],
     },
 }

@@ -1,7 +1,7 @@
 """One kernel config compiled for one GPU target on a machine without a GPU, and what the compile uses.
 
     usage = compile_one(Spec("fwd", 90, "fast", (128, 64, 8, 3), "bf16", 128, gate=1))
-    usage.registers, usage.stack, usage.shared, usage.verdict
+    usage.registers, usage.stack, usage.shared, usage.verdict, usage.instruction
     usages = compile_all(specs, jobs=4, timeout=300)    # in worker processes, each compile time-limited
 
 ``triton.compile`` builds the kernel of ``stability.kernels`` for ``GPUTarget("cuda", target, 32)`` with the
@@ -9,8 +9,11 @@ arguments of a training launch (a (B=2, H=16, Hkv=4, S=4096) batch: q, k, v, the
 memory, dO, dQ, dK, dV in (B, H, S, D)), specialised the way triton specialises a launch: 16-byte aligned
 pointers and integers divisible by 16 are marked so, an integer equal to 1 becomes the constant 1. The cubin
 is read with the ``cuobjdump`` that ships with triton (``--dump-resource-usage``: registers per thread, stack
-frame bytes, static shared memory) and triton's metadata (the dynamic shared memory the launch asks for). A
-compile is
+frame bytes, static shared memory) and triton's metadata (the dynamic shared memory the launch asks for); its
+PTX names the tensor-core instruction the matmuls compiled to (``instruction``: ``wgmma m64n64k16`` on Hopper,
+``mma.sync m16n8k16`` (Ampere's, also on Hopper and Blackwell when triton does not pick the newer one),
+``tcgen05.mma kind::f16`` on Blackwell, ``none`` for a kernel without one: fp32 tiles (exact fp32 dots are FMAs)
+and the preprocess). A compile is
 
     ok          no stack frame (a Triton kernel keeps nothing on the stack but spilled registers), its shared
                 memory within the target's limit and its registers within the register file
@@ -77,7 +80,8 @@ class Spec:
 @dataclass(frozen=True)
 class Usage:
     """What one compile uses: registers per thread, stack frame bytes, shared memory bytes (dynamic and static),
-    its verdict (``VERDICTS``) and, for an error, the message; seconds the compile took."""
+    its verdict (``VERDICTS``) and, for an error, the message; seconds the compile took; the tensor-core
+    instructions of its PTX (``instruction``; "" where there is no PTX: an error)."""
 
     spec: Spec
     registers: int = 0
@@ -86,12 +90,13 @@ class Usage:
     verdict: str = "ok"
     message: str = ""
     seconds: float = 0.0
+    instruction: str = ""
 
     def describe(self) -> str:
         if self.verdict == "error":
             return f"{self.spec.describe()}: error: {self.message}"
         return (f"{self.spec.describe()}: {self.registers} registers, {self.stack} B stack, "
-                f"{self.shared / 1024:.0f} KB shared: {self.verdict}")
+                f"{self.shared / 1024:.0f} KB shared, {self.instruction or '?'}: {self.verdict}")
 
 
 def judge(spec: Spec, registers: int, stack: int, shared: int) -> str:
@@ -207,6 +212,26 @@ def traps(ptx: str) -> bool:
     return re.search(r"\btrap;", ptx) is not None and not re.search(r"\bst\.global|cp\.async\.bulk", ptx)
 
 
+MMA = (  # (pattern, name) of each tensor-core instruction, its shape (m, n, k) where the PTX spells it
+    (re.compile(r"\bwgmma\.mma_async\.(?:sp\.)?sync\.aligned\.(m\d+n\d+k\d+)"), "wgmma"),
+    (re.compile(r"(?<![\w.])mma\.(?:sp\.)?sync\.aligned\.(m\d+n\d+k\d+)"), "mma.sync"),
+    (re.compile(r"\btcgen05\.mma\.(?:cta_group::\d\.)?(kind::\w+)"), "tcgen05.mma"),
+)
+
+
+def instruction(ptx: str) -> str:
+    """The tensor-core instructions of a PTX, each kind and shape once, sorted, joined by " + " (``wgmma
+    m64n16k16 + wgmma m64n64k16``; ``tcgen05.mma kind::f16``: its shape is in a runtime descriptor, not in the
+    text); ``none`` for a kernel without one (its dots are FMAs, or it has none)."""
+    found = {(name, match) for pattern, name in MMA for match in pattern.findall(ptx)}
+    return " + ".join(f"{name} {shape}" for name, shape in sorted(found, key=instruction_key)) or "none"
+
+
+def instruction_key(token: tuple[str, str]) -> tuple:
+    """Sort key of (kind, shape): by kind, then the shape's numbers (m64n16k16 before m64n128k16)."""
+    return (token[0], [int(n) for n in re.findall(r"\d+", token[1])], token[1])
+
+
 def compile_one(spec: Spec) -> Usage:
     """Compile ``spec`` with triton and read what it uses; a failed compile is a Usage with verdict "error"."""
     import warnings
@@ -237,15 +262,16 @@ def compile_one(spec: Spec) -> Usage:
                                   target=GPUTarget("cuda", spec.target, 32),
                                   options={"num_warps": spec.config[2], "num_stages": spec.config[3]})
         registers, stack, static = resource_usage(compiled.asm["cubin"])
+        mma = instruction(compiled.asm["ptx"])
         if traps(compiled.asm["ptx"]):
             return Usage(spec, registers, stack, compiled.metadata.shared + static, "error",
-                         "compiled to a kernel that traps and stores nothing", time.perf_counter() - started)
+                         "compiled to a kernel that traps and stores nothing", time.perf_counter() - started, mma)
     except Exception as error:  # noqa: BLE001 (a compile that fails is a row of the table, with its message)
         return Usage(spec, verdict="error", message=" ".join(str(error).split())[:300],
                      seconds=time.perf_counter() - started)
     shared = compiled.metadata.shared + static
     return Usage(spec, registers, stack, shared, judge(spec, registers, stack, shared),
-                 seconds=time.perf_counter() - started)
+                 seconds=time.perf_counter() - started, instruction=mma)
 
 
 # ----------------------------------------------------------------------------- many, in worker processes
@@ -269,7 +295,8 @@ class Worker:
         if not answer:
             return None
         data = json.loads(answer)
-        return Usage(spec, **{k: data[k] for k in ("registers", "stack", "shared", "verdict", "message", "seconds")})
+        return Usage(spec, **{k: data[k] for k in ("registers", "stack", "shared", "verdict", "message", "seconds",
+                                                   "instruction")})
 
     def stop(self) -> None:
         try:
