@@ -106,10 +106,11 @@ def test_the_first_loss_gap_by_hand():
 
 def twice_the_lr_in_bf16_at(step: int, monkeypatch) -> None:
     """The fault: in the bf16 rung only, the optimiser's LR doubled for step ``step``'s update, undone after it."""
-    original, seen = PrecisionPolicy.step, {}
+    original = PrecisionPolicy.step
 
     def step_with(self, optimizer, grads_finite):
-        calls = seen[id(self)] = seen.get(id(self), -1) + 1
+        # counted on the policy itself: a count keyed by id() carried over to a new policy that reused a freed one's id
+        calls = self.fault_steps = getattr(self, "fault_steps", -1) + 1
         if calls != step or self.config.dtype != "bf16":
             return original(self, optimizer, grads_finite)
         for group in optimizer.param_groups:
