@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from stability.record import case_key
 from validation.options import add_preset_option
 
 
@@ -44,7 +45,7 @@ def _case_timing(record: dict) -> dict:
         run_wall = sum(a.get("wall_seconds", 0.0) for a in arms)
         parts = {k: sum(a.get(f"{k}_seconds", 0.0) for a in arms) for k in ("train", "probe", "eval")}
         setup = 0.0
-    return {"case": f"{record.get('name')}/{record.get('schedule')}", "runs": timing.get("runs", len(
+    return {"case": f"{case_key(record)}", "runs": timing.get("runs", len(
         record.get("arms", []))), **parts, "other_run": run_wall - sum(parts.values()), "setup": setup,
         "tracking": timing.get("tracking_seconds", 0.0)}
 

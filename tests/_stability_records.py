@@ -84,7 +84,7 @@ def arm_record(arm: str, seed: int, steps: int = 30, lr: float = 3e-3, status: s
     return record
 
 
-def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2), preset: str = "smoke",
+def pair_record(name: str = "smoke", case_label: str = "standard", seeds=(0, 1, 2), preset: str = "smoke",
                 lrs=None, status: str = Status.COMPLETED, quant: bool = False, purpose: str = "regression",
                 **overrides) -> dict:
     """A complete pair record; ``lrs`` makes an LR-sweep record (one arm per seed and LR); an ``arms``
@@ -108,12 +108,12 @@ def pair_record(name: str = "smoke", schedule: str = "standard", seeds=(0, 1, 2)
         arms[-1]["stop_reason"] = "interrupted (Ctrl-C)"
     record = {
         "schema_version": SCHEMA_VERSION, "created_at": "2026-01-01T00:00:00+00:00", "name": name,
-        "preset": preset, "schedule": schedule, "stress": "standard", "purpose": purpose,
+        "preset": preset, "case": "standard", "case_label": case_label, "purpose": purpose,
         "description": "warmup then cosine decay", "status": Status(status).value,
         "git": {"commit": HERE, "branch": "main", "dirty": False},
         "env": {"python": "3.11", "torch": "2.13.0+cpu", "triton": "3.6.0", "bitsandbytes": "0.50.2",
                 "mlflow": "3.17", "device": "cpu", "device_name": "x86_64", "threads": 2},
-        "config": cfg.to_dict(config), "arms": arms, "paired": {}, "id": f"{name[:4]}{schedule[:4]}",
+        "config": cfg.to_dict(config), "arms": arms, "paired": {}, "id": f"{name[:4]}{case_label[:4]}",
     }
     if lrs:
         record["results"] = {"lr_sweep": {"lrs": list(lrs), "reference_lr": config.run.optim.lr, "per_arm": per_arm,
@@ -162,3 +162,10 @@ def replicate(record: dict, number: int, spread: float = 1e-3) -> dict:
 def with_replicates(record: dict, replicates=(1, 2, 3, 4), spread: float = 1e-3) -> list[dict]:
     """The reference record and its replicates: what a replicate baseline is made from."""
     return [record] + [replicate(record, number, spread) for number in replicates]
+
+
+def as_schema_3(record: dict, **changes) -> dict:
+    """``record`` as a schema 3 writer wrote it: the case's name under "stress" and its label under
+    "schedule" (``stability.record.upgrade``), then ``changes``."""
+    words = {"case": "stress", "case_label": "schedule"}
+    return {**{words.get(k, k): v for k, v in record.items()}, "schema_version": 3, **changes}

@@ -1,7 +1,8 @@
 """docs/extending.md's count, checked: a built-in stress case is added by its module and its line in the
 registry's list, nothing else. In a copy of the repository the two files are written (a case of its own name,
-label and figure); the stress suite trains it and checks its record, `stability baseline make` makes a baseline
-of it alone, and `stability check` judges a second job of it against that baseline: exit 0, its figure judged."""
+label, figure and setting: the setting declared with the case, read through the config); the stress suite trains
+it and checks its record, `stability baseline make` makes a baseline of it alone, and `stability check` judges a
+second job of it against that baseline: exit 0, its figure judged."""
 
 from __future__ import annotations
 
@@ -12,18 +13,37 @@ from pathlib import Path
 
 from validation.workflow import fresh_copy, prepare_venv
 
-MODULE = '''"""The plain pair at twice the configured learning rate (``double_lr``): a case added by its module alone."""
+MODULE = '''"""The plain pair at a multiple of the configured learning rate (``double_lr``): a case added by its module
+alone, its setting (the multiple) declared with it."""
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from stability.cases.case import StressCase
 from stability.cases.checks import require
+from stability.config import check, positive_finite
 from stability.record.figures import Figure
 
 
+@dataclass(frozen=True)
+class DoubleLrSettings:
+    """factor: what the peak LR is multiplied by (``--set stress.case_settings.double_lr.factor=3``)."""
+
+    factor: float = 2.0
+
+    def __post_init__(self):
+        check(positive_finite(self.factor), "stress.case_settings.double_lr.factor", self.factor,
+              "a positive finite number")
+
+
+def factor(config):
+    """The case's multiple of the peak LR, as the config sets it."""
+    return config.stress.settings_of("double_lr").factor
+
+
 def double_lr(config):
-    """The config the case trains: every arm and seed at 2x the peak LR."""
-    return replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=2 * config.run.optim.lr)))
+    """The config the case trains: every arm and seed at ``factor`` times the peak LR."""
+    lr = factor(config) * config.run.optim.lr
+    return replace(config, run=replace(config.run, optim=replace(config.run.optim, lr=lr)))
 
 
 def train_double_lr(run):
@@ -37,11 +57,11 @@ def every_run_reports_its_peak_loss(record, invariant):
         require("double_lr_peak_loss" in arm["final"], f"{arm['arm']} seed {arm['seed']}: no peak loss")
 
 
-CASE = StressCase("double_lr", train_double_lr, prepare=double_lr,
-                  describe=lambda config: "the plain pair at twice the peak LR", qualifier=lambda config: "x2",
-                  title="2x the LR",
+CASE = StressCase("double_lr", train_double_lr, prepare=double_lr, settings=DoubleLrSettings(),
+                  describe=lambda config: f"the plain pair at {factor(config):g}x the peak LR",
+                  qualifier=lambda config: f"x{factor(config):g}", title="a multiple of the LR",
                   figures=(Figure("double_lr_peak_loss", kind="run", unit="nats", better="lower", floor=0.05,
-                                  meaning="the largest training loss of a run at 2x the peak LR"),),
+                                  meaning="the largest training loss of a run at a multiple of the peak LR"),),
                   checks=(every_run_reports_its_peak_loss,), reported=lambda record: ["double_lr_peak_loss"])
 '''
 
@@ -51,6 +71,7 @@ replicates = 2
 
 [set]
 steps = 12
+"stress.case_settings.double_lr.factor" = 3.0
 """
 
 
@@ -88,8 +109,9 @@ def test_a_case_added_by_its_module_and_registry_line_runs_its_suite_and_check(t
                "-k", "double_lr", "-n", "0")
     assert made.returncode == 0, said(made)
     baseline = json.loads((tmp_path / "baseline.json").read_text())
-    assert list(baseline["cases"]) == ["smoke/double_lr-x2"]
-    held = baseline["cases"]["smoke/double_lr-x2"]["arms"]["gated"]["figures"]["double_lr_peak_loss"]
+    assert list(baseline["cases"]) == ["smoke/double_lr-x3"]
+    assert baseline["cases"]["smoke/double_lr-x3"]["config"]["stress.case_settings.double_lr.factor"] == 3.0
+    held = baseline["cases"]["smoke/double_lr-x3"]["arms"]["gated"]["figures"]["double_lr_peak_loss"]
     assert sorted(held) == ["0", "1", "2"] and all(len(runs) == 3 for runs in held.values())
 
     suite = run(copy, "-m", "pytest", "suites/test_stress_cases.py", "-m", "stress", "-n", "0", "-p",
@@ -104,4 +126,4 @@ def test_a_case_added_by_its_module_and_registry_line_runs_its_suite_and_check(t
     assert checked.returncode == 0, said(checked)
     verdict = json.loads((tmp_path / "check.json").read_text())
     judged = [row for row in verdict["rows"] if row["figure"] == "double_lr_peak_loss"]
-    assert judged and all(row["case"] == "smoke/double_lr-x2" for row in judged), verdict["rows"][:3]
+    assert judged and all(row["case_key"] == "smoke/double_lr-x3" for row in judged), verdict["rows"][:3]

@@ -208,7 +208,7 @@ def test_check_baseline_and_report_run_without_torch(tmp_path):
     """In a process where importing torch (or MLflow) fails, the JSON commands still work: on a plain pair and
     on a case with results of its own, whose declaration such a process never imports."""
     record = pair_record()
-    sweep = {**pair_record(schedule="sweep", lrs=(1e-3, 3e-3, 1e-2)), "stress": "lr_sweep", "run_steps": 30}
+    sweep = {**pair_record(case_label="sweep", lrs=(1e-3, 3e-3, 1e-2)), "case": "lr_sweep", "run_steps": 30}
     for name, records in (("20260101T000000-run-abc123", with_replicates(record) + with_replicates(sweep)),
                           ("20260102T000000-run-def456", [record, sweep])):
         session = tmp_path / "runs" / name
@@ -288,7 +288,7 @@ def test_no_module_outside_the_registries_branches_on_a_built_in_name():
 
 def test_the_name_rule_catches_a_planted_special_case():
     names = built_in_names()
-    planted = 'def steps(record):\n    if record["stress"] == "precision_ladder":\n        return 1\n' \
+    planted = 'def steps(record):\n    if record["case"] == "precision_ladder":\n        return 1\n' \
               'def gap(p):\n    return p in ("fp32", "bf16")\n'
     assert branches_on_names(planted, names) == [(2, "case", "precision_ladder"), (5, "format", "fp32"),
                                                  (5, "format", "bf16")]

@@ -168,7 +168,7 @@ def test_run_and_stress_standard_are_one_case(workdir, capsys):
         assert json.loads((session / "manifest.json").read_text())["label"] == command
         (path,) = [p for p in session.glob("*.json") if p.name != "manifest.json"]
         kept[command] = json.loads(path.read_text())
-    assert kept["run"]["stress"] == kept["stress"]["stress"] == "standard"
+    assert kept["run"]["case"] == kept["stress"]["case"] == "standard"
     assert [(a["run_name"], a["series"]["loss"], a["final"]) for a in kept["run"]["arms"]] == [
         (a["run_name"], a["series"]["loss"], a["final"]) for a in kept["stress"]["arms"]]
     assert kept["run"]["paired"] == kept["stress"]["paired"]

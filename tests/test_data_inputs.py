@@ -178,7 +178,7 @@ GOOD_LINE = invariant_line("smoke/standard", "completed", "gated", 2, True, 1.0,
 
 
 @pytest.mark.parametrize(("field", "value", "expected"), [
-    ("case", ["smoke/standard"], "case text"),
+    ("case_key", ["smoke/standard"], "case_key text"),
     ("name", 3, "name text"),
     ("arm", {"a": 1}, "arm text or null"),
     ("seed", True, "seed an integer or null"),
@@ -232,10 +232,10 @@ def test_an_unreadable_invariants_file_is_named(tmp_path, content, said):
 def test_a_check_of_a_run_with_a_broken_invariants_file_is_bad_input(tmp_path, record, baseline, capsys):
     run_dir = ensure_run_dir(tmp_path / "run", label="pytest")
     write_record(json.loads(json.dumps(record)), run_dir)
-    (run_dir / "invariants-main.jsonl").write_text(json.dumps({**GOOD_LINE, "case": ["x"]}) + "\n")
+    (run_dir / "invariants-main.jsonl").write_text(json.dumps({**GOOD_LINE, "case_key": ["x"]}) + "\n")
     write_baseline(baseline, tmp_path / "b.json")
     assert main(["check", "--baseline", str(tmp_path / "b.json"), str(run_dir)]) == 2
-    _one_error_line(capsys.readouterr().err, "invariants-main.jsonl:1", "case text")
+    _one_error_line(capsys.readouterr().err, "invariants-main.jsonl:1", "case_key text")
 
 
 # ----------------------------------------------------------------------------- JUnit XML

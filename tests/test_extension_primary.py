@@ -229,7 +229,7 @@ def test_the_settings_accept_a_case_an_extension_registered_and_the_suites_train
     assert chosen.returncode == 0, chosen.stdout[-3000:] + chosen.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in (root / "reports" / "runs").rglob("*.json")
                if p.name != "manifest.json" and "stress" in p.read_text()]
-    assert [r["stress"] for r in records] == ["toy_case"]
+    assert [r["case"] for r in records] == ["toy_case"]
 
     (root / "pyproject.toml").write_text(textwrap.dedent("""\
         [tool.stability]
@@ -263,7 +263,7 @@ def test_an_extension_case_declares_its_figure_and_row_in_one_file_and_the_check
     job whose figure rose (exit 1, REGRESSED, primary); the unchanged job passes."""
     (tmp_path / "toy_peak_ext.py").write_text(CASE_WITH_A_FIGURE)
     (tmp_path / "pyproject.toml").write_text('[tool.stability]\nplugins = ["toy_peak_ext"]\n')
-    record = {**pair_record(seeds=(0, 1, 2)), "stress": "toy_peak_case"}
+    record = {**pair_record(seeds=(0, 1, 2)), "case": "toy_peak_case"}
     for arm in record["arms"]:
         arm["final"]["toy_case_peak"] = 4.0 + 0.01 * arm["seed"]
     record["paired"] = paired_summary(record["arms"])

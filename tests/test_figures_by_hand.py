@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from _stability_records import pair_record, replicate
+from _stability_records import as_schema_3, pair_record, replicate
 from torch import nn
 
 from stability.cases.batch_ramp import loss_vs_tokens
@@ -46,6 +46,7 @@ from stability.record import (
     arm_names,
     final_figures,
     paired_summary,
+    upgraded,
     usable_value,
 )
 from stability.record.stats import (
@@ -689,7 +690,7 @@ def two_seed_baseline() -> dict:
     """A standard case's baseline by hand: two seeds of two completed replicates, held-out loss 3.0 in the
     reference arm and 2.9 in the gated arm in every run."""
     done = {"0": {"0": "completed", "1": "completed"}, "1": {"0": "completed", "1": "completed"}}
-    return {"config": {}, "steps": 10, "stress": "standard", "arms": {
+    return {"config": {}, "steps": 10, "case": "standard", "arms": {
         "reference": {"status": done, "diverged_at_step": {},
                       "figures": {"heldout_loss": replicates(s0=[3.0, 3.0], s1=[3.0, 3.0])}},
         "gated": {"status": done, "diverged_at_step": {},
@@ -817,9 +818,9 @@ def test_case_values_keep_the_record_ids_and_name_the_record_that_breaks_a_case(
     cases = case_values([first, second, replicate(second, 3)])
     assert cases["smoke/standard"]["records"] == ["first", "second", "secondd3"]
     assert sorted(cases["smoke/standard"]["arms"]["gated"]["status"]["1"]) == ["0", "3"]
-    assert cases["smoke/standard"]["steps"] == 60 and cases["smoke/standard"]["stress"] == "standard"
-    older = {**first, "stress": "pair"}   # written before the plain pair was called "standard": the same case
-    assert case_values([older])["smoke/standard"]["stress"] == "standard"
+    assert cases["smoke/standard"]["steps"] == 60 and cases["smoke/standard"]["case"] == "standard"
+    older = upgraded(as_schema_3(first, stress="pair"))   # before the plain pair was called "standard": the same case
+    assert case_values([older])["smoke/standard"]["case"] == "standard"
     other = {**pair_record(seeds=(2,), steps=31), "id": "third"}
     with pytest.raises(RecordError) as error:
         case_values([first, second, other])

@@ -231,9 +231,9 @@ def test_baseline_make_writes_the_baseline_and_lists_the_model_invariants_that_f
     run directory and the invariants that did not hold are listed; when the suites fail, the directory is
     named only if it holds something."""
     record = pair_record()
-    invariants = [{"case": "smoke/standard", "name": "loss_falls", "arm": "reference", "seed": 1, "held": False,
+    invariants = [{"case_key": "smoke/standard", "name": "loss_falls", "arm": "reference", "seed": 1, "held": False,
                    "value": 0.97, "bound": 0.9, "message": "final / first", "test": "t"},
-                  {"case": "smoke/standard", "name": "loss_falls", "arm": "gated", "seed": 1, "held": True,
+                  {"case_key": "smoke/standard", "name": "loss_falls", "arm": "gated", "seed": 1, "held": True,
                    "value": 0.6, "bound": 0.9, "message": "", "test": "t"}]
     exit_code = [0]
 

@@ -41,8 +41,8 @@ def test_the_lines_of_every_worker_are_read_back_in_order(tmp_path):
 
 
 @pytest.mark.parametrize(("text", "said"), [
-    ('{"case": "smoke/standard"\n', "invariants-main.jsonl:1 is not valid JSON"),
-    ('\n{"case": "smoke/standard", "name": "completed"}\n', "invariants-main.jsonl:2 is not an invariant"),
+    ('{"case_key": "smoke/standard"\n', "invariants-main.jsonl:1 is not valid JSON"),
+    ('\n{"case_key": "smoke/standard", "name": "completed"}\n', "invariants-main.jsonl:2 is not an invariant"),
     (json.dumps({name: None for name in FIELDS}) + "\n", "held true or false (found null)"),
     ("[1, 2]\n", "is not an invariant"),
 ])

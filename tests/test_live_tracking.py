@@ -168,7 +168,7 @@ def test_a_run_continued_in_another_process_sends_only_the_steps_the_store_lacks
     again are not sent again, so the child run holds every step once."""
     from mlflow.tracking import MlflowClient
 
-    record = {"id": "r1", "preset": "smoke", "name": "smoke", "schedule": "standard", "stress": "standard",
+    record = {"id": "r1", "preset": "smoke", "name": "smoke", "case": "standard", "case_label": "standard",
               "config": {"run": {"steps": 15}}, "status": "running"}
     arm = {"arm": "gated", "seed": 0, "variant": "G1", "status": "running", "run_name": "gated-seed0"}
 

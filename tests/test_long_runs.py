@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from _stability_records import as_schema_3
 from _watch import watching
 
 from stability.cases.experiment import Interrupted
@@ -134,12 +135,12 @@ def test_a_run_interrupted_by_older_code_is_continued(interrupted, reference, tm
     shutil.copytree(source, run_dir)
     path = next(run_dir.glob("smoke-standard-*.json"))
     older = json.loads(path.read_text())
-    path.write_text(json.dumps({**older, "stress": "pair", "config": flat_stress(older["config"])}))
+    path.write_text(json.dumps(as_schema_3(older, stress="pair", config=flat_stress(older["config"]))))
     resume = Resume.load(run_dir)
     assert resume.config == tiny()
     assert find_interrupted(tmp_path, "run", tiny()) == run_dir
     record = run_pair(tiny(), session=Session(run_dir, resume=resume))
-    assert record["id"] == older["id"] and record["stress"] == "standard"
+    assert record["id"] == older["id"] and record["case"] == "standard"
     assert record["arms"][1]["timing"]["resumed_at_step"] == 14
     assert [a["series"]["loss"] for a in record["arms"]] == [a["series"]["loss"] for a in reference["arms"]]
 

@@ -417,7 +417,7 @@ def invariant() -> dict:
 def invalid_invariant():
     """A strategy of invariant lines (text) that are always invalid."""
     line = invariant()
-    wrong = {"case": [None, 7, [], ["a"], {}], "name": [None, 7, []], "arm": [7, [], {}],
+    wrong = {"case_key": [None, 7, [], ["a"], {}], "name": [None, 7, []], "arm": [7, [], {}],
              "seed": ["0", 1.5, True, []], "held": [None, "yes", 1, []], "value": ["x", [], {}],
              "bound": ["x", []], "message": [None, 7], "test": [None, []]}
     return st.one_of(
@@ -567,10 +567,10 @@ def test_an_invariants_line_whose_case_is_a_list_is_exit_2(real, capsys):
     here = fresh(real)
     session, _ = _session_with(real, here, real.record().read_text())
     bad = session / "invariants-main.jsonl"
-    bad.write_text(json.dumps({**invariant(), "case": ["smoke/standard"]}) + "\n")
+    bad.write_text(json.dumps({**invariant(), "case_key": ["smoke/standard"]}) + "\n")
     code, _, err = run(["check", "--baseline", str(real.baseline), str(session)], capsys)
     refused(code, err, bad, [])
-    assert 'invariants-main.jsonl:1 is not an invariant: expected case text (found ["smoke/standard"])' in err, err
+    assert 'invariants-main.jsonl:1 is not an invariant: expected case_key text (found ["smoke/standard"])' in err, err
 
 
 def test_the_real_inputs_themselves_are_judged(real, capsys):

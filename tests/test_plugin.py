@@ -226,7 +226,7 @@ def test_model_invariants_are_recorded_and_listed_not_failed(tmp_path):
         def test_gap(model_invariant):
             assert model_invariant("smoke/precision_ladder", "mean_loss_gap_fp16", "reference", None, False, 0.8159,
                                    0.25, "per seed [0.74, 0.79, 0.91]") is False
-            assert model_invariant({"name": "smoke", "schedule": "standard", "stress_case": "standard",
+            assert model_invariant({"name": "smoke", "case_label": "standard", "case": "standard",
                                     "preset": "smoke"}, "loss_falls", "gated", 1, True, 0.6, 0.9)
         """})
     for workers, name in ((["-p", "no:xdist"], "invariants-main.jsonl"), (["-n", "2"], "invariants-gw")):
@@ -238,4 +238,4 @@ def test_model_invariants_are_recorded_and_listed_not_failed(tmp_path):
                 "[0.74, 0.79, 0.91]") in result.stdout
         (written,) = list(run_dir.glob("invariants-*.jsonl"))
         assert written.name.startswith(name) and written.read_text().count("\n") == 2
-        assert '"case": "smoke/standard", "name": "loss_falls"' in written.read_text()
+        assert '"case_key": "smoke/standard", "name": "loss_falls"' in written.read_text()

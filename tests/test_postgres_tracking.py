@@ -61,11 +61,11 @@ def assert_each_once(uri: str, experiment: str, records: list[dict]) -> None:
     expected = 0
     for record in records:
         tracking = record.get("tracking") or {}
-        assert tracking.get("status") == "tracked", f"{record['stress']}: {tracking}"
+        assert tracking.get("status") == "tracked", f"{record['case']}: {tracking}"
         parent = tracking["parent_run_id"]
         assert parent in by_id and by_id[parent].info.status == "FINISHED"
         children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
-        assert len(children) == len(record["arms"]), (record["stress"], len(children), len(record["arms"]))
+        assert len(children) == len(record["arms"]), (record["case"], len(children), len(record["arms"]))
         assert sorted((c.data.tags["arm"], c.data.tags["seed"]) for c in children) == sorted(
             (a["arm"], str(a["seed"])) for a in record["arms"])
         expected += 1 + len(children)
@@ -97,7 +97,7 @@ def test_stress_suites_with_two_xdist_workers(server, tmp_path):
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=False)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     records = records_under(tmp_path / "run")
-    assert {r["stress"] for r in records} == {"shock", "lr_ramp"}
+    assert {r["case"] for r in records} == {"shock", "lr_ramp"}
     assert_each_once(server, "stability-smoke", records)
 
 

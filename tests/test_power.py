@@ -31,7 +31,7 @@ def _move(moves, arm, figure):
 def test_every_primary_row_of_the_baseline_gets_its_smallest_failing_move(record, baseline):
     moves = power.smallest_failing_moves(baseline)
     rows = reg.check([record], baseline).primary
-    assert {(m.case, m.arm, m.figure) for m in moves} == {(r.case, r.arm, r.figure) for r in rows}
+    assert {(m.case_key, m.arm, m.figure) for m in moves} == {(r.case_key, r.arm, r.figure) for r in rows}
     for move in moves:   # the first Holm step: alpha / m, stricter than alpha alone
         assert move.move == pytest.approx(move.floor + move.t * move.se) and move.move > move.floor
         assert move.t > power.critical_t(0.01, move.dof)
@@ -74,10 +74,10 @@ def test_the_checks_json_carries_each_primary_rows_smallest_failing_move(record,
     same move `stability baseline calibrate` prints; a move just above it in the JSON's own figure fails."""
     document = reg.check([record], baseline).to_dict()
     primary = [row for row in document["rows"] if row["tier"] == "primary"]
-    moves = {(m.case, m.arm, m.figure): m for m in power.smallest_failing_moves(baseline)}
+    moves = {(m.case_key, m.arm, m.figure): m for m in power.smallest_failing_moves(baseline)}
     assert primary and all("smallest_failing_move" not in row for row in document["rows"] if row["tier"] != "primary")
     for row in primary:
-        move = moves[(row["case"], row["arm"], row["figure"])]
+        move = moves[(row["case_key"], row["arm"], row["figure"])]
         assert row["smallest_failing_move"] == pytest.approx(move.move)
         assert row["smallest_change"] == pytest.approx(move.change)
         assert row["of_the_mean"] == pytest.approx(move.relative)

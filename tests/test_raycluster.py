@@ -14,7 +14,8 @@ from dataclasses import replace
 import pytest
 
 from stability import config as cfg
-from stability.cases.runs import Unit, check_unique, lr_rung, precision_rung
+from stability.cases.ray_runner import task_id, task_name
+from stability.cases.runs import Unit, check_unique, hash_run, lr_rung, precision_rung
 from stability.cases.stress import run_case
 from stability.cli import main
 from stability.config import resolve
@@ -42,8 +43,8 @@ def figures(record: dict) -> str:
     """Everything a case measured, timings and run bookkeeping aside, as comparable text."""
     timing_free = ("timing", "unit", "run_name", "run_key")
     arms = [untimed({k: v for k, v in arm.items() if k not in timing_free}) for arm in record["arms"]]
-    case = {k: v for k, v in (record.get(record["stress"]) or {}).items() if k != "runs"}
-    runs = [{k: v for k, v in run.items() if k != "timing"} for run in (record.get(record["stress"]) or {})
+    case = {k: v for k, v in (record.get(record["case"]) or {}).items() if k != "runs"}
+    runs = [{k: v for k, v in run.items() if k != "timing"} for run in (record.get(record["case"]) or {})
             .get("runs", [])]
     return json.dumps({"arms": arms, "case": case, "runs": runs, "paired": record["paired"],
                        "status": record["status"]}, sort_keys=True, default=str)
@@ -60,15 +61,16 @@ def test_unit_ids_are_stable_and_tell_runs_apart():
 
     unit = sweep_unit("gated", 0, run)
     again = sweep_unit("gated", 0, config.arm_config("gated", 0))
-    assert unit.id == again.id and len(unit.id) == 16          # the same run, computed twice
+    assert task_id(unit) == task_id(again) and len(task_id(unit)) == 16 and unit.key == again.key   # computed twice
     other_lr = sweep_unit("gated", 0, replace(run, optim=replace(run.optim, lr=0.5)))
     others = [other_lr, sweep_unit("reference", 0, config.arm_config("reference", 0)),
               sweep_unit("gated", 1, config.arm_config("gated", 1)),
               Unit("lr_ramp", "gated", 0, run, Standard())]
-    assert len({unit.id, *(u.id for u in others)}) == 5
-    assert other_lr.rung.name == "lr=0.5" and other_lr.name == "lr_sweep/gated/seed0/lr=0.5"
-    assert other_lr.run_name == "gated-seed0-lr0.5" and other_lr.key == f"gated-seed0-lr0.5-{other_lr.run_hash[:8]}"
-    with pytest.raises(ValueError, match=unit.id):
+    assert len({task_id(unit), *(task_id(u) for u in others)}) == 5
+    assert other_lr.rung.name == "lr=0.5" and task_name(other_lr) == "lr_sweep/gated/seed0/lr=0.5"
+    digits = hash_run(other_lr.run, "standard")[:8]
+    assert other_lr.run_name == "gated-seed0-lr0.5" and other_lr.key == f"gated-seed0-lr0.5-{digits}"
+    with pytest.raises(ValueError, match=unit.key):
         check_unique([unit, again])
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _stability_records import pair_record
+from _stability_records import as_schema_3, pair_record
 
 from stability.cases.pipeline import run_recorded
 from stability.cases.stress import CASES
@@ -46,6 +46,7 @@ from stability.record import (
     set_tracking,
     start_timing,
     stop_case,
+    upgraded,
     validate_record,
     write_record,
 )
@@ -308,7 +309,7 @@ def test_the_record_of_every_stress_case_validates(tmp_path, case):
     config = resolve("smoke", {**TINY, **CASE_SETTINGS[case]})
     record = run_recorded(case, config, tmp_path, track=False, plots=False)
     back = read_record(record["record_path"])
-    assert back["status"] == Status.COMPLETED and back["stress"] == case
+    assert back["status"] == Status.COMPLETED and back["case"] == case
     assert case == "standard" or case in back["results"]
     assert not set(back) & set(CASES)   # the case's results in the one slot, never under a key of their own
     assert {r["status"] for r in back["runs"]} <= USABLE and "checkpoint_dir" in back
@@ -318,9 +319,10 @@ def test_the_record_of_every_stress_case_validates(tmp_path, case):
 
 def test_the_case_of_a_record_is_named_as_stability_stress_names_it():
     """New records say "standard" for the plain pair; older ones said "pair" (or nothing): the same case."""
-    assert case_name(pair_record()) == "standard" and new_case_record(resolve("smoke"), "standard")["stress"] == "standard"
-    assert case_name({**pair_record(), "stress": "pair"}) == "standard" and case_name({"name": "x"}) == "standard"
-    assert case_name({**pair_record(), "stress": "shock"}) == "shock"
+    assert case_name(pair_record()) == "standard" and new_case_record(resolve("smoke"), "standard")["case"] == "standard"
+    assert case_name(upgraded(as_schema_3(pair_record(), stress="pair"))) == "standard"
+    assert case_name(upgraded({k: v for k, v in as_schema_3(pair_record()).items() if k != "stress"})) == "standard"
+    assert case_name(upgraded(as_schema_3(pair_record(), stress="shock"))) == "shock"
 
 
 # ----------------------------------------------------------------------------- a NaN is a result

@@ -63,7 +63,7 @@ def _base(values: dict[str, list[float]]) -> dict:
 # ----------------------------------------------------------------------------- the baseline
 
 def test_baseline_holds_every_seeds_reference_and_replicates(record, baseline):
-    assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 6
+    assert baseline["schema_version"] == baselines.BASELINE_SCHEMA_VERSION == 7
     assert baseline["noise"] == baselines.NOISE and "every step's gradients" in baseline["noise"]
     assert (baseline["preset"], baseline["device"], baseline["commit"]) == ("smoke", "cpu", "abc123")
     assert baseline["replicates"] == [0, 1, 2, 3, 4]
@@ -295,7 +295,7 @@ def test_the_same_runs_judged_in_two_cases_count_once(record, baseline):
     twin = {**copy.deepcopy(record), "name": "twin", "id": "twin"}
     twin_base = baselines.make_baseline(with_replicates(record) + with_replicates(twin))
     result = reg.check([record, twin], twin_base)
-    pairs = [(r.case, r.tier) for r in result.rows if r.arm == "gated" and r.figure == "heldout_loss"]
+    pairs = [(r.case_key, r.tier) for r in result.rows if r.arm == "gated" and r.figure == "heldout_loss"]
     assert sorted(tier for _, tier in pairs) == ["duplicate", "primary"], pairs
     duplicate = next(r for r in result.rows if r.tier == "duplicate" and r.figure == "heldout_loss")
     assert duplicate.note.startswith("the same runs as ") and result.exit_code == 0
@@ -527,8 +527,8 @@ def test_another_preset_config_or_variant_is_unusable_and_named(record, baseline
     assert other.exit_code == 2 and "preset differs" in other.errors[0]
     config = reg.check([pair_record(**{"model.d_model": 96})], baseline)
     assert config.exit_code == 2 and "run.model.d_model" in config.errors[0]
-    schedule = reg.check([pair_record(schedule="shock")], baseline)
-    assert schedule.exit_code == 2 and "variant differs" in schedule.errors[0] and "'shock'" in schedule.errors[0]
+    schedule = reg.check([pair_record(case_label="shock")], baseline)
+    assert schedule.exit_code == 2 and "qualifier differs" in schedule.errors[0] and "'shock'" in schedule.errors[0]
 
 
 def test_a_killed_or_unfinished_record_is_unusable(record, baseline):
@@ -553,7 +553,7 @@ def test_a_job_missing_a_seed_an_arm_or_a_case_fails_closed(record, baseline):
 def test_a_new_case_makes_the_baseline_stale_naming_the_command(record, baseline):
     """A case the job's code trains that the baseline lacks is not covered: exit 2 with the command that
     makes that case only; judged with --cases on what the baseline holds, the job passes."""
-    extra = {**pair_record(name="extra"), "stress": "extra"}
+    extra = {**pair_record(name="extra"), "case": "extra"}
     result = reg.check([record, extra], baseline, baseline_path="b.json")
     assert result.exit_code == 2 and "case extra/standard (not in the baseline)" in result.errors[0]
     assert result.errors[0].endswith("stability baseline make --preset smoke --device cpu --cases extra --out b.json")
@@ -562,7 +562,7 @@ def test_a_new_case_makes_the_baseline_stale_naming_the_command(record, baseline
 
 def test_cases_narrow_the_baseline_on_purpose_and_say_so(record):
     """`--cases standard` judges the baseline's plain pair only; the verdict names what it left out."""
-    extra = {**pair_record(name="extra"), "stress": "shock"}
+    extra = {**pair_record(name="extra"), "case": "shock"}
     two = baselines.make_baseline(with_replicates(record) + with_replicates(extra))
     result = reg.check([record], two, cases=["standard"])
     assert result.exit_code == 0 and any("left out on purpose: extra/standard" in n for n in result.notes)
@@ -693,7 +693,7 @@ def _session(root, name, records):
 
     session = ensure_run_dir(root / name, "test")
     for record in records:
-        _write(session / f"{record['id']}-{record['schedule']}.json", record)
+        _write(session / f"{record['id']}-{record['case_label']}.json", record)
     return session
 
 
@@ -906,7 +906,7 @@ def test_a_stale_baseline_does_not_hide_a_regression(record, baseline):
 
 def test_a_baseline_remade_case_by_case_covers_each_case_as_remade(record):
     """Merging remade cases takes their coverage from the new runs and keeps the others'."""
-    extra = {**pair_record(name="extra"), "stress": "extra"}
+    extra = {**pair_record(name="extra"), "case": "extra"}
     old = baselines.make_baseline(with_replicates(record) + with_replicates(extra))
     old["covers"]["figures"]["extra/standard"].remove("m_act_max")
     new = baselines.make_baseline(with_replicates(record), invariants=[_invariant("loss_falls", "gated", 0, True)])
@@ -1001,7 +1001,7 @@ def test_a_baseline_remade_case_by_case_keeps_the_other_cases_and_shows_what_mov
     names the commit that trained it), calibrates the whole again and prints what moved from the baseline
     before; runs of another case than the ones named, or no baseline at --out, are refused."""
     ramp = copy.deepcopy(record)
-    ramp.update(schedule="lr_ramp", stress="lr_ramp", id="ramp0")
+    ramp.update(case_label="lr_ramp", case="lr_ramp", id="ramp0")
     out = tmp_path / "b.json"
     both = [_write(tmp_path / f"{i}.json", r) for i, r in enumerate(with_replicates(record) + with_replicates(ramp))]
     assert main(["baseline", "update", *both, "--out", str(out)]) == 0
@@ -1092,7 +1092,7 @@ def test_the_ladders_mxfp4_gap_mode_in_one_seed_is_no_change_the_same_move_in_ev
     monkeypatch.setattr(zoo, "KEPT", null_jobs.ROOT / "reports" / "null")   # where the null jobs are kept
     job = zoo.read_kept("smoke", null_jobs.kept_name(39))
     made = load_baseline(str(null_jobs.ROOT / "reports" / "baselines" / "smoke-cpu.json"))
-    ladder = next(r for r in job["records"] if r["stress"] == "precision_ladder")
+    ladder = next(r for r in job["records"] if r["case"] == "precision_ladder")
     base = made["cases"]["smoke/precision_ladder"]["arms"]
     seed1_runs = list(base["reference"]["figures"]["loss_gap_mxfp4"]["1"].values())
     seed1 = next(a for a in ladder["arms"] if a["seed"] == 1 and a["arm"] == "reference")
@@ -1100,7 +1100,7 @@ def test_the_ladders_mxfp4_gap_mode_in_one_seed_is_no_change_the_same_move_in_ev
     assert move > 10 * statistics.stdev(seed1_runs)   # the mode: beyond ten of that seed's replicate SDs
 
     def the_row(result, arm: str):
-        return next(r for r in result.rows if r.case == "smoke/precision_ladder" and r.arm == arm
+        return next(r for r in result.rows if r.case_key == "smoke/precision_ladder" and r.arm == arm
                     and r.figure == "loss_gap_mxfp4")
 
     as_run = reg.check(job["records"], made, invariants=job["invariants"])
@@ -1109,7 +1109,7 @@ def test_the_ladders_mxfp4_gap_mode_in_one_seed_is_no_change_the_same_move_in_ev
 
     def moved_in_every_seed(arm: str) -> list[dict]:
         moved = copy.deepcopy(job["records"])
-        for entry in next(r for r in moved if r["stress"] == "precision_ladder")["arms"]:
+        for entry in next(r for r in moved if r["case"] == "precision_ladder")["arms"]:
             if entry["arm"] == arm:
                 runs = base[arm]["figures"]["loss_gap_mxfp4"][str(entry["seed"])].values()
                 entry["final"]["loss_gap_mxfp4"] = sum(runs) / len(runs) + move
@@ -1135,22 +1135,22 @@ def test_one_seeds_tail_in_a_kept_null_job_is_not_a_change_a_move_of_every_seed_
     runs = made["cases"]["smoke/batch_ramp-sqrt"]["arms"]["gated"]["figures"]["m_act_max"]
     mean = {seed: sum(values.values()) / len(values) for seed, values in runs.items()}
     sd = {seed: statistics.stdev(values.values()) for seed, values in runs.items()}
-    ramp = next(r for r in job["records"] if r["stress"] == "batch_ramp")
+    ramp = next(r for r in job["records"] if r["case"] == "batch_ramp")
     gated = {str(a["seed"]): a for a in ramp["arms"] if a["arm"] == "gated"}
     out = {seed: (gated[seed]["final"]["m_act_max"] - mean[seed]) / sd[seed] for seed in mean}
     assert out["0"] > 5 and abs(out["1"]) < 3 and abs(out["2"]) < 3
 
     as_run = reg.check(job["records"], made, invariants=job["invariants"])
-    row = next(r for r in as_run.rows if r.case == "smoke/batch_ramp-sqrt" and r.arm == "gated"
+    row = next(r for r in as_run.rows if r.case_key == "smoke/batch_ramp-sqrt" and r.arm == "gated"
                and r.figure == "m_act_max")
     assert as_run.exit_code == 0 and row.verdict == "ok" and row.p_change > 0.01
 
     moved = copy.deepcopy(job["records"])
     move = gated["0"]["final"]["m_act_max"] - mean["0"]
-    for entry in next(r for r in moved if r["stress"] == "batch_ramp")["arms"]:
+    for entry in next(r for r in moved if r["case"] == "batch_ramp")["arms"]:
         if entry["arm"] == "gated":
             entry["final"]["m_act_max"] = mean[str(entry["seed"])] + move
     every = reg.check(moved, made, invariants=job["invariants"])
-    row = next(r for r in every.rows if r.case == "smoke/batch_ramp-sqrt" and r.arm == "gated"
+    row = next(r for r in every.rows if r.case_key == "smoke/batch_ramp-sqrt" and r.arm == "gated"
                and r.figure == "m_act_max")
     assert every.exit_code == 3 and row.verdict == "changed"

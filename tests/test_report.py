@@ -30,8 +30,8 @@ def records():
     plain["tracking"] = {"status": "tracked", "uri": "sqlite:///m.db", "experiment": "stability-smoke",
                          "experiment_id": "1", "parent_run_id": "parent0123456789",
                          "child_run_ids": {"reference-seed0": "child-b0", "gated-seed0": "child-g0"}}
-    sweep = {**pair_record(schedule="lr_sweep", seeds=(0,), lrs=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]),
-             "stress": "lr_sweep"}   # the sweep's plot is its case's (StressCase.plots)
+    sweep = {**pair_record(case_label="lr_sweep", seeds=(0,), lrs=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]),
+             "case": "lr_sweep"}   # the sweep's plot is its case's (StressCase.plots)
     return [plain, sweep]
 
 
@@ -123,7 +123,7 @@ def test_ladder_and_quant_tables_name_the_library_and_recipe_of_each_row(tmp_pat
     """The precision ladder (one row per rung and arm, a skipped rung with its reason) and the
     quantization table (one row per scheme and arm) say which library, version and recipe made
     each row, in the HTML and the Markdown."""
-    record = {**pair_record(schedule="precision_ladder", seeds=(0, 1), quant=True), "stress": "precision_ladder"}
+    record = {**pair_record(case_label="precision_ladder", seeds=(0, 1), quant=True), "case": "precision_ladder"}
     for arm in record["arms"]:
         gated = arm["arm"] == "gated"
         arm["final"].update(loss_gap_fp8=0.01 if gated else 0.03, underflow_fraction_fp8=1e-4,

@@ -138,7 +138,7 @@ def test_the_case_registry_names_every_case_once_in_order(monkeypatch):
         stress.register(stress.StressCase("shock", stress.CASES["shock"].train))
     stress.register(stress.StressCase("toy", lambda run: None))
     assert stress.check_cases(["toy", "shock"]) == ("toy", "shock")
-    assert run_case("toy", resolve("smoke"))["stress"] == "toy"
+    assert run_case("toy", resolve("smoke"))["case"] == "toy"
     with pytest.raises(ConfigError, match=r"stress case 'nope' is unknown: expected one of \('standard'.*'toy'\)"):
         stress.check_cases(["shock", "nope"])
 
@@ -171,7 +171,7 @@ def test_a_registered_case_keeps_results_of_its_own_checked_against_its_declared
                                       describe=lambda config: "every arm at twice the LR"))
     config = resolve("smoke", {"steps": 3, "seeds": "0"})
     record = run_case("doubled", config)
-    assert record["stress"] == "doubled" and record["results"]["doubled"]["diverged"] == [False, False]
+    assert record["case"] == "doubled" and record["results"]["doubled"]["diverged"] == [False, False]
     assert validate_record(record, "the doubled record") is record and case_steps(record) == 7
     record["results"]["doubled"]["lr"] = "fast"
     with pytest.raises(RecordError, match="results.doubled.lr = 'fast': expected a number"):
@@ -277,13 +277,13 @@ def test_a_reader_of_the_check_knows_every_case_figure_without_torch():
     assert "'lr_ramp'" in done.stdout and "'shock'" in done.stdout and "'standard'" in done.stdout
     from _stability_records import pair_record
 
-    sweep = {**pair_record(schedule="sweep", lrs=(1e-3, 3e-3)), "stress": "lr_sweep", "run_steps": 30}
+    sweep = {**pair_record(case_label="sweep", lrs=(1e-3, 3e-3)), "case": "lr_sweep", "run_steps": 30}
     bare = block + (
         "import json, sys\n"
         "from stability.record import validate_record\n"
         "from stability.record.figures import figure\n"
         "record = json.loads(sys.stdin.read())\n"
-        "print(figure('lr_sensitivity'), validate_record(record, 'the sweep')['stress'])\n")
+        "print(figure('lr_sensitivity'), validate_record(record, 'the sweep')['case'])\n")
     done = subprocess.run([sys.executable, "-c", bare], input=json.dumps(sweep), check=False, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.split() == ["None", "lr_sweep"], done.stderr
@@ -297,11 +297,11 @@ def test_a_record_says_how_long_one_run_of_its_case_trains(monkeypatch):
 
     config = resolve("smoke", {"steps": 50, "stress.ladder_steps": 12})
     assert CASES["precision_ladder"].run_steps(config) == 12 and CASES["shock"].run_steps(config) == 50
-    record = new_case_record(config, "standard", stress="precision_ladder", run_steps=12)
+    record = new_case_record(config, "standard", case="precision_ladder", run_steps=12)
     assert record["run_steps"] == 12 and case_steps(record) == 12
     assert case_steps({**record, "run_steps": 7}) == 7
     old = {k: v for k, v in record.items() if k != "run_steps"}
-    assert case_steps(old) == 12 and case_steps({**old, "stress": "shock"}) == 50
+    assert case_steps(old) == 12 and case_steps({**old, "case": "shock"}) == 50
     unset = {**old, "config": {**old["config"], "stress": {**old["config"]["stress"], "ladder_steps": 0}}}
     assert case_steps(unset) == 50
 
@@ -315,7 +315,7 @@ def test_a_reader_that_never_registered_the_case_keeps_its_results_unread(monkey
     from stability.record import RecordError, validate_record
     from stability.record import cases as record_cases
 
-    sweep = {**pair_record(schedule="sweep", lrs=(1e-3, 3e-3)), "stress": "lr_sweep", "run_steps": 30}
+    sweep = {**pair_record(case_label="sweep", lrs=(1e-3, 3e-3)), "case": "lr_sweep", "run_steps": 30}
     sweep["results"]["lr_sweep"]["per_arm"][0]["bogus"] = 1.0
     with pytest.raises(RecordError, match="results.lr_sweep.per_arm.0..bogus is not a key of SweepArm"):
         validate_record(sweep, "the sweep")                     # registered here: checked against its type
@@ -366,7 +366,7 @@ def test_each_case_trains_exactly_the_runs_it_declares(name):
     with pytest.raises(Captured):
         run_case(name, config, runner=runner)
     declared = CASES[name].units(config)
-    assert [u.id for u in runner.units] == [u.id for u in declared] and len(declared) >= 4
+    assert [(u.case, u.key) for u in runner.units] == [(u.case, u.key) for u in declared] and len(declared) >= 4
 
 
 def test_a_scheme_s_kl_below_zero_by_rounding_is_measured_and_one_below_by_more_is_not():
@@ -401,7 +401,7 @@ def test_the_kept_null_jobs_failed_by_the_scheme_check_pass_it_as_it_is_now(monk
               if any(failure.endswith(name) for failure in job["stress_failures"])]
     assert len(failed) >= 3, [job["entry"] for job in failed]
     for job in failed:
-        record = next(r for r in job["records"] if r["stress"] == "standard")
+        record = next(r for r in job["records"] if r["case"] == "standard")
         kls = [result["kl"] for arm in record["arms"] for result in arm["quant"]["schemes"].values()
                if "kl" in result]
         assert -KL_ROUNDING <= min(kls) < 0, (job["entry"], min(kls))

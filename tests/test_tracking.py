@@ -136,7 +136,7 @@ def test_parent_and_child_runs_with_params_metrics_tags_description_and_artifact
     assert parent.info.status == "FINISHED"
     tags = parent.data.tags
     for key in ("git.commit", "git.branch", "git.dirty", "env.torch", "env.triton", "env.bitsandbytes",
-                "env.device_name", "stability.preset", "stability.schedule", "stability.case", "stability.purpose"):
+                "env.device_name", "stability.preset", "stability.case_label", "stability.case_key", "stability.purpose"):
         assert key in tags, key
     assert tags["stability.preset"] == "smoke" and tags["git.branch"] == "main"
     description = tags["mlflow.note.content"]
@@ -162,7 +162,7 @@ def test_parent_and_child_runs_with_params_metrics_tags_description_and_artifact
 
 def test_one_experiment_per_preset_or_campaign(store, monkeypatch):
     first = tracking.log_to_mlflow(pair_record(seeds=(0,)), store)
-    second = tracking.log_to_mlflow(pair_record(seeds=(0,), schedule="lr_ramp"), store)
+    second = tracking.log_to_mlflow(pair_record(seeds=(0,), case_label="lr_ramp"), store)
     assert first["experiment_id"] == second["experiment_id"] and first["experiment"] == "stability-smoke"
     monkeypatch.setenv("STABILITY_EXPERIMENT", "campaign-42")
     third = tracking.log_to_mlflow(pair_record(seeds=(0,)), store)
@@ -350,6 +350,8 @@ def test_a_broken_store_that_holds_anything_is_never_touched(tmp_path, tables):
             assert connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (rows,)
 
 
+@pytest.mark.slow   # a long test (a server and a run started together): CI runs it in a step of its own
+@pytest.mark.long
 def test_a_run_and_mlflow_server_started_at_once_on_a_new_store(tmp_path):
     """The first thing a new user does: `mlflow server` (or `mlflow ui`) and a command on a store that does
     not exist yet, at the same moment. The command is tracked."""

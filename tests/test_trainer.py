@@ -107,7 +107,7 @@ def test_a_pair_record_holds_both_arms_per_seed_and_paired_figures():
     assert loss["n"] == 2 and loss["seeds"] == [0, 1]
     assert loss["difference"] == pytest.approx(loss["treatment"] - loss["reference"])
     assert loss["ci_low"] <= loss["difference"] <= loss["ci_high"]
-    assert record["status"] == Status.COMPLETED and record["schema_version"] == 3
+    assert record["status"] == Status.COMPLETED and record["schema_version"] == 4
 
 
 def test_paired_summary_drops_a_seed_missing_an_arm():

@@ -1,5 +1,7 @@
 """Records, overrides and invariants of the time the reference arm was named "baseline" (record schema 2)
-still read: as the reference arm named "reference", never as a run of another arm."""
+still read: as the reference arm named "reference", never as a run of another arm. Records of schema 3 and
+baselines of schema 6, which named a case's name "stress" and its label "schedule", read with the case's
+words ("case", "case_label")."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import lzma
 from pathlib import Path
 
 import pytest
-from _stability_records import pair_record, with_replicates
+from _stability_records import as_schema_3, pair_record, with_replicates
 
 from stability.check import baseline as baselines
+from stability.check.baseline_schema import BASELINE_SCHEMA_VERSION, load_baseline
 from stability.check.regression import check
 from stability.config import ConfigError, resolve
 from stability.record import RecordError, read_record, upgraded, validate_record
@@ -34,7 +37,8 @@ def test_a_schema_2_record_reads_with_the_reference_arm_renamed(schema_2_records
         path = tmp_path / f"{old['stress']}.json"
         path.write_text(json.dumps(old))
         new = read_record(path)
-        assert new["schema_version"] == 3 and "baseline" not in {a["arm"] for a in new["arms"]}
+        assert new["schema_version"] == 4 and "baseline" not in {a["arm"] for a in new["arms"]}
+        assert (new["case"], new["case_label"]) == (old["stress"], old["schedule"]) and "stress" not in new
         assert [a["arm"] for a in new["arms"]] == [
             "reference" if a["arm"] == "baseline" else a["arm"] for a in old["arms"]]
         assert new["config"]["arms"][0]["name"] == "reference"
@@ -71,7 +75,7 @@ def test_a_job_of_schema_2_records_is_judged_against_a_baseline_of_today(schema_
     current = pair_record()
     baseline = baselines.make_baseline(with_replicates(current))
     assert check([current], baseline).exit_code == 0
-    old = json.loads(json.dumps(current).replace('"reference"', '"baseline"'))   # the same job, written before
+    old = json.loads(json.dumps(as_schema_3(current)).replace('"reference"', '"baseline"'))   # the same job, before
     old["schema_version"] = 2
     for arm in old["arms"]:
         arm["variant"] = "baseline" if arm["arm"] == "baseline" else arm["variant"]
@@ -83,6 +87,37 @@ def test_a_job_of_schema_2_records_is_judged_against_a_baseline_of_today(schema_
     assert result.exit_code == 1 and [(r.arm, r.figure) for r in result.regressed][:1] == [("reference", "heldout_loss")]
     with pytest.raises(RecordError, match="schema_version=2 is unknown"):
         validate_record(old, "a schema 2 record not read through stability.record.upgraded")
+
+
+def test_a_schema_3_record_reads_with_its_case_named_by_case_and_case_label(tmp_path):
+    """A kept null job's record (schema 3: "stress", "schedule"), read: the case's name under "case", its label
+    under "case_label", every other key as it was, in its place; the file is left as it was."""
+    kept = Path(__file__).resolve().parents[1] / "reports" / "null" / "smoke" / "draw100.json.xz"
+    old = next(r for r in json.loads(lzma.decompress(kept.read_bytes()))["records"] if r["stress"] == "batch_ramp")
+    assert old["schema_version"] == 3
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    new = read_record(path)
+    assert (new["schema_version"], new["case"], new["case_label"]) == (4, "batch_ramp", old["schedule"])
+    assert [k for k in new if not k.startswith("_")] == [
+        {"stress": "case", "schedule": "case_label"}.get(k, k) for k in old]
+    assert all(new[k] == old[k] for k in old if k not in ("stress", "schedule", "schema_version"))
+    assert json.loads(path.read_text()) == old
+    assert upgraded(as_schema_3(pair_record(), stress="pair"))["case"] == "standard"   # the plain pair's old name
+
+
+def test_a_schema_6_baseline_reads_with_its_cases_named_by_case_and_case_label():
+    """The committed smoke baseline (schema 6) loads as schema 7: each case entry's "stress" is its "case",
+    its "schedule" its "case_label", and a job of today is judged against it."""
+    path = Path(__file__).resolve().parents[1] / "reports" / "baselines" / "smoke-cpu.json"
+    raw = json.loads(path.read_text())
+    assert raw["schema_version"] == 6
+    loaded = load_baseline(path)
+    assert loaded["schema_version"] == BASELINE_SCHEMA_VERSION == 7
+    for key, case in raw["cases"].items():
+        new = loaded["cases"][key]
+        assert (new["case"], new["case_label"]) == (case["stress"], case["schedule"]) and "stress" not in new
+        assert key == f"{new['name']}/{new['case_label']}"
 
 
 def test_the_old_name_still_selects_the_reference_arm_in_overrides_and_no_arm_may_take_it():
@@ -100,4 +135,5 @@ def test_an_invariant_recorded_for_the_old_name_reads_as_the_reference_arm(tmp_p
     line = {"case": "smoke/standard", "name": "loss_falls", "arm": "baseline", "seed": 0, "held": True,
             "value": 0.5, "bound": 1.0, "message": "", "test": "suites/x.py::t"}
     (tmp_path / "invariants-main.jsonl").write_text(json.dumps(line) + "\n")
-    assert [i["arm"] for i in read_invariants(tmp_path)] == ["reference"]
+    assert [(i["arm"], i["case_key"]) for i in read_invariants(tmp_path)] == [("reference", "smoke/standard")]
+    assert all("case" not in i for i in read_invariants(tmp_path))     # the key under its own word, once

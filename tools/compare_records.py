@@ -3,7 +3,7 @@
     python tools/compare_records.py BEFORE AFTER [--ignore KEY ...] [--rename OLD=NEW ...]
 
 BEFORE and AFTER are folders holding run directories (or records) written by the same commands
-before and after a change. Records are matched by what they are (name, schedule, purpose, stress
+before and after a change. Records are matched by what they are (name, case label, purpose,
 case, config and the command's folder below BEFORE / AFTER), never by their random ids; per-step files
 (``steps/<case id>/<run name>-<run hash>.jsonl``) by their run name. Every value below them is
 compared exactly (floats bit for bit, NaN equal to NaN) except the keys that say when, where and how
@@ -90,7 +90,7 @@ def without(value, ignore: set[str]):
 def record_key(root: Path, path: Path, record: dict, ignore: set[str] = frozenset()) -> str:
     command = path.relative_to(root).parts[0]
     config = hashlib.sha256(json.dumps(without(record.get("config"), ignore), sort_keys=True).encode()).hexdigest()[:8]
-    fields = [record.get(key) for key in ("name", "schedule", "purpose", "stress") if key not in ignore]
+    fields = [record.get(key) for key in ("name", "case_label", "purpose", "case") if key not in ignore]
     return "/".join(str(x) for x in (command, *fields, config))
 
 

@@ -59,7 +59,7 @@ def rows_of_arms(arms: dict, stress: str, preset: str, nested: bool) -> dict[tup
 def baseline_rows(baseline: dict) -> dict[tuple[str, str, str], dict]:
     """(case key, arm, figure) -> seed -> replicate -> value of every primary row the baseline holds."""
     return {(key, *row): values for key, case in sorted(baseline["cases"].items())
-            for row, values in rows_of_arms(case["arms"], case.get("stress") or "", baseline["preset"], True).items()}
+            for row, values in rows_of_arms(case["arms"], case["case"], baseline["preset"], True).items()}
 
 
 def job_rows(records: list[dict], baseline: dict) -> dict[tuple[str, str, str], dict]:
@@ -69,7 +69,7 @@ def job_rows(records: list[dict], baseline: dict) -> dict[tuple[str, str, str], 
         base = baseline["cases"].get(key)
         if base is not None:
             arms = single_replicate(case, key)
-            for row, values in rows_of_arms(arms, base.get("stress") or "", baseline["preset"], False).items():
+            for row, values in rows_of_arms(arms, base["case"], baseline["preset"], False).items():
                 out[(key, *row)] = values
     return out
 

@@ -45,6 +45,7 @@ from stability.record import git_info, upgraded
 from stability.record.invariants import read_invariants
 from stability.record.machine import describe, record_machine
 from stability.record.rundir import load_records
+from stability.record.upgrade import upgraded_invariant
 from validation import seed_spread_rule
 from validation.options import add_preset_option
 from validation.workflow import WORKFLOW, apply_patch, fresh_copy, prepare_venv, run_job
@@ -123,13 +124,15 @@ def keep(preset: str, document: dict) -> Path:
 
 
 def read_kept(preset: str, name: str) -> dict | None:
-    """The kept job ``name``, its records read as this schema holds them (``stability.record.upgraded``: a job
-    kept before the reference arm was renamed); None when it was never kept."""
+    """The kept job ``name``, its records and invariant lines read as this schema holds them
+    (``stability.record.upgrade``: a job kept before a rename); None when it was never kept."""
     path = kept_path(preset, name)
     if not path.is_file():
         return None
     document = json.loads(lzma.decompress(path.read_bytes()))
     document["records"] = [upgraded(record) for record in document.get("records") or []]
+    if document.get("invariants") is not None:
+        document["invariants"] = [upgraded_invariant(line) for line in document["invariants"]]
     return document
 
 
@@ -226,8 +229,8 @@ def judged(document: dict, baseline: dict) -> dict:
     other = bool(document["stress_failures"]) or document["kernel_exit"] not in (0, None)
     by_floor = {scale: other or check(document["records"], baseline, scaled_floors(baseline, scale),
                                       invariants=invariants).exit_code != 0 for scale in FLOOR_SCALES}
-    new = [f"{o.case.split('/', 1)[1]} {o.arm} seed {o.seed} {o.figure}" for o in result.outcomes]
-    new += [f"{r.case.split('/', 1)[1]} {r.arm} {r.figure}{' (changed)' if r.verdict == 'changed' else ''}"
+    new = [f"{o.case_key.split('/', 1)[1]} {o.arm} seed {o.seed} {o.figure}" for o in result.outcomes]
+    new += [f"{r.case_key.split('/', 1)[1]} {r.arm} {r.figure}{' (changed)' if r.verdict == 'changed' else ''}"
             for r in result.regressed]
     strongest = min(result.regressed, key=lambda r: r.p_judged, default=None)
     old = [name.split("/", 1)[1] for name in seed_spread_rule.judge(document["records"], baseline)]

@@ -46,8 +46,8 @@ def share(value: float | None, mean: float) -> str:
 def report(preset: str, whole_path: Path, cut_path: Path) -> str:
     whole, cut = load_baseline(whole_path), load_baseline(cut_path)
     names = (whole_path.relative_to(ROOT).as_posix(), cut_path.relative_to(ROOT).as_posix())
-    many = {(m.case, m.arm, m.figure): m for m in smallest_failing_moves(whole)}
-    few = {(m.case, m.arm, m.figure): m for m in smallest_failing_moves(cut)}
+    many = {(m.case_key, m.arm, m.figure): m for m in smallest_failing_moves(whole)}
+    few = {(m.case_key, m.arm, m.figure): m for m in smallest_failing_moves(cut)}
     lines = [f"# What {runs(cut) - 1} rounding replicates give at `{preset}`, beside {runs(whole) - 1}", "",
              (f"Written by `python -m validation.replicate_count --preset {preset} --cut {names[1]}` from the two "
              f"baselines; `{names[1]}` is the reference and replicates 1-{runs(cut) - 1} of `{names[0]}` "

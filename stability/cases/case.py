@@ -16,7 +16,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from stability import config as cfg
 from stability.cases.runs import Rung, Unit
@@ -84,7 +84,7 @@ class CaseRun:
         self.config = config
         self.session = session
         self.runner = runner
-        self.record = new_case_record(config, case.label(config), description, stress=case.name,
+        self.record = new_case_record(config, case.label(config), description, case=case.name,
                                       purpose=purpose, run_steps=case.run_steps(config))
         self.corpus = load_inputs(config)
         set_corpus(self.record, self.corpus.info)
@@ -142,66 +142,57 @@ def every_arm(case: StressCase, config: cfg.ExperimentConfig, schedule) -> list[
             for seed in config.seeds for arm in config.arm_names]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StressCase:
-    """A stress case, declared once: everything the harness knows about it.
+    """A stress case, declared once: everything the harness knows about it, in four groups.
 
-    name: what ``stability stress NAME`` calls it, what its records say under "stress". qualifier: for a case whose
-    settings make records that are never compared with each other (the batch ramp's LR rule, the shock's kind),
-    ``qualifier(config) -> str``; None for one. The two make the case's label (``label``: "batch_ramp-sqrt",
-    "lr_ramp"), what its records say under "schedule" and the second half of their key
-    (``stability.record.case_key``: "smoke/batch_ramp-sqrt"): neither is typed anywhere else. train:
-    ``train(case_run)`` trains the case's runs into the ``CaseRun`` it is handed (its config, record, session
-    and runner; its name and rung are this entry's: the name is never written twice) and sets its results;
-    the frame around it (the CPU threads, the ``CaseRun``, its finish) is ``run``'s, never the case's.
-    describe: ``describe(config) -> str``, what its record says it trains (None: the standard schedule's
-    description). prepare: ``prepare(config) -> config``, the config ``run`` trains (the plain pair's
-    quantization schemes); None: as given.
-    rung: for a case of several runs per arm and seed, what tells them apart (``rung(run) ->
-    stability.cases.runs.Rung``: it names the runs and keys their files); None for one run per arm and seed.
-    result: the type (a TypedDict, declared in its module) of its own results, ``record["results"][name]``;
-    None for none; registering the case declares it to the record (``stability.record.cases``), so the
-    results are checked wherever the case is registered. steps: the run length of one of its runs
-    (``steps(config) -> int``; None: ``run.steps``), which its records say ("run_steps"). runs: the runs it trains
-    (``runs(case, config) -> list[Unit]``, in the order it trains them; ``every_arm`` for one per arm and seed
-    under a schedule): what ``stability plan`` counts, and what its training function asks ``units`` for;
-    None: one run per seed and arm under the standard schedule.
+    ``StressCase(name, train, ...)``: the name (what ``stability stress NAME`` calls it, a record's "case")
+    and its training, ``train(case_run)``, which trains the case's runs into the ``CaseRun`` it is handed and
+    sets its results; the frame around it (the CPU threads, the ``CaseRun``, its finish) is ``run``'s, never
+    the case's. Every other field is given by name and has a default:
 
-    What the merge check judges of it: figures: the figures only this case makes (``Figure`` s: direction,
-    unit, floor, resolution, and the primary rows each declares, ``Primary(...)`` with the case's name left
-    out); primary: its primary rows on figures declared elsewhere (``Primary(figure="heldout_loss", ...)``,
-    the case's name left out). Registering the case (``stability.cases.stress``) adds both to the table of
-    figures (``stability.record.figures``), with this case's name on every row; the registry imports no
-    torch, so the check and every command read it.
+    * **What it trains** (each ``None``: the plain pair's way): its runs, ``runs(case, config) -> [Unit]`` in
+      training order (``every_arm`` for one per arm and seed under a schedule; what ``stability plan`` counts);
+      ``rung(run) -> Rung`` telling apart several runs of one arm and seed; ``steps(config)``, one run's length
+      (the record's "run_steps"); ``prepare(config) -> config``, the config ``run`` trains; ``describe(config)``,
+      what its record says it trains; ``qualifier(config) -> str``, for settings whose records are never
+      compared with each other (the batch ramp's LR rule): with the name it makes the case's label
+      (``label``: "batch_ramp-sqrt", a record's "case_label"); ``settings``, a frozen dataclass instance, its
+      own settings at their defaults (``--set stress.case_settings.<name>.<setting>=VALUE``, read with
+      ``config.stress.settings_of(name)``).
+    * **What the merge check judges**: ``result``, the type (a TypedDict of its module) of
+      ``record["results"][name]``; ``figures``, the figures only it makes (``Figure`` s, with the primary rows
+      each declares); ``primary``, its primary rows on figures declared elsewhere. The case's name is left
+      out of its rows: registering it (``stability.cases.stress.register``) names them, and declares the
+      figures, rows, result type and settings to the tables every command reads (no torch).
+    * **What its suite does** (``suites/test_stress_cases.py``): ``title`` and ``reported(record)``, the
+      heading and figures of its paired table (reported, never asserted); ``checks``, the properties its
+      record must show, each ``check(record, invariant)``: a property of the harness raises ``CheckFailed``
+      (``stability.cases.checks.require``), one of the model is recorded through ``invariant(...)`` and
+      judged by ``stability check``; ``rerun``: train it twice and require the same figures.
+    * **What only it shows**: ``tables`` (``CaseTable``) under ``stability stress`` and in the HTML report,
+      ``plots`` (``CasePlot``) in the HTML report."""
 
-    What the suites do with it (``suites/test_stress_cases.py``, one test per check and case): title and
-    reported: the heading and the figures of its paired table (``reported(record)`` -> figure names; the
-    table is reported, never asserted). checks: the properties its record must show, each
-    ``check(record, invariant)``, named by its function: a property of the harness raises ``CheckFailed``
-    (``stability.cases.checks.require``); a property of the model is recorded through ``invariant(record,
-    name, arm, seed, held, value, bound, message)`` and judged by ``stability check``. rerun: the suites
-    train it a second time and require the same figures (the determinism the baseline relies on).
-
-    What only it shows of its records: tables (``stability.record.CaseTable``: a title and the rows, from a
-    record), printed under ``stability stress`` and in the HTML report; plots (``stability.record.CasePlot``: a
-    name, a title and PNG bytes from a record), in the HTML report. The report and the command never name a
-    case: registering it declares both to the record's table of cases (``stability.record.cases``)."""
-
-    name: str
-    train: Callable[[CaseRun], None]
-    describe: Callable[[cfg.ExperimentConfig], str] | None = None
-    prepare: Callable[[cfg.ExperimentConfig], cfg.ExperimentConfig] | None = None
+    name: str = field(kw_only=False)
+    train: Callable[[CaseRun], None] = field(kw_only=False)
+    # what it trains
+    runs: Callable[[StressCase, cfg.ExperimentConfig], list[Unit]] | None = None
     rung: Callable[[cfg.RunConfig], Rung] | None = None
-    result: type | None = None
     steps: Callable[[cfg.ExperimentConfig], int] | None = None
+    prepare: Callable[[cfg.ExperimentConfig], cfg.ExperimentConfig] | None = None
+    describe: Callable[[cfg.ExperimentConfig], str] | None = None
+    qualifier: Callable[[cfg.ExperimentConfig], str] | None = None
+    settings: object | None = None
+    # what the merge check judges
+    result: type | None = None
     figures: tuple[Figure, ...] = ()
     primary: tuple[Primary, ...] = ()
+    # what its suite does
     title: str = ""
     reported: Callable[[dict], list[str]] | None = None
     checks: tuple[Callable[..., None], ...] = ()
     rerun: bool = False
-    runs: Callable[[StressCase, cfg.ExperimentConfig], list[Unit]] | None = None
-    qualifier: Callable[[cfg.ExperimentConfig], str] | None = None
+    # what only it shows
     tables: tuple[CaseTable, ...] = ()
     plots: tuple[CasePlot, ...] = ()
 
@@ -222,7 +213,7 @@ class StressCase:
         return tuple(row if row.case else replace(row, case=self.name) for row in rows)
 
     def label(self, config: cfg.ExperimentConfig) -> str:
-        """What its records on ``config`` say under "schedule": its name, then its qualifier ("batch_ramp-sqrt")."""
+        """What its records on ``config`` say under "case_label": its name, then its qualifier ("batch_ramp-sqrt")."""
         return self.name if self.qualifier is None else f"{self.name}-{self.qualifier(config)}"
 
     def unit(self, arm: str, seed: int, run: cfg.RunConfig, schedule) -> Unit:

@@ -278,7 +278,7 @@ def the_precision_statistics_are_recorded(record, invariant):
 
 
 # ----------------------------------------------------------------------------- its figures
-# Its figures (``stability.record.figures.Figure``), one family per figure of a rung (``loss_gap_bf16`` ...),
+# Its figures (``stability.record.figures.Figure``), one pattern per figure of a rung (``loss_gap_bf16`` ...),
 # added to the table when the case is registered.
 FIGURES = (
     Figure("loss_gap_*", "lower", "nats/token", "held-out loss at this precision minus fp32",

@@ -21,8 +21,8 @@ Where Ray runs (``address``):
   (``pip install -e ".[ray]"``) and reaches the corpus at the same path.
 
 Fault tolerance. A task whose worker process dies (killed, out of memory, a lost node) is run
-again by Ray, up to ``max_retries`` times. A unit's result is kept under its id, so a task that
-ran twice still gives one arm record. Its attempts are Ray's own count (the attempt number Ray gives
+again by Ray, up to ``max_retries`` times. A unit's result is kept under its task's id (``task_id``), so a
+task that ran twice still gives one arm record. Its attempts are Ray's own count (the attempt number Ray gives
 the run that returned), so a worker lost at any moment is counted, also one lost before the task's
 first instruction (while its arguments load); a small actor also counts the attempts that reached the
 task's body (where Ray's number is not available). The case record's ``ray`` entry lists the units
@@ -35,10 +35,12 @@ Tracking. The tasks do not talk to MLflow: the driver writes the case record loc
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 
 from stability import config as cfg
-from stability.cases.runs import Unit
+from stability.cases.runs import Unit, hash_run
 from stability.record import name_run, note_attempts, set_ray, set_unit
 
 _CORPORA: dict[str, object] = {}   # per worker process: corpus of a config, loaded once
@@ -97,6 +99,20 @@ def ray_attempt() -> int | None:
     return number() + 1 if number is not None else None
 
 
+def task_id(unit: Unit) -> str:
+    """The id of the task that trains ``unit``: 16 hex digits of its case, arm, seed, rung and whole run config,
+    the same in every process and on every machine (a retried task keeps it)."""
+    text = json.dumps({"case": unit.case, "arm": unit.arm, "seed": unit.seed,
+                       "rung": unit.rung.name if unit.rung else "", "run": hash_run(unit.run, unit.schedule.name)},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def task_name(unit: Unit) -> str:
+    """The name of the task that trains ``unit`` ("lr_sweep/gated/seed0/lr=0.01"), in the record and messages."""
+    return f"{unit.case}/{unit.arm}/seed{unit.seed}" + (f"/{unit.rung.name}" if unit.rung else "")
+
+
 def _task(config, unit: Unit, attempts, before_unit) -> tuple[str, dict]:
     """One Ray task: its attempt (Ray's count first; tests: ``before_unit(unit_id, attempt)``), train, return
     (id, record)."""
@@ -104,12 +120,12 @@ def _task(config, unit: Unit, attempts, before_unit) -> tuple[str, dict]:
 
     attempt = ray_attempt()
     if before_unit is not None:
-        before_unit(unit.id, attempt)
-    counted = ray.get(attempts.start.remote(unit.id))
+        before_unit(task_id(unit), attempt)
+    counted = ray.get(attempts.start.remote(task_id(unit)))
     attempt = max(attempt or 0, counted)
     arm_record = train_alone(config, unit)
-    set_unit(arm_record, unit.id, unit.name, attempt, os.getpid())
-    return unit.id, arm_record
+    set_unit(arm_record, task_id(unit), task_name(unit), attempt, os.getpid())
+    return task_id(unit), arm_record
 
 
 class _Attempts:
@@ -166,22 +182,24 @@ class RayRunner:
         task = ray.remote(max_retries=self.max_retries, retry_exceptions=False, **resources)(_task)
         attempts = ray.remote(num_cpus=0)(_Attempts).remote()
         config_ref = ray.put(config)
-        pending = {unit.id: task.remote(config_ref, unit, attempts, self.before_unit) for unit in units}
-        set_ray(case_record, self.address, resources, self.max_retries, [(unit.id, unit.name) for unit in units])
+        ids = [task_id(unit) for unit in units]
+        pending = {id_: task.remote(config_ref, unit, attempts, self.before_unit) for id_, unit in zip(ids, units)}
+        set_ray(case_record, self.address, resources, self.max_retries, [(id_, task_name(unit))
+                                                                          for id_, unit in zip(ids, units)])
         results: dict[str, dict] = {}
         attempts_of: dict[str, int] = {}   # unit id -> attempts, Ray's own count (the actor's as a fallback)
-        for index, unit in enumerate(units):
+        for index, (id_, unit) in enumerate(zip(ids, units)):
             try:
-                unit_id, arm_record = ray.get(pending[unit.id])
+                unit_id, arm_record = ray.get(pending[id_])
             except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as error:
-                raise UnitLost(f"unit {unit.name} ({unit.id}): its worker died {self.max_retries + 1} times "
+                raise UnitLost(f"unit {task_name(unit)} ({id_}): its worker died {self.max_retries + 1} times "
                                f"(max_retries={self.max_retries}): {error}") from None
             name_run(arm_record, unit.run_name, unit.key)   # as a session names a run trained here
             results[unit_id] = arm_record       # keyed by id: a unit that ran twice is kept once
             counts = ray.get(attempts.all.remote())
-            attempts_of[unit.id] = max(arm_record["unit"]["attempt"], counts.get(unit.id, 1))
-            note_attempts(case_record, index, attempts_of[unit.id], sum(n - 1 for n in attempts_of.values()))
-            yield results[unit.id]
+            attempts_of[id_] = max(arm_record["unit"]["attempt"], counts.get(id_, 1))
+            note_attempts(case_record, index, attempts_of[id_], sum(n - 1 for n in attempts_of.values()))
+            yield results[id_]
 
     def close(self) -> None:
         """Stop Ray when this runner started it."""

@@ -4,17 +4,16 @@ A case (``stability.cases.stress``) is a list of runs: one per seed and arm, tim
 the precisions of a ladder. A ``Unit`` is one of them: the case, the arm, the seed, the whole
 ``RunConfig`` it trains (the LR or precision included), the schedule and, in a multi-run case, its
 ``Rung`` (what tells it apart from the other runs of its arm and seed; the case's registry entry
-declares it). The unit gives the run every name it is known by:
+declares it). A run has one identifier, its key, and a name for people (docs/words.md):
 
-    unit.run_hash      16 hex digits of the whole run config and the schedule's name
-    unit.id            16 hex digits of the case, arm, seed, rung and run hash: the same run of the
-                       same case has the same id in every process and on every machine, so a runner
-                       that trains it twice (a retried Ray task) keeps one result under that id
-    unit.name          "lr_sweep/gated/seed0/lr=0.01": the unit in a Ray record and in messages
-    unit.run_name      "gated-seed0-lr0.01": the run's MLflow child run (arm, seed, rung)
-    unit.key           "gated-seed0-lr0.01-<run hash 8>": its per-step file and its checkpoint
-    unit.label         "[lr_sweep] gated-seed0-lr0.01": the run in progress lines
-    unit.identity(id)  all of that with the run config, as its per-step file, checkpoints and bundles keep it
+    unit.key           "gated-seed0-lr0.01-<8 hex digits of hash_run>": the run's one identifier, what its
+                       record entry, per-step file, checkpoint and MLflow child run say; the same run of
+                       the same case has the same key in every process and on every machine
+    unit.run_name      "gated-seed0-lr0.01": the key without its digits (the MLflow child run's name,
+                       progress lines), unique within one case record
+    unit.identity(id)  which run this is with its config, as its per-step file, checkpoints and bundles keep it
+
+A Ray task that trains a unit has an id and a name of its own (``stability.cases.ray_runner``).
 
 The runs are independent (every run builds its own model and reads its own batches from the seed),
 so a runner may train them in any order and in parallel; the case reads the results back in the
@@ -98,44 +97,27 @@ class Unit:
     rung: Rung | None = None
 
     @property
-    def run_hash(self) -> str:
-        return hash_run(self.run, self.schedule.name)
-
-    @property
-    def id(self) -> str:
-        """16 hex digits, the same for the same run of the same case wherever it is computed."""
-        text = json.dumps({"case": self.case, "arm": self.arm, "seed": self.seed,
-                           "rung": self.rung.name if self.rung else "", "run": self.run_hash}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    @property
-    def name(self) -> str:
-        return f"{self.case}/{self.arm}/seed{self.seed}" + (f"/{self.rung.name}" if self.rung else "")
-
-    @property
     def run_name(self) -> str:
+        """The run's name for people: arm, seed and rung ("gated-seed0-lr0.01")."""
         return f"{self.arm}-seed{self.seed}" + (f"-{self.rung.label}" if self.rung else "")
 
     @property
     def key(self) -> str:
-        return f"{self.run_name}-{self.run_hash[:8]}"
-
-    @property
-    def label(self) -> str:
-        return f"[{self.case}] {self.run_name}"
+        """The run's one identifier: its name and 8 hex digits of its whole run config and schedule."""
+        return f"{self.run_name}-{hash_run(self.run, self.schedule.name)[:8]}"
 
     def identity(self, case_id: str) -> RunIdentity:
         """Which run this is, as its per-step file, checkpoints and replay bundles state it (``case_id``: the
         case record's id)."""
         return {"run_key": self.key, "name": self.run_name, "arm": self.arm, "seed": self.seed,
-                "run_hash": self.run_hash, "case": self.case, "case_id": case_id,
+                "run_hash": hash_run(self.run, self.schedule.name), "case": self.case, "case_id": case_id,
                 "config": dataclasses.asdict(self.run), "schedule": self.schedule.name}
 
 
 def check_unique(units: list[Unit]) -> None:
-    """ValueError when two units of a case share an id (the case would train one run twice)."""
-    seen: dict[str, str] = {}
+    """ValueError when two units of a case share a key (the case would train one run twice)."""
+    seen: set[str] = set()
     for unit in units:
-        if unit.id in seen:
-            raise ValueError(f"units {seen[unit.id]!r} and {unit.name!r} have the same id {unit.id}")
-        seen[unit.id] = unit.name
+        if unit.key in seen:
+            raise ValueError(f"two units of case {unit.case!r} are the same run {unit.key!r}")
+        seen.add(unit.key)

@@ -48,8 +48,9 @@ def register(case: StressCase) -> StressCase:
     """Add ``case`` to ``CASES`` (a name not taken; ``stability stress`` runs it after the others) and what it
     declares to the tables the record and the check read: the type of its results (``declare``), its figures
     and its primary rows (``stability.record.figures``), so every process that imports the registry checks its
-    results and judges its figures. ValueError, before anything is added, for a name taken, a figure already
-    in the table or a row ``register_primary`` would refuse."""
+    results and judges its figures; and its own settings to the config (``cfg.declare_case_settings``).
+    ValueError, before anything is added, for a name taken, a figure already in the table, a row
+    ``register_primary`` would refuse or settings declared already (or not a frozen dataclass)."""
     if case.name in CASES:
         raise ValueError(f"stress case {case.name!r} is registered already")
     figures = case.declared_figures()
@@ -58,6 +59,8 @@ def register(case: StressCase) -> StressCase:
         raise ValueError(f"stress case {case.name!r} declares figure {taken[0]!r}, which the table holds already")
     for row in case.declared_rows():
         fig.check_primary(row)
+    if case.settings is not None:
+        cfg.declare_case_settings(case.name, case.settings)
     declare(case.recorded)
     for entry in figures:
         fig.add(entry)

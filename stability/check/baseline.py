@@ -106,7 +106,7 @@ def figure_value(record: dict, index: int, arm: dict, name: str) -> float | None
 
 
 def case_values(records: list[dict]) -> dict[str, dict]:
-    """{case key: {"name", "schedule", "stress", "steps", "fingerprint", "config", "records",
+    """{case key: {"name", "case", "case_label", "steps", "fingerprint", "config", "records",
                    "arms": {arm: {"status": {seed: {replicate: status}}, "diverged_at_step": {seed: {replicate: step}},
                                   "figures": {figure: {seed: {replicate: value or None}}}}}}}.
 
@@ -119,8 +119,8 @@ def case_values(records: list[dict]) -> dict[str, dict]:
         key = case_key(record)
         fingerprint = config_fingerprint(record["config"])
         steps = case_steps(record)   # the run length its case declared (stability.record.cases)
-        case = cases.setdefault(key, {"name": record["name"], "schedule": record["schedule"],
-                                      "stress": case_name(record), "steps": steps, "fingerprint": fingerprint,
+        case = cases.setdefault(key, {"name": record["name"], "case": case_name(record),
+                                      "case_label": record["case_label"], "steps": steps, "fingerprint": fingerprint,
                                       "config": comparable_config(record["config"]), "records": [], "arms": {}})
         if case["fingerprint"] != fingerprint:
             raise RecordError(f"{where(record, index)}: case {key} appears with two different configs among the "
@@ -220,16 +220,16 @@ def merge_cases(old: dict, new: dict, stress: list[str]) -> dict:
         if old.get(key) != new.get(key):
             raise RecordError(f"the cases remade differ from the baseline's in {key}: {new.get(key)!r} against "
                               f"{old.get(key)!r}: expected the baseline's (remake it whole)")
-    made = {c["stress"] for c in new["cases"].values()}
+    made = {c["case"] for c in new["cases"].values()}
     if made != set(stress):
         raise RecordError(f"the runs remade hold the cases {sorted(made)}: expected exactly {sorted(stress)}")
     cases = {key: {**case, "commit": case.get("commit") or old.get("commit")}
-             for key, case in old["cases"].items() if case["stress"] not in stress}
+             for key, case in old["cases"].items() if case["case"] not in stress}
     cases.update({key: {**case, "commit": new.get("commit")} for key, case in new["cases"].items()})
     invariants = None
     if old.get("invariants") is not None or new.get("invariants") is not None:
         keys = set(new["cases"])
-        invariants = [line for line in old.get("invariants") or [] if line["case"] not in keys] \
+        invariants = [line for line in old.get("invariants") or [] if line["case_key"] not in keys] \
             + list(new.get("invariants") or [])
     return {**old, "created_at": new["created_at"], "commit": new.get("commit"), "branch": new.get("branch"),
             "dirty": bool(old.get("dirty") or new.get("dirty")), "cases": dict(sorted(cases.items())),
@@ -251,7 +251,7 @@ def run_invariants(records: list[dict]) -> list[dict] | None:
     evaluated: dict[tuple, list[dict]] = {}
     for folder in folders:
         for line in read_invariants(folder):
-            evaluated.setdefault((line["case"], line["name"], line["arm"], line["seed"]), []).append(line)
+            evaluated.setdefault((line["case_key"], line["name"], line["arm"], line["seed"]), []).append(line)
     return [lines[0] if all(line["held"] for line in lines) else failed_somewhere(lines)
             for lines in evaluated.values()]
 

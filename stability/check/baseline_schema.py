@@ -19,9 +19,11 @@ from typing import Any, Literal, Required, TypedDict
 from stability.record import REFERENCE_ARM, USABLE, RecordError, Status, check_layout
 from stability.record import figures as fig
 from stability.record.io import read_json
+from stability.record.upgrade import upgraded_baseline
 from stability.record.validate import is_whole, shown
 
-BASELINE_SCHEMA_VERSION = 6   # 6: replicates perturb every step (5: the initial weights only; 4: the arm "baseline")
+BASELINE_SCHEMA_VERSION = 7   # 7: a case's name and label under "case" and "case_label"; 6: replicates perturb
+                              # every step (5: the initial weights only; 4: the arm "baseline")
 
 RunsOf = dict[str, dict[str, Any]]   # seed -> replicate -> a run's value ("0" -> "3" -> 2.71)
 
@@ -36,8 +38,8 @@ class BaselineArm(TypedDict):
 class BaselineCase(TypedDict, total=False):
     """A stress case's runs (``stability.record.case_key``: "smoke/batch_ramp-sqrt")."""
     name: Required[str]
-    schedule: Required[str]
-    stress: Required[str]
+    case: Required[str]                # the stress case's name ("batch_ramp")
+    case_label: Required[str]          # its name and qualifier ("batch_ramp-sqrt")
     steps: Required[int]               # the run length its case declared
     fingerprint: Required[str]
     config: Required[dict[str, Any]]   # the case's config, flattened ("run.data.batch_size": 8)
@@ -129,7 +131,7 @@ def null_allowed(name: str, status: str) -> bool:
     """Whether a baseline may hold null (a value that was not finite) for figure ``name`` of a run of ``status``.
 
     A run that did not complete may lack any figure. A completed run may lack only what it can leave
-    undefined: a member of a family, measured on a run of its own (``loss_gap_fp16`` when the fp16 rung
+    undefined: a figure of a pattern, measured on a run of its own (``loss_gap_fp16`` when the fp16 rung
     diverged while its arm completed), and a stress case's own figure of kind "run" (``shock_recovery_steps``
     when the loss never came back). The trained model's figures (kinds "eval" and "peak") and the
     trajectory figures every run reports (``EVERY_COMPLETED_RUN``) are finite in a completed run: a null
@@ -299,7 +301,8 @@ def validate_baseline(baseline, where_: str) -> dict:
         raise RecordError(f"{where_} has schema_version={version!r}: this version of stability reads baseline "
                           f"schema_version={BASELINE_SCHEMA_VERSION} (the unperturbed runs and their rounding "
                           f"replicates, which perturb every step, the calibration, the reference arm named "
-                          f"{REFERENCE_ARM!r}); make it again with `stability baseline make`")
+                          f"{REFERENCE_ARM!r}; schema 6 is read as 7, its cases' names renamed); make it again "
+                          f"with `stability baseline make`")
     check_layout(baseline, Baseline, where_)
     for key in ("preset", "device"):
         if not baseline[key]:
@@ -339,29 +342,12 @@ def validate_baseline(baseline, where_: str) -> dict:
 # Keys that baselines written before a rename hold, and their names today. A rounding replicate was once
 # called a "draw": such a baseline says "draws" (top level and in its calibration) where one now says
 # "replicates", and reads as the same baseline.
-OLD_KEYS = {"draws": "replicates"}
-
-
-def _current_keys(document):
-    """``document`` (an object read from a baseline file) with every key of ``OLD_KEYS`` under its name of
-    today, in the same place, at the top level and in the calibration. A document that holds both names of
-    one key keeps the old one, which ``validate_baseline`` then refuses as a key a baseline does not have."""
-    def renamed(value):
-        if not isinstance(value, dict):
-            return value
-        return {OLD_KEYS[k] if k in OLD_KEYS and OLD_KEYS[k] not in value else k: v for k, v in value.items()}
-
-    document = renamed(document)
-    if isinstance(document, dict) and "calibration" in document:
-        document["calibration"] = renamed(document["calibration"])
-    return document
-
-
 def load_baseline(path) -> dict:
-    """Read and validate a baseline file (one written before a key's rename reads under the key's name of
-    today: ``OLD_KEYS``); RecordError (exit 2) with a clear message otherwise."""
+    """Read and validate a baseline file (one of the schema before, or written before a key's rename, read as
+    this schema holds it: ``stability.record.upgrade.upgraded_baseline``); RecordError (exit 2) with a clear
+    message otherwise."""
     path = Path(path)
     if not path.is_file():
         raise RecordError(f"baseline {str(path)!r} does not exist; create it with `stability baseline make "
                           f"--out {path}`")
-    return validate_baseline(_current_keys(read_json(path, "baseline")), f"baseline {str(path)!r}")
+    return validate_baseline(upgraded_baseline(read_json(path, "baseline")), f"baseline {str(path)!r}")

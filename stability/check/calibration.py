@@ -138,7 +138,7 @@ def calibrate(baseline: dict, alphas=ALPHAS, tolerances: dict | None = None, dof
         if closest is None or here < closest["margin"]:
             closest = {"margin": here, "arrangement": chosen,
                        "reason": (result.errors + [o.reason for o in result.outcomes])[:1] or
-                       ([(f"{smallest.case} {smallest.arm} {smallest.figure}: p {smallest.p_judged:.3g} of "
+                       ([(f"{smallest.case_key} {smallest.arm} {smallest.figure}: p {smallest.p_judged:.3g} of "
                           f"{result.hypotheses} hypotheses")] if smallest else [])}
     players = [r for r in replicates if playing is None or r in playing]
     return {"arrangements": count, "seeds": len(seeds), "replicates": len(replicates),

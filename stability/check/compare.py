@@ -25,7 +25,7 @@ from stability.report.tables import fmt, text_table
 class Move:
     """One figure of one case and arm: its old and new means, the move and the old side's noise."""
 
-    case: str
+    case_key: str
     arm: str
     figure: str
     tier: str                   # primary | advisory
@@ -73,7 +73,7 @@ def compare(old_cases: dict, new_cases: dict, preset: str | None = None) -> list
             side = "new" if old_case is None else "old"
             moves.append(Move(key, "-", "-", "-", None, None, None, None, None, f"case only on the {side} side"))
             continue
-        stress = old_case.get("stress") or new_case.get("stress") or ""
+        stress = old_case["case"]
         for arm in sorted(set(old_case["arms"]) | set(new_case["arms"])):
             old_arm, new_arm = old_case["arms"].get(arm), new_case["arms"].get(arm)
             if old_arm is None or new_arm is None:
@@ -100,7 +100,7 @@ def moved(moves: list[Move], min_sigmas: float) -> list[Move]:
 def moves_table(moves: list[Move]) -> str:
     """The moves as a text table (case, arm, figure, tier, old, new, delta, noise, sigmas, note)."""
     header = ["case", "arm", "figure", "tier", "old", "new", "delta", "noise", "sigmas", "note"]
-    return text_table([header] + [[m.case, m.arm, m.figure, m.tier, fmt(m.old), fmt(m.new), fmt(m.delta),
+    return text_table([header] + [[m.case_key, m.arm, m.figure, m.tier, fmt(m.old), fmt(m.new), fmt(m.delta),
                                    fmt(m.noise), fmt(m.sigmas), m.note or "-"] for m in moves])
 
 

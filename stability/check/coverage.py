@@ -16,7 +16,7 @@ A baseline is *stale* for a job when the job's code judges something it does not
 or an invariant the job recorded that the baseline lacks, another primary family, or another resolution
 of a figure it holds. A stale baseline fails every job (exit 2, unchanged code included) with the one
 command that fixes it: remaking the cases that lack data (``stability baseline make --cases``), or, for a
-rule that changed (the family, a resolution), measuring the calibration again (``stability baseline
+rule that changed (the primary family, a resolution), measuring the calibration again (``stability baseline
 calibrate --write``, no training). So staleness shows in the pull request that caused it.
 
 This module reads JSON only: no torch.
@@ -43,7 +43,7 @@ def invariant_names(cases, invariants: list[dict] | None) -> dict[str, list[str]
     """Per case key of ``cases``, the names of the ``invariants`` recorded there (None: none were recorded)."""
     if invariants is None:
         return None
-    return {key: sorted({line["name"] for line in invariants if line["case"] == key}) for key in sorted(cases)}
+    return {key: sorted({line["name"] for line in invariants if line["case_key"] == key}) for key in sorted(cases)}
 
 
 def covers(records: list[dict], invariants: list[dict] | None) -> dict:
@@ -95,24 +95,24 @@ def stale(baseline: dict, job_cases: dict, job_figures: dict[str, set[str]], job
     for key, case in sorted(job_cases.items()):
         base = base_cases.get(key)
         if base is None:
-            chosen_out = chosen is not None and (case.get("stress") or case["name"]) not in chosen
+            chosen_out = chosen is not None and case["case"] not in chosen
             if not chosen_out and not any(c.get("name") == case["name"] for c in base_cases.values()):
-                lacking.setdefault(case.get("stress") or case["name"], []).append(f"case {key} (not in the baseline)")
+                lacking.setdefault(case["case"], []).append(f"case {key} (not in the baseline)")
             continue
         if key not in judged:
             continue
         new = sorted(job_figures.get(key, set()) - set((covered.get("figures") or {}).get(key, [])))
         if new:
-            lacking.setdefault(base["stress"], []).append(f"case {key} figure(s) {', '.join(new)}")
+            lacking.setdefault(base["case"], []).append(f"case {key} figure(s) {', '.join(new)}")
     named = invariant_names(baseline["cases"], baseline.get("invariants"))   # what it holds, not what it says
-    for key in sorted({line["case"] for line in job_invariants or []} & judged):
-        now = sorted({line["name"] for line in job_invariants if line["case"] == key})
+    for key in sorted({line["case_key"] for line in job_invariants or []} & judged):
+        now = sorted({line["name"] for line in job_invariants if line["case_key"] == key})
         before = set((named or {}).get(key, []))
         new = [name for name in now if name not in before]
         if new:
             what = "model invariants (the baseline was made without the suites)" if named is None \
                 else f"model invariant(s) {', '.join(new)}"
-            lacking.setdefault(base_cases[key]["stress"], []).append(f"case {key} {what}")
+            lacking.setdefault(base_cases[key]["case"], []).append(f"case {key} {what}")
     reasons = []
     if lacking:
         parts = "; ".join(part for stress in sorted(lacking) for part in lacking[stress])

@@ -1,4 +1,4 @@
-"""How far each primary row must move to fail a job alone: the power of the family, row by row.
+"""How far each primary row must move to fail a job alone: the power of the primary family, row by row.
 
     moves = smallest_failing_moves(baseline)      # one entry per primary row of the baseline
     print(moves_table(moves))                     # `stability baseline calibrate` prints it
@@ -24,7 +24,7 @@ computed with the baseline's own unperturbed runs playing the job (``se`` does n
 
 A row *cannot fail alone* when that move is out of the figure's reach: a figure whose better direction is
 "higher" and whose values are not negative (a learning rate, a step, an accuracy) cannot drop by more than
-its baseline mean. Such a row counts in m and guards nothing; it leaves the family (docs/figures.md).
+its baseline mean. Such a row counts in m and guards nothing; it leaves the primary family (docs/figures.md).
 
 This module reads JSON only: no torch.
 """
@@ -48,7 +48,7 @@ from stability.report.tables import fmt, text_table
 
 @dataclass
 class Move:
-    case: str
+    case_key: str
     arm: str
     figure: str
     better: str
@@ -94,14 +94,14 @@ def move_of(row, hypotheses: int, alpha: float = DEFAULT_ALPHA) -> Move:
     dof = dof_of(row.mode)
     t = critical_t(alpha / hypotheses, dof)
     move, change = smallest_moves(row, hypotheses, alpha)
-    return Move(row.case, row.arm, row.figure, row.better, row.baseline, row.floor, row.se, dof, t, move, change)
+    return Move(row.case_key, row.arm, row.figure, row.better, row.baseline, row.floor, row.se, dof, t, move, change)
 
 
 def moves_table(moves: list[Move]) -> str:
     """The moves as a text table, the rows that cannot fail alone marked."""
     header = ["case", "arm", "figure", "worse", "baseline", "floor", "se", "df", "t*", "smallest failing move",
               "of the mean", "alone", "smallest change, every seed (exit 3)"]
-    body = [[m.case, m.arm, m.figure, "up" if m.better == "lower" else "down", fmt(m.baseline), fmt(m.floor),
+    body = [[m.case_key, m.arm, m.figure, "up" if m.better == "lower" else "down", fmt(m.baseline), fmt(m.floor),
              fmt(m.se), fmt(m.dof), f"{m.t:.3g}", fmt(m.move),
              f"{100 * m.relative:.2g}%" if m.relative is not None else "-", "yes" if m.can_fail_alone else "CANNOT",
              fmt(m.change) if m.change is not None else "floor only"] for m in moves]

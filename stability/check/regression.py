@@ -113,7 +113,7 @@ def rows_of_case(result: CheckResult, key: str, base: dict, case: dict, toleranc
     ``advisory``, the primary rows only; ``held_out``: see ``stability.check.outcomes.outcome_p``."""
     current = single_replicate(case, key)
     config, steps = base.get("config") or case["config"], base.get("steps") or case["steps"]
-    stress = base.get("stress") or case.get("stress") or ""
+    stress = base["case"]
     missing_arms = sorted(set(base["arms"]) - set(current))
     if missing_arms:
         result.errors.append(f"case {key}: arm(s) {', '.join(missing_arms)} of the baseline are not in the job's "
@@ -187,7 +187,7 @@ def _add_row(result: CheckResult, key: str, stress: str, arm: str, name: str, ba
 def mark_duplicates(rows: list[Row], values: dict[int, str]) -> None:
     """A row whose values (every baseline run and the job's) repeat another row's of the same arm and
     figure is the same runs judged twice (the sweep's configured runs are the plain pair's): tier
-    "duplicate", left out of the family; a primary row keeps the judgement. ``values``: id(row) -> a
+    "duplicate", left out of the primary family; a primary row keeps the judgement. ``values``: id(row) -> a
     canonical text of its values, or "" for a row that cannot be told apart from a constant."""
     seen: dict[tuple[str, str, str], Row] = {}
     for row in sorted(rows, key=lambda r: r.tier != "primary"):
@@ -195,7 +195,7 @@ def mark_duplicates(rows: list[Row], values: dict[int, str]) -> None:
             continue
         first = seen.setdefault((row.arm, row.figure, values[id(row)]), row)
         if first is not row:
-            row.tier, row.verdict, row.note = "duplicate", "duplicate", f"the same runs as {first.case}"
+            row.tier, row.verdict, row.note = "duplicate", "duplicate", f"the same runs as {first.case_key}"
 
 
 def check(records: list[dict], baseline: dict, tolerances: dict | None = None, alpha: float = DEFAULT_ALPHA,
@@ -252,7 +252,7 @@ def check(records: list[dict], baseline: dict, tolerances: dict | None = None, a
         return result
     result.errors += stale(baseline, job_cases, reported(records), invariants, set(base_cases), baseline_path, cases)
     judge_invariants(result, baseline.get("invariants"), invariants, set(base_cases))
-    result.notes += advisory_here(baseline["preset"], {case.get("stress") for case in base_cases.values()})
+    result.notes += advisory_here(baseline["preset"], {case["case"] for case in base_cases.values()})
     decide(result)
     return result
 
@@ -265,25 +265,25 @@ def judge_invariants(result: CheckResult, held_before: list[dict] | None, now: l
     evaluate is unusable input. ``now`` None: the job ran no suites (a note). ``held_before`` None: the
     baseline's run recorded none (a job that recorded some finds it stale: ``stability.check.coverage``)."""
     def key(line):
-        return line["case"], line["name"], line["arm"], line["seed"]
+        return line["case_key"], line["name"], line["arm"], line["seed"]
     if held_before is None:
         return   # a job's invariants the baseline lacks make it stale (stability.check.coverage)
-    before = {key(line): line for line in held_before if line["case"] in cases}
+    before = {key(line): line for line in held_before if line["case_key"] in cases}
     if now is None:
         if before:
             result.notes.append(f"the job recorded no model invariants (its suites did not run): the baseline's "
                                 f"{len(before)} are not judged")
         return
-    after = {key(line): line for line in now if line["case"] in cases}
+    after = {key(line): line for line in now if line["case_key"] in cases}
     result.invariants_held += sum(line["held"] for line in before.values())
     for k, line in sorted(before.items(), key=lambda item: str(item[0])):
-        who = f"case {line['case']} arm {line['arm']}" + (f" seed {line['seed']}" if line["seed"] is not None else "")
+        who = f"case {line['case_key']} arm {line['arm']}" + (f" seed {line['seed']}" if line["seed"] is not None else "")
         current = after.get(k)
         if current is None:
             result.errors.append(f"{who}: the job's suites did not evaluate model invariant {line['name']}, which the "
                                  f"baseline holds: a job must evaluate what the baseline judged")
         elif line["held"] and not current["held"]:
-            result.outcomes.append(Outcome(line["case"], str(line["arm"]), str(line["seed"]), line["name"],
+            result.outcomes.append(Outcome(line["case_key"], str(line["arm"]), str(line["seed"]), line["name"],
                                            f"{who}: model invariant {line['name']} no longer holds "
                                            f"({_value(current)}); it held in the baseline ({_value(line)})"))
         elif not line["held"]:
@@ -302,13 +302,13 @@ def select_cases(base_cases: dict, names: list[str] | None, result: CheckResult)
     error; the others are noted as left out on purpose)."""
     if names is None:
         return base_cases
-    known = sorted({c.get("stress") for c in base_cases.values()})
+    known = sorted({c["case"] for c in base_cases.values()})
     unknown = [n for n in names if n not in known]
     if unknown:
         result.errors.append(f"--cases {','.join(names)}: {', '.join(unknown)} not in the baseline: expected stress "
                              f"cases among {', '.join(known)}")
         return {}
-    chosen = {k: c for k, c in base_cases.items() if c.get("stress") in names}
+    chosen = {k: c for k, c in base_cases.items() if c["case"] in names}
     left = sorted(set(base_cases) - set(chosen))
     if left:
         result.notes.append(f"judging the baseline's cases {', '.join(sorted(chosen))} only (--cases); left out on "
@@ -327,11 +327,11 @@ def judge_cases(result: CheckResult, cases: dict, base_cases: dict, tolerances: 
         base = base_cases.get(key)
         if base is None:
             # the same case under another variant (the batch ramp's LR rule, the shock's kind): not comparable
-            labels = sorted(c.get("schedule") for c in base_cases.values()
-                            if c.get("name") == case["name"] and c.get("stress") == case.get("stress"))
+            labels = sorted(c["case_label"] for c in base_cases.values()
+                            if c["name"] == case["name"] and c["case"] == case["case"])
             if labels:
-                result.errors.append(f"case {key}: variant differs: the baseline holds case {case.get('stress')!r} "
-                                     f"as {labels}, the job as {case['schedule']!r}")
+                result.errors.append(f"case {key}: qualifier differs: the baseline holds case {case['case']!r} "
+                                     f"as {labels}, the job as {case['case_label']!r}")
             continue   # a new case: the baseline is stale (stability.check.coverage)
         # the stored fingerprint, or one recomputed from the stored config (fields added since count as defaults)
         if case["fingerprint"] not in (base["fingerprint"], config_fingerprint(base.get("config") or {})):

@@ -40,7 +40,7 @@ with "min" within 15x; the power of the early-horizon rows (z in the thousands) 
 
 @dataclass
 class Row:
-    case: str
+    case_key: str                # the case key ("smoke/batch_ramp-sqrt": stability.record.case_key)
     arm: str
     figure: str
     better: str

@@ -21,7 +21,7 @@ def resolve_tolerances(overrides: dict | None = None) -> dict[str, dict]:
     table: dict[str, dict] = {}
     for name, entry in (overrides or {}).items():
         if fig.figure(name) is None or fig.better(name) is None:
-            raise RecordError(f"tolerance for unknown figure {name!r}: known figures and families are "
+            raise RecordError(f"tolerance for unknown figure {name!r}: known figures and patterns are "
                               f"{', '.join(k for k, f in fig.FIGURES.items() if f.better)}")
         if not isinstance(entry, dict):
             raise RecordError(f"tolerance for {name!r} must be a table of {TOLERANCE_KEYS}, got {entry!r}")

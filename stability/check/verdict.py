@@ -41,7 +41,7 @@ class Outcome:
     """A failure of one run of the job: an outcome not clean where every baseline run of its seed was clean
     (``stability.check.outcomes.OUTCOME_RULE``), a finite figure gone non-finite or absent, an invariant that stopped holding."""
 
-    case: str
+    case_key: str
     arm: str
     seed: str
     figure: str
@@ -199,16 +199,16 @@ class CheckResult:
         lines += [f"failed: {test}" for test in self.suite_failures]
         lines += [f"changed: {setting}" for setting in self.settings]
         holm_over = f"Holm over {self.hypotheses} hypotheses at alpha {self.alpha:g}"
-        return lines + [f"regressed: {r.case} {r.arm} {r.figure} worse by more than its floor {fmt(r.floor)} (z "
+        return lines + [f"regressed: {r.case_key} {r.arm} {r.figure} worse by more than its floor {fmt(r.floor)} (z "
                         f"{fmt(r.z)}, p {_fmt_p(r.p)}, {holm_over})"
                         if r.verdict == "regressed" else
-                        (f"changed: {r.case} {r.arm} {r.figure} moved by {fmt(r.delta)} ({_direction(r)}), beyond its "
+                        (f"changed: {r.case_key} {r.arm} {r.figure} moved by {fmt(r.delta)} ({_direction(r)}), beyond its "
                          f"rounding noise {fmt(r.noise)} in every seed (p {_fmt_p(r.p_change)}, {holm_over}): the code "
                          f"computes something else than the baseline's; a change meant to do so comes with its "
                          f"baseline (stability baseline make, in the same commit)") for r in self.regressed]
 
     def cells(self, row: Row) -> list[str]:
-        return [row.case, row.arm, row.figure, row.tier, fmt(row.baseline), fmt(row.current), fmt(row.delta),
+        return [row.case_key, row.arm, row.figure, row.tier, fmt(row.baseline), fmt(row.current), fmt(row.delta),
                 fmt(row.floor), fmt(row.noise), fmt(row.z), _fmt_p(row.p_judged), row.mode or "-",
                 VERDICT_MARK[row.verdict] + (f" ({row.note})" if row.note else "")]
 

@@ -8,7 +8,8 @@ naming the field, the value and what was expected, before any training starts. T
                    ProbeConfig, FaultConfig, DistributedConfig, CheckpointConfig, RunConfig
     schedules.py   the per-step schedules (Standard, ExponentialRamp, BatchRamp, Shock): the LR and batch size
                    at each step; the stress cases' schedules are also their settings (StressConfig.ramp ...)
-    stress.py      StressConfig, the settings of the stress cases
+    stress.py      StressConfig, the settings of the stress cases; declare_case_settings, the settings a case
+                   declares with itself (stress.case_settings.<case>.<name>)
     arms.py        ArmConfig, the named arms (NAMED_ARMS) and arm sets (ARM_SETS)
     experiment.py  ExperimentConfig (the run, its arms, seeds ...) and ExtrapolationConfig
     presets.py     the presets smoke, ci and full
@@ -90,6 +91,8 @@ from stability.config.stress import (
     LADDER,
     REFERENCE_PRECISION,
     StressConfig,
+    declare_case_settings,
+    declared_settings,
     flat_names,
     nested_names,
 )
@@ -102,7 +105,8 @@ __all__ = [
     "ROPE_SCALINGS", "SHOCK_KINDS", "SOFTCAP", "Z_LOSS", "ArmConfig", "BatchRamp", "CheckpointConfig", "ConfigError",
     "DataConfig", "DistributedConfig", "ExperimentConfig", "ExponentialRamp", "ExtrapolationConfig", "FaultConfig",
     "GateConfig", "ModelConfig", "OptimConfig", "PrecisionConfig", "ProbeConfig", "RunConfig", "Schedule", "Shock",
-    "Standard", "StressConfig", "check", "check_strength", "current_arm_name", "extensions", "flat_names", "flatten",
-    "from_dict", "is_number", "load_overrides", "lr_scale", "nested_names", "override", "positive_finite", "preset",
-    "resolve", "select_arms", "to_dict", "warmup_cosine"
+    "Standard", "StressConfig", "check", "check_strength", "current_arm_name", "declare_case_settings",
+    "declared_settings", "extensions", "flat_names", "flatten", "from_dict", "is_number", "load_overrides",
+    "lr_scale", "nested_names", "override", "positive_finite", "preset", "resolve", "select_arms", "to_dict",
+    "warmup_cosine"
 ]

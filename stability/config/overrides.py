@@ -5,7 +5,8 @@ configs to and from plain dicts (the record).
 overrides such as ``{"model.d_model": 256}``; ``arms=gated,gated_floored`` selects arms by name
 (``select_arms``) and ``arms.<name>.<field>=VALUE`` defines or changes one. Two older spellings are still
 accepted: ``gated_gate.X`` (``arms.gated.gate.X``, ``GATE_ALIASES``) and the stress schedules' flat names
-(``stress.shock_step`` is ``stress.shock.at_step``: ``stability.config.stress.FLAT_NAMES``).
+(``stress.shock_step`` is ``stress.shock.at_step``: ``stability.config.stress.FLAT_NAMES``). A setting a
+stress case declares with itself is ``stress.case_settings.<case>.<name>`` (``StressConfig.case_settings``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from stability.config.errors import ConfigError
 from stability.config.experiment import ExperimentConfig
 from stability.config.extensions import load as load_extensions
 from stability.config.presets import preset
-from stability.config.stress import FLAT_NAMES, StressConfig, nested_names
+from stability.config.stress import FLAT_NAMES, StressConfig, declared_settings, nested_names
 
 
 def select_arms(config: ExperimentConfig, value: Any, custom: tuple[str, ...] = ()) -> ExperimentConfig:
@@ -114,6 +115,35 @@ def _override_arm(config: ExperimentConfig, dotted: str, value: Any) -> Experime
     return replace(config, arms=tuple(arms))
 
 
+def _override_case_settings(config: StressConfig, dotted: str, value: Any, prefix: str) -> StressConfig:
+    """``stress.case_settings.<case>.<name>=value``: a setting a stress case declares with itself, checked by the
+    dataclass it declares. A mapping sets several: ``stress.case_settings.<case>={name: value}``,
+    ``stress.case_settings={case: {name: value}}``."""
+    where = f"{prefix}case_settings"
+    case, _, path = dotted.partition(".")
+    if not case:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}={value!r} is invalid: expected a mapping of stress cases to their settings")
+        for name, item in value.items():
+            config = _override_case_settings(config, name, item, prefix)
+        return config
+    settings = config.settings_of(case)   # ConfigError naming the case where it declares no settings
+    if not path and not isinstance(value, dict):
+        raise ConfigError(f"{where}.{case}={value!r} is invalid: expected a mapping of its settings")
+    try:
+        for name, item in ({path: value} if path else value).items():
+            settings = override(settings, name, item, f"{where}.{case}.")
+    except ConfigError as error:
+        raise _under(f"{where}.{case}", error) from None
+    return config.with_settings(case, settings)
+
+
+def _under(where: str, error: ConfigError) -> ConfigError:
+    """``error`` naming the case settings ``where`` it is about (a case's own check may name its field alone:
+    "factor=-1.0 is invalid ...")."""
+    return error if where in str(error) else ConfigError(f"{where}: {error}")
+
+
 def override(config: Any, dotted: str, value: Any, _prefix: str = "") -> Any:
     """Return ``config`` with the field at ``dotted`` (e.g. "run.model.d_model") set to ``value``.
 
@@ -128,6 +158,8 @@ def override(config: Any, dotted: str, value: Any, _prefix: str = "") -> Any:
             return select_arms(config, value)
         if head == "arms":
             return _override_arm(config, dotted, value)
+    if isinstance(config, StressConfig) and head == "case_settings":
+        return _override_case_settings(config, rest, value, _prefix)
     if isinstance(config, StressConfig) and dotted in FLAT_NAMES:   # stress.ramp_end_lr is stress.ramp.end_lr
         return override(config, ".".join(FLAT_NAMES[dotted]), value, _prefix)
     names = {f.name for f in fields(config)}
@@ -249,9 +281,13 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:
     """Rebuild a config dataclass from ``to_dict`` output (nested dataclasses and tuples; an older record's stress
-    section with the schedules' flat names too)."""
+    section with the schedules' flat names too; the settings of the cases that declare their own, as the
+    dataclasses they declare)."""
     if cls is StressConfig:
         data = nested_names(data)
+        if "case_settings" in data:
+            data = {**data, "case_settings": {case: _case_settings_from_dict(case, settings)
+                                              for case, settings in data["case_settings"].items()}}
     hints = get_type_hints(cls)
     kwargs = {}
     for f in fields(cls):
@@ -265,6 +301,21 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
             value = tuple(from_dict(item, v) if is_dataclass(item) else v for v in value)
         kwargs[f.name] = value
     return cls(**kwargs)
+
+
+def _case_settings_from_dict(case: str, data: dict[str, Any]) -> Any:
+    """The settings of the stress case ``case`` rebuilt from a dict; ConfigError naming a case that declares
+    none, or a setting it does not declare."""
+    kind = type(declared_settings(case))
+    names = [f.name for f in fields(kind)]
+    unknown = [name for name in data if name not in names]
+    if unknown:
+        raise ConfigError(f"'stress.case_settings.{case}.{unknown[0]}' is not a config field: expected one of "
+                          f"{sorted(f'stress.case_settings.{case}.{name}' for name in names)}")
+    try:
+        return from_dict(kind, data)
+    except ConfigError as error:
+        raise _under(f"stress.case_settings.{case}", error) from None
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -305,6 +356,10 @@ def check_types(config: Any, prefix: str = "") -> None:
             raise ConfigError(f"{name}={value!r:.80} is invalid: expected a value of type {hint}")
         if is_dataclass(value):
             check_types(value, f"{name}.")
+        elif isinstance(value, dict):   # stress.case_settings: a dataclass per case
+            for key, item in value.items():
+                if is_dataclass(item):
+                    check_types(item, f"{name}.{key}.")
         elif isinstance(value, tuple):
             for index, item in enumerate(value):
                 if is_dataclass(item):

@@ -1,13 +1,18 @@
 """``StressConfig``: the settings of the stress cases (``stability.cases.stress``); the settings of the
-lr_ramp, batch_ramp and shock cases are their schedules themselves (``stability.config.schedules``)."""
+lr_ramp, batch_ramp and shock cases are their schedules themselves (``stability.config.schedules``).
+
+The built-in cases' settings are fields of ``StressConfig``. Any other case declares its own with itself
+(``StressCase(..., settings=...)``, a frozen dataclass at its defaults): registering the case hands them to
+``declare_case_settings``, they are set with ``stress.case_settings.<case>.<name>=VALUE`` and read with
+``config.stress.settings_of(case)``."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass, replace
 
-from stability.config.errors import check
+from stability.config.errors import ConfigError, check
 from stability.config.schedules import BatchRamp, ExponentialRamp, Shock
 
 # the precision ladder's rungs unless stress.precisions says otherwise: every training format the harness
@@ -24,6 +29,31 @@ FLAT_NAMES = {
     "batch_lr_rule": ("batch", "lr_rule"),
     "shock_kind": ("shock", "kind"), "shock_step": ("shock", "at_step"), "shock_factor": ("shock", "factor"),
 }
+
+
+# The settings each case that declares its own holds (``declare_case_settings``), at their defaults, by case name.
+DECLARED_SETTINGS: dict[str, object] = {}
+
+
+def declare_case_settings(case: str, defaults: object) -> None:
+    """Declare the settings of the stress case ``case``: ``defaults``, an instance of a frozen dataclass (its
+    settings at their defaults). Registering the case calls it (``stability.cases.stress.register``).
+    ValueError for a case that declared its settings already, or defaults that are no frozen dataclass."""
+    if case in DECLARED_SETTINGS:
+        raise ValueError(f"stress case {case!r} declares its settings already")
+    if not is_dataclass(defaults) or isinstance(defaults, type) or not type(defaults).__dataclass_params__.frozen:
+        raise ValueError(f"stress case {case!r}: settings={defaults!r} is invalid: expected an instance of a frozen "
+                         f"dataclass (its settings at their defaults)")
+    DECLARED_SETTINGS[case] = defaults
+
+
+def declared_settings(case: str) -> object:
+    """The settings the stress case ``case`` declares, at their defaults; ConfigError for a case that declares
+    none (or that this process has not registered)."""
+    if case not in DECLARED_SETTINGS:
+        raise ConfigError(f"stress.case_settings.{case} is unknown: {case!r} is not a registered stress case that "
+                          f"declares settings: expected one of {tuple(DECLARED_SETTINGS)}")
+    return DECLARED_SETTINGS[case]
 
 
 def nested_names(stress: dict) -> dict:
@@ -59,6 +89,10 @@ class StressConfig:
         ``stability.precision.FORMATS`` (the gaps are measured against it). ladder_steps: steps of each
         rung (0: the run's ``steps``; fewer keep a CPU ladder affordable). threads: CPU intra-op threads
         while a stress case runs (fixed so CPU figures are reproducible; 0 leaves torch's setting alone).
+        case_settings: the settings of the cases that declare their own (``declare_case_settings``), by case
+        name, each an instance of the dataclass the case declares; only those that differ from its defaults
+        are held, so a config that sets none flattens (and fingerprints) as it did before the field. Set with
+        ``stress.case_settings.<case>.<name>=VALUE``; read with ``settings_of(case)``.
     """
 
     sweep_lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
@@ -69,6 +103,7 @@ class StressConfig:
     precisions: tuple[str, ...] = LADDER
     ladder_steps: int = 0
     threads: int = 0
+    case_settings: dict[str, object] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         lrs = self.sweep_lrs
@@ -85,4 +120,21 @@ class StressConfig:
               self.ladder_steps, "a non-negative integer (0 = the run's steps)")
         check(isinstance(self.threads, int) and self.threads >= 0, "stress.threads", self.threads,
               "a non-negative integer (0 = leave torch's setting)")
+        check(isinstance(self.case_settings, dict), "stress.case_settings", self.case_settings,
+              "a mapping of stress case names to their settings")
+        for case, settings in self.case_settings.items():
+            kind = type(declared_settings(case))
+            check(type(settings) is kind, f"stress.case_settings.{case}", settings,
+                  f"a {kind.__name__} (the settings stress case {case!r} declares)")
 
+    def settings_of(self, case: str) -> object:
+        """The settings of the stress case ``case`` (the dataclass it declares): this config's, else its defaults."""
+        return self.case_settings.get(case, declared_settings(case))
+
+    def with_settings(self, case: str, settings: object) -> StressConfig:
+        """This config with ``settings`` for the stress case ``case`` (held only where they differ from its
+        defaults)."""
+        held = {name: value for name, value in self.case_settings.items() if name != case}
+        if settings != declared_settings(case):
+            held[case] = settings
+        return replace(self, case_settings=held)

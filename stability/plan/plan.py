@@ -132,7 +132,7 @@ def plan_run(unit, rate: float) -> RunPlan:
     forward_tokens = (probe_count(run) * run.probes.probe_batch_size
                       + run.probes.eval_batches * run.data.batch_size) * run.model.context
     flops = tokens * cost.train_flops_per_token + forward_tokens * cost.forward_flops_per_token
-    return RunPlan(unit.name, run.precision.dtype, run.steps, tokens, flops, flops / rate, cost.memory_bytes,
+    return RunPlan(f"{unit.case}/{unit.run_name}", run.precision.dtype, run.steps, tokens, flops, flops / rate, cost.memory_bytes,
                    cost.parameters)
 
 

@@ -186,6 +186,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if _ERROR in config.stash:
         raise pytest.UsageError(str(config.stash[_ERROR]))
     try:
+        import stability.cases.stress  # noqa: F401  (the registered cases declare their own settings first)
+
         extensions.load()   # the installed extensions; the table's plugins load when its config is built
     except ConfigError as error:
         raise pytest.UsageError(str(error)) from None

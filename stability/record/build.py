@@ -252,16 +252,17 @@ def set_unit(arm: ArmRecord, unit_id: str, name: str, attempt: int, pid: int) ->
 
 # ----------------------------------------------------------------------------- a case (stability.cases)
 
-def new_case_record(config, schedule: str, description: str = "", stress: str = STANDARD,
+def new_case_record(config, case_label: str, description: str = "", case: str = STANDARD,
                     purpose: str = "regression", run_steps: int | None = None) -> CaseRecord:
-    """An empty case record for an ``ExperimentConfig``: arms are appended as they finish. ``run_steps``: the
-    steps one run of the case trains (its case declares it; None: ``run.steps``)."""
+    """An empty case record for an ``ExperimentConfig`` of the case named ``case`` under its label
+    ``case_label`` ("batch_ramp-sqrt"; ``stability.cases.case.StressCase.label``): arms are appended as they
+    finish. ``run_steps``: the steps one run of the case trains (its case declares it; None: ``run.steps``)."""
     if purpose not in PURPOSES:
         raise RecordError(f"purpose={purpose!r} is unknown: expected one of {PURPOSES}")
     return {
         "schema_version": SCHEMA_VERSION, "id": _new_id(),
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "name": config.name, "preset": config.preset, "schedule": schedule, "stress": stress,
+        "name": config.name, "preset": config.preset, "case": case, "case_label": case_label,
         "run_steps": config.run.steps if run_steps is None else run_steps,
         "purpose": purpose, "description": description, "status": Status.RUNNING.value, "git": git_info(),
         "env": env_info(config.run.device), "config": dataclasses.asdict(config), "arms": [], "paired": {},

@@ -1,6 +1,6 @@
 """The table of figures: every number the harness compares, with its direction, unit and meaning.
 
-One entry per figure (or per family: ``quant_*_kl`` is one entry for ``quant_nf4_kl``,
+One entry per figure (or per pattern: ``quant_*_kl`` is one entry for ``quant_nf4_kl``,
 ``quant_int8_kl`` ...). The run summary, the stress cases, the paired claims, the regression
 check and the report all read this table; nothing else defines a direction. This module declares the
 figures of every run (training, probes, evaluation); a stress case declares the figures only it makes,
@@ -32,7 +32,7 @@ Fields of a ``Figure``:
   the run, "seed" one seed's 0/1 outcome, "head" one attention head of all layers, "batch" one step's
   tokens; None for a continuous figure. The regression check never judges a figure at a noise width
   below its quantum, so a figure identical in every baseline run is not judged at zero width.
-* ``headline``: a column of the report's per-arm table (a family: each of its members an arm has).
+* ``headline``: a column of the report's per-arm table (a pattern: each figure matching it that an arm has).
 * ``primary``: the rows of the merge check's primary family the figure is judged in (``Primary``: the case,
   the arms, the presets, why): only these can fail a job; every other judged figure is advisory. Only a
   figure a case declares carries rows; the rows on the figures of every run are declared by the cases.
@@ -61,7 +61,7 @@ class Primary:
 
     A stress case declares the rows it is judged by, in its own module (``stability.cases.case.StressCase``):
     on a figure it declares itself (``Figure(..., primary=(Primary(arms="arms", why=...),))``: the figure left
-    out is the declaring one, or a member of its family) or on a figure of every run (``StressCase(...,
+    out is the declaring one, or a figure matching its pattern) or on a figure of every run (``StressCase(...,
     primary=(Primary(figure="heldout_loss", ...),))``); the case's name left out is the declaring case's.
     Registering the case adds them (``register_primary``)."""
 
@@ -122,10 +122,10 @@ class Figure:
         for row in self.primary:
             if row.figure and not (row.figure == self.name or fnmatch.fnmatchcase(row.figure, self.name)):
                 raise ValueError(f"figure {self.name}: its primary row names figure {row.figure!r}: expected "
-                                 f"{self.name!r} or a member of its family")
+                                 f"{self.name!r} or a figure matching it")
 
     def rows(self) -> tuple[Primary, ...]:
-        """Its primary rows, each naming the figure (this one, or the member of its family it declared)."""
+        """Its primary rows, each naming the figure (this one, or the figure matching its pattern it declared)."""
         return tuple(row if row.figure else replace(row, figure=self.name) for row in self.primary)
 
     def clean(self, value) -> bool:
@@ -289,7 +289,7 @@ def add(entry: Figure) -> Figure:
 
 
 def figure(name: str) -> Figure | None:
-    """The table entry of ``name``: its own, else the first family pattern it matches; None if unknown."""
+    """The table entry of ``name``: its own, else the first pattern it matches; None if unknown."""
     if name in FIGURES:
         return FIGURES[name]
     return next((f for key, f in FIGURES.items() if "*" in key and fnmatch.fnmatchcase(name, key)), None)
@@ -308,17 +308,17 @@ def better(name: str) -> str | None:
 
 
 def _table_position(name: str) -> tuple[int, str]:
-    """Where a known name sorts: its entry's row of the table (a family member at its family's), then its name."""
+    """Where a known name sorts: its entry's row of the table (a figure matching a pattern at its pattern's), then its name."""
     return (list(FIGURES).index(figure(name).name), name)
 
 
 def judged(names) -> list[str]:
-    """The names with a direction, in table order (families after their members' position)."""
+    """The names with a direction, in table order (patterns after the position of the figures matching them)."""
     return sorted((n for n in names if better(n) is not None), key=_table_position)
 
 
 def headline(names) -> list[str]:
-    """The distinct names that are headline figures (their own entry or their family's), in table order."""
+    """The distinct names that are headline figures (their own entry or their pattern's), in table order."""
     return sorted((n for n in set(names) if (entry := figure(n)) is not None and entry.headline),
                   key=_table_position)
 
@@ -345,10 +345,10 @@ def quantum(name: str, config: dict, steps: int) -> float:
 
 
 def register_primary(entry: Primary) -> Primary:
-    """Declare a row primary: the figure ``entry.figure`` of the case ``entry.case`` joins the family the merge
+    """Declare a row primary: the figure ``entry.figure`` of the case ``entry.case`` joins the primary family the merge
     check fails a job through, after the rows declared before. Registering a case calls it for the rows the
     case declares on figures declared elsewhere (``StressCase(..., primary=...)``); an extension may call it
-    for a row on a case it does not declare. A baseline made or calibrated before records another family: it is
+    for a row on a case it does not declare. A baseline made or calibrated before records another primary family: it is
     stale until calibrated again (``stability.check.coverage``)."""
     check_primary(entry)
     ADDED_PRIMARY.append(entry)
@@ -389,7 +389,7 @@ def primary_family() -> list[dict]:
 
 
 def same_family(recorded: list[dict] | None, now: list[dict]) -> bool:
-    """Whether a family a baseline recorded is ``now``'s: the same rows, in any order (a family is a set: Holm's
+    """Whether a primary family a baseline recorded is ``now``'s: the same rows, in any order (a family is a set: Holm's
     procedure orders rows by p, never by declaration)."""
     def canonical(family):
         return sorted(json.dumps(row, sort_keys=True) for row in family or [])

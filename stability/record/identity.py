@@ -9,7 +9,7 @@ the device kind and the rounding replicate.
     resume_config(config)            ... between an interrupted run and the command continuing it
     config_fingerprint(config)       16 hex digits of the comparable config: the one "fingerprint" of the
                                      harness (a baseline's case holds it; one run's own hash is
-                                     ``stability.cases.runs.Unit.run_hash``)
+                                     ``stability.cases.runs.hash_run``)
 """
 
 from __future__ import annotations
@@ -23,24 +23,20 @@ from stability.record.schema import CaseRecord
 
 def case_key(record: CaseRecord) -> str:
     """``<config name>/<case label>`` ("smoke/batch_ramp-sqrt"): what the merge check compares record to
-    baseline by. The label (the record's "schedule") is derived from the registered case, its name then its
-    variant (``stability.cases.case.StressCase.label``); the name alone is the record's "stress"
+    baseline by. The label (the record's "case_label") is derived from the registered case, its name then its
+    qualifier (``stability.cases.case.StressCase.label``); the name alone is the record's "case"
     (``case_name``)."""
-    return f"{record.get('name')}/{record.get('schedule')}"
+    return f"{record.get('name')}/{record.get('case_label')}"
 
 
-# The plain pair's name: what `stability run` trains, and what a record says under "stress" when it was written
-# before the field (or, as "pair", before the plain pair was called "standard"); the one place outside its case
-# module that names a case (tests/test_architecture.py)
+# The plain pair's name: what `stability run` trains; the one place outside its case module that names a case
+# (tests/test_architecture.py)
 STANDARD = "standard"
-OLD_CASE_NAMES = {"pair": STANDARD}
 
 
 def case_name(record: CaseRecord) -> str:
-    """The stress case a record measured: its "stress" value, the name ``stability stress`` takes; an older
-    record's "pair" (or none) is "standard"."""
-    stress = record.get("stress") or STANDARD
-    return OLD_CASE_NAMES.get(stress, stress)
+    """The stress case a record measured: its "case", the name ``stability stress`` takes."""
+    return record.get("case") or STANDARD
 
 
 # What the config fields that may differ between two records are about: how a run is kept, which seeds and

@@ -3,16 +3,17 @@
     <run dir>/invariants-<worker>.jsonl      one line per invariant evaluated (worker: the pytest-xdist
                                               worker, "main" without xdist)
 
-    {"case": "smoke/precision_ladder", "name": "mean_loss_gap_fp16", "arm": "reference", "seed": null,
+    {"case_key": "smoke/precision_ladder", "name": "mean_loss_gap_fp16", "arm": "reference", "seed": null,
      "held": false, "value": 0.81, "bound": 0.25, "message": "...", "test": "test_precision_ladder.py::..."}
 
 An invariant of the model (the loss falls, a low-precision rung stays within its loss gap of fp32, ...)
 is a property of the model under test, not of the harness: the suites record it here instead of failing
 the test, and ``stability check`` judges it against the committed baseline (which says which invariants
-held for this model). The fields: ``case`` the case key as the records name it
+held for this model). The fields: ``case_key`` the case key as the records name it
 (``<config name>/<case label>``: ``stability.record.case_key``), ``name`` the invariant, ``arm`` and ``seed``
 (None: over all seeds), ``held``, ``value`` and ``bound`` (numbers or None) and a one-line ``message``; ``test`` names the test
-that evaluated it. No torch.
+that evaluated it. Lines written before the field was called ``case_key`` ("case") and before the reference arm
+was named "reference" read with today's names (``stability.record.upgrade.upgraded_invariant``). No torch.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ import json
 import math
 from pathlib import Path
 
-from stability.config import current_arm_name
 from stability.record.io import check_size, parse_json
 from stability.record.schema import RecordError
+from stability.record.upgrade import upgraded_invariant
 
 PATTERN = "invariants-*.jsonl"
 NULL = type(None)
-FIELD_TYPES = {"case": ((str,), "text"), "name": ((str,), "text"), "arm": ((str, NULL), "text or null"),
+FIELD_TYPES = {"case_key": ((str,), "text"), "name": ((str,), "text"), "arm": ((str, NULL), "text or null"),
                "seed": ((int, NULL), "an integer or null"), "held": ((bool,), "true or false"),
                "value": ((int, float, NULL), "a number or null"), "bound": ((int, float, NULL), "a number or null"),
                "message": ((str,), "text"), "test": ((str,), "text")}
@@ -48,10 +49,10 @@ def _number(value):
     return value if math.isfinite(value) else None
 
 
-def invariant_line(case: str, name: str, arm: str | None, seed: int | None, held: bool, value=None, bound=None,
+def invariant_line(case_key: str, name: str, arm: str | None, seed: int | None, held: bool, value=None, bound=None,
                    message: str = "", test: str = "") -> dict:
     """One invariant as written to the file (see the module docstring)."""
-    return {"case": str(case), "name": str(name), "arm": arm, "seed": seed, "held": bool(held),
+    return {"case_key": str(case_key), "name": str(name), "arm": arm, "seed": seed, "held": bool(held),
             "value": _number(value), "bound": _number(bound), "message": " ".join(str(message or "").split()),
             "test": str(test)}
 
@@ -108,10 +109,7 @@ def read_invariants(run_dir: str | Path) -> list[dict]:
         for number, text in enumerate(content.split("\n"), 1):
             if text.strip():
                 where = f"{path}:{number}"
-                line = check_line(parse_json(text, where), where)
-                if isinstance(line["arm"], str):
-                    line["arm"] = current_arm_name(line["arm"])   # "baseline": the reference arm before schema 3
-                found.append(line)
+                found.append(check_line(upgraded_invariant(parse_json(text, where)), where))
     return found
 
 
@@ -126,7 +124,7 @@ def describe(line: dict) -> str:
     figures = ""
     if line["value"] is not None or line["bound"] is not None:
         figures = f" ({_short(line['value'])} against bound {_short(line['bound'])})"
-    return f"{line['case']} {who}: {line['name']}{figures}" + (f" - {line['message']}" if line["message"] else "")
+    return f"{line['case_key']} {who}: {line['name']}{figures}" + (f" - {line['message']}" if line["message"] else "")
 
 
 def _short(value) -> str:

@@ -35,7 +35,7 @@ def clean(value):
 
 def record_filename(record: CaseRecord) -> str:
     """``<config name>-<case label>-<purpose>-<id>.json`` (the id is set once, so rewrites keep the name)."""
-    return f"{record['name']}-{record['schedule']}-{record.get('purpose', 'regression')}-{record['id']}.json"
+    return f"{record['name']}-{record['case_label']}-{record.get('purpose', 'regression')}-{record['id']}.json"
 
 
 def _write_text(path: Path, text: str) -> Path:

@@ -19,7 +19,8 @@ is its string, NaN and Inf are null.
 from enum import StrEnum
 from typing import Any, Literal, NewType, Required, TypedDict, get_args
 
-SCHEMA_VERSION = 3   # 3: the reference arm is named "reference" (stability.record.upgrade reads schema 2)
+SCHEMA_VERSION = 4   # 3: the reference arm is named "reference"; 4: a case's name and label under "case" and
+                     # "case_label" (stability.record.upgrade reads schemas 2 and 3)
 
 Purpose = Literal["regression", "claim", "fault", "selfcheck"]
 PURPOSES: tuple[str, ...] = get_args(Purpose)
@@ -66,7 +67,7 @@ USABLE = frozenset({Status.COMPLETED, Status.DIVERGED})
 UNFINISHED = frozenset({Status.RUNNING, Status.KILLED})
 
 FigureName = NewType("FigureName", str)
-"""A key that must name a figure of ``stability.record.figures`` (its own entry or a family's pattern)."""
+"""A key that must name a figure of ``stability.record.figures`` (its own entry or a pattern's)."""
 
 FigureValue = float | bool | None
 """A figure's value: a number (int or float), a flag (true/false), or null (not measured, or NaN/Inf)."""
@@ -79,7 +80,7 @@ Figures = dict[FigureName, FigureValue]
 ModelInfo = TypedDict("ModelInfo", {
     "source": str,                    # "harness", "hf" or "factory" (stability.model.build)
     "class": str,                     # the model's class name
-    "family": str,                    # the harness's own model: "llama" or "gpt2"
+    "family": str,                    # the model family of the harness's own model: "llama" or "gpt2"
     "attention_backend": str,         # the harness's own model: "torch", "explicit" or "triton"
     "what": str,                      # a model the harness did not write: the setting that named it
     "blocks": int,                    # ... its residual blocks
@@ -553,8 +554,8 @@ class CaseRecord(TypedDict, total=False):
     created_at: str                   # ISO 8601, UTC
     name: Required[str]
     preset: Required[str]
-    schedule: Required[str]
-    stress: str                       # the stress case ("standard": the plain pair; "pair" in older records)
+    case: Required[str]               # the stress case's name ("standard": the plain pair)
+    case_label: Required[str]         # its name, then its qualifier where it has one ("batch_ramp-sqrt")
     run_steps: int                    # the steps one run of the case trains (its case declares it)
     purpose: Purpose
     description: str

@@ -1,6 +1,8 @@
 """Records of an older schema, read as the current schema holds them.
 
-    upgraded(record)     a record of schema 2 as schema 3 (a new dict); any other record as it is
+    upgraded(record)     a record of schema 2 or 3 as schema 4 (a new dict); any other record as it is
+    upgraded_baseline(b) a baseline of schema 6 as schema 7 (a new dict); any other document as it is
+    upgraded_invariant(l) an invariant line of before "case_key" with today's names (a new dict)
     upgraded_run(entry)  one run's entry of schema 2 (a line of its per-step file, say) with the new names
     upgraded_run_name(n) "baseline-seed0-lr0.01" -> "reference-seed0-lr0.01"
 
@@ -11,7 +13,16 @@ its runs' names and keys ("baseline-seed0-..."), the arm in a Ray unit's name, a
 field holding the reference arm's mean ("baseline") are renamed; the gate variant of a run without a
 gate, "baseline", is "ungated". Files on disk keep their names: a ``steps_file`` or bundle ``path`` still
 points at them. A record of schema 2 has no "run_steps" either: ``stability.record.case_steps`` reads
-it through the setting that held it. The record on disk is never rewritten.
+it through the setting that held it.
+
+Schema 3 -> 4: a case record names its case by the words for it: the case's name under "case" (was
+"stress"; absent in the oldest records, "pair" before the plain pair was called "standard": both mean
+"standard") and its label under "case_label" (was "schedule", the word an arm record keeps for the
+schedule its run trained under). Baseline schema 6 -> 7: a baseline's case entry likewise ("stress" ->
+"case", "schedule" -> "case_label"), and each of its invariant lines, as every invariant line written
+before: the case key it names under "case_key" (was "case", the word that now holds a case's name).
+
+The record or baseline on disk is never rewritten.
 """
 
 from __future__ import annotations
@@ -20,9 +31,11 @@ import copy
 
 from stability.config import OLD_REFERENCE_ARM, REFERENCE_ARM, current_arm_name
 from stability.config.run import UNGATED
+from stability.record.identity import STANDARD
 from stability.record.schema import RESULTS_BEFORE_THE_SLOT
 
 OLD_UNGATED = "baseline"      # the gate variant of a run without a gate, until schema 3
+OLD_CASE_NAMES = {"pair": STANDARD}   # a case's name before the plain pair was called "standard"
 
 
 def upgraded_run_name(name):
@@ -76,12 +89,8 @@ def _results(result) -> None:
                     _run_entry(item)
 
 
-def upgraded(record):
-    """``record`` as the current schema holds it (see the module docstring); a record that is not of
-    schema 2 (this schema's, or one this version cannot read: validation names it) is returned as it is."""
-    if not isinstance(record, dict) or record.get("schema_version") != 2:
-        return record
-    out = copy.deepcopy(record)
+def _reference_named(out: dict) -> None:
+    """Schema 2 -> 3, in place: the reference arm named "reference"."""
     out["schema_version"] = 3
     config = out.get("config")
     if isinstance(config, dict) and isinstance(config.get("arms"), list):
@@ -114,4 +123,75 @@ def upgraded(record):
         for unit in ray.get("units") or []:
             if isinstance(unit, dict) and "name" in unit:
                 unit["name"] = _unit_name(unit["name"])
+
+
+def _case_words(entry: dict) -> dict:
+    """A case record of schema 3, or a baseline's case entry of schema 6, with its case's name under "case"
+    and its label under "case_label" (the other keys in their order)."""
+    out = {}
+    for key, value in entry.items():
+        if key == "schedule":
+            out["case_label"] = value
+        elif key == "stress":
+            out["case"] = OLD_CASE_NAMES.get(value, value or STANDARD)
+        else:
+            out[key] = value
+    out.setdefault("case", STANDARD)
+    return out
+
+
+def upgraded(record):
+    """``record`` as the current schema holds it (see the module docstring); a record of another schema
+    (this schema's, or one this version cannot read: validation names it) is returned as it is."""
+    if not isinstance(record, dict) or record.get("schema_version") not in (2, 3):
+        return record
+    out = copy.deepcopy(record)
+    if out["schema_version"] == 2:
+        _reference_named(out)
+    out = _case_words(out)
+    out["schema_version"] = 4
+    return out
+
+
+OLD_BASELINE_KEYS = {"draws": "replicates"}   # a baseline's keys before their rename (any schema)
+
+
+def _renamed(value):
+    """``value`` with every key of ``OLD_BASELINE_KEYS`` under its name of today, in the same place; a dict
+    holding both names of one key keeps the old one, which validation then refuses."""
+    if not isinstance(value, dict):
+        return value
+    return {OLD_BASELINE_KEYS[k] if k in OLD_BASELINE_KEYS and OLD_BASELINE_KEYS[k] not in value else k: v
+            for k, v in value.items()}
+
+
+def upgraded_invariant(line):
+    """An invariant line (``stability.record.invariants``) with today's names: the case key under "case_key"
+    (was "case"), the reference arm "reference" (was "baseline"), in a copy; anything else as it is."""
+    if not isinstance(line, dict):
+        return line
+    out = {("case_key" if key == "case" and "case_key" not in line else key): value for key, value in line.items()}
+    if isinstance(out.get("arm"), str):
+        out["arm"] = current_arm_name(out["arm"])
+    return out
+
+
+def upgraded_baseline(baseline):
+    """``baseline`` (an object read from a baseline file) as the current baseline schema holds it: renamed
+    keys (``OLD_BASELINE_KEYS``, at the top level and in the calibration) under their names of today; of
+    schema 6, schema 7, whose case entries name their case by "case" and "case_label". Any other document as
+    it is (validation names what is wrong with it)."""
+    if not isinstance(baseline, dict):
+        return baseline
+    out = _renamed(baseline)
+    if "calibration" in out:
+        out["calibration"] = _renamed(out["calibration"])
+    if out.get("schema_version") != 6:
+        return out
+    out["schema_version"] = 7
+    if isinstance(out.get("cases"), dict):
+        out["cases"] = {key: _case_words(case) if isinstance(case, dict) else case
+                        for key, case in out["cases"].items()}
+    if isinstance(out.get("invariants"), list):
+        out["invariants"] = [upgraded_invariant(line) for line in out["invariants"]]
     return out

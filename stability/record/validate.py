@@ -69,7 +69,7 @@ def validate_record(record, where: str) -> CaseRecord:
     if not isinstance(record["config"], dict):
         raise RecordError(f"{where}: config = {shown(record['config'])}: expected an object (the resolved config)")
     extension = foreign_extensions(record)
-    own = case_name(record) if isinstance(record.get("stress"), (str, type(None))) else None  # else _entry says
+    own = case_name(record) if isinstance(record.get("case"), (str, type(None))) else None  # else _entry says
     # a figure the table lacks, in a record of a case this process did not register (a reader that imports no
     # case), is taken to be that case's: kept, unread
     foreign = extension or (() if own is None or is_declared(own) else (f"case {own}",))

@@ -52,7 +52,7 @@ def _lr_varies(record: dict) -> bool:
     """True when an arm's LR spans more than a factor 10 (an LR range test / ramp): loss vs LR is worth a plot."""
     for arm in record.get("arms") or []:
         lrs = [v for v in (arm.get("series") or {}).get("lr") or [] if isinstance(v, (int, float)) and v > 0]
-        if lrs and max(lrs) / min(lrs) > 10 and record.get("schedule") != Standard.name:
+        if lrs and max(lrs) / min(lrs) > 10 and record.get("case_label") != Standard.name:
             return True
     return False
 
@@ -445,7 +445,7 @@ def write_report(records: list[dict], out: str | Path = "reports/report.html", r
     for index, (record, record_plots) in enumerate(zip(records, plots)):
         names = {}
         for name, png in record_plots.items():
-            path = plot_dir / f"{index:02d}-{_slug(str(record.get('name')))}-{_slug(str(record.get('schedule')))}-" \
+            path = plot_dir / f"{index:02d}-{_slug(str(record.get('name')))}-{_slug(str(record.get('case_label')))}-" \
                               f"{name}.png"
             path.write_bytes(png)
             written.append(path)

@@ -230,7 +230,7 @@ class Session:
         finished arm record when a resumed case already has it."""
         case = self._case(case_record)
         run, arm, name, key = unit.run, unit.arm, unit.run_name, unit.key
-        label = f"  {unit.label}"
+        label = f"  [{unit.case}] {name}"
         steps_file = self.run_dir / "steps" / case_record["id"] / f"{key}.jsonl"
         checkpoint_file = self.checkpoint_dir / case_record["id"] / f"{key}.pt"
         resume_state, resume_after = None, None

@@ -455,6 +455,6 @@ class _Sender:
         final = tracking.new_points([Metric(k, v, now, step) for k, v in tracking._finite_metrics(
             arm.get("final") or {}, "final.").items()], runs["held"].get(key, {}))
         self.store(client.log_batch, run_id, metrics=final[:1000],
-                   tags=[RunTag("status", str(arm.get("status"))), RunTag("stability.status", str(arm.get("status")))])
+                   tags=[RunTag("status", str(arm.get("status")))])
         _, end = tracking.arm_times(arm)
         self.store(client.set_terminated, run_id, status=tracking.arm_status(arm), end_time=end)

@@ -151,7 +151,7 @@ def describe(record: dict) -> str:
     model, optim, precision = run.get("model") or {}, run.get("optim") or {}, run.get("precision") or {}
     variants = dict.fromkeys(f"{a['arm']} ({a.get('variant')})" for a in record.get("arms") or [])
     fault = run.get("fault") or {}
-    parts = [f"{record.get('preset')}/{record.get('name')}: schedule {record.get('schedule')}"
+    parts = [f"{record.get('preset')}/{record.get('name')}: case {record.get('case_label')}"
              + (f" ({record['description']})" if record.get("description") else ""),
              "arms " + (", ".join(variants) or ", ".join(a.get("name", "?") for a in config.get("arms") or [])),
              (f"{model.get('n_layers')}L d{model.get('d_model')}, {precision.get('dtype')}, "
@@ -164,7 +164,7 @@ def describe(record: dict) -> str:
 def run_name(record: dict) -> str:
     """The parent run's name: the case's schedule (which names the case and its variant, e.g. shock-jump),
     the config name when it is not the preset's, the purpose when it is not a regression run."""
-    name = str(record.get("schedule") or case_name(record))
+    name = str(record.get("case_label") or case_name(record))
     if record.get("name") not in (None, record.get("preset")):
         name = f"{record['name']} {name}"
     if record.get("purpose", "regression") != "regression":
@@ -180,9 +180,7 @@ def child_name(arm: dict) -> str:
 
 def child_tags(record: dict, arm: dict, parent_id: str | None) -> dict[str, str]:
     """The tags of one arm's child run: what the UI filters and groups by, and where it belongs."""
-    tags = {**_tags(record), "stability.level": "arm", "stability.arm": str(arm["arm"]),
-            "stability.variant": str(arm.get("variant")), "stability.status": str(arm.get("status")),
-            "stability.seed": str(arm["seed"]), "arm": str(arm["arm"]), "variant": str(arm.get("variant")),
+    tags = {**_tags(record), "stability.level": "arm", "arm": str(arm["arm"]), "variant": str(arm.get("variant")),
             "seed": str(arm["seed"]), "status": str(arm.get("status")),
             "mlflow.note.content": f"{arm['arm']} arm ({arm.get('variant')}), seed {arm['seed']}: "
                                    f"{arm.get('status')}" + (f" - {arm['stop_reason']}" if arm.get("stop_reason")
@@ -261,16 +259,18 @@ def experiment_name(record: dict, experiment: str | None = None) -> str:
 
 
 def parent_tags(record: dict) -> dict[str, str]:
-    return {**_tags(record), "case": case_name(record), "status": str(record.get("status"))}
+    return {**_tags(record), "status": str(record.get("status"))}
 
 
 def _tags(record: dict) -> dict[str, str]:
+    """The tags a parent run and its children share, one per meaning: the case's name (``case``), its label
+    (``stability.case_label``: "batch_ramp-sqrt") and its key (``stability.case_key``: "smoke/batch_ramp-sqrt"),
+    the config's name and preset, the purpose, the record's id, git and the environment."""
     git, env = record.get("git") or {}, record.get("env") or {}
-    tags = {"stability.preset": str(record.get("preset")), "stability.schedule": str(record.get("schedule")),
-            "stability.name": str(record.get("name")), "stability.case": case_key(record),
+    tags = {"stability.preset": str(record.get("preset")), "stability.case_label": str(record.get("case_label")),
+            "stability.name": str(record.get("name")), "stability.case_key": case_key(record),
             "stability.purpose": str(record.get("purpose")), "stability.record_id": str(record.get("id", "")),
-            "stability.status": str(record.get("status")), "stability.level": "pair",
-            "case": case_name(record), "mlflow.note.content": describe(record)}
+            "stability.level": "pair", "case": case_name(record), "mlflow.note.content": describe(record)}
     tags.update({f"git.{k}": str(v) for k, v in git.items()})
     tags.update({f"env.{k}": str(v) for k, v in env.items()})
     if isinstance(env.get("machine"), dict):   # the machine's label, not its whole description
@@ -434,7 +434,7 @@ def log_to_mlflow(record: dict, tracking_uri: str | None = None, experiment: str
     try:
         check_reachable(uri)
         with tempfile.TemporaryDirectory(prefix="stability-artifacts-") as tmp:
-            copy = write_json(Path(tmp) / "record" / f"{record['name']}-{record['schedule']}-{record.get('id')}.json",
+            copy = write_json(Path(tmp) / "record" / f"{record['name']}-{record['case_label']}-{record.get('id')}.json",
                               {k: v for k, v in record.items() if not k.startswith("_")})
             files = [(copy, "record"), *((Path(p), d) for p, d in artifacts)]
             client = open_client(uri)
@@ -537,7 +537,7 @@ def _create_experiment(client, uri: str, name: str) -> str:
 
 def fetch_records(branch: str, tracking_uri: str | None = None, preset: str | None = None,
                   max_results: int = 500) -> list[dict]:
-    """The JSON records of the latest parent run per case (name + schedule) and rounding replicate
+    """The JSON records of the latest parent run per case key and rounding replicate
     (``run.replicate``) tagged git.branch=BRANCH: a baseline's unperturbed runs and their replicates."""
     from mlflow.entities import ViewType
 
@@ -555,8 +555,8 @@ def fetch_records(branch: str, tracking_uri: str | None = None, preset: str | No
     runs = client.search_runs(experiments, query, max_results=max_results, order_by=["attributes.start_time DESC"])
     latest: dict[tuple, object] = {}
     for run in runs:
-        key = (run.data.tags.get("stability.name"), run.data.tags.get("stability.schedule"),
-               run.data.params.get("run.replicate", "0"))
+        tags = run.data.tags   # a run logged before the case key had its tag kept it under "stability.case"
+        key = (tags.get("stability.case_key") or tags.get("stability.case"), run.data.params.get("run.replicate", "0"))
         latest.setdefault(key, run)
     records = []
     with tempfile.TemporaryDirectory(prefix="stability-fetch-") as tmp:
