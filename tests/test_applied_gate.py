@@ -66,6 +66,8 @@ def test_a_quantization_scheme_that_skips_a_linear_fails_naming_it(tmp_path):
     assert "quant_w8a8-tensor_missed = 2" in out and "quant_w8a8-token_missed = 2" in out
 
 
+@pytest.mark.slow   # a long test (a changed setting judged: also by tests/test_regression.py on records made by hand): CI runs it in a step of its own
+@pytest.mark.long
 def test_a_changed_default_is_judged_and_named_not_refused(tmp_path):
     code, out, document = job(tmp_path, "adamw_beta2_default_0999", "standard")
     assert code in (1, 3), out[-3000:]
@@ -73,6 +75,8 @@ def test_a_changed_default_is_judged_and_named_not_refused(tmp_path):
     assert document["rows_judged"] > 0 and not document["errors"]
 
 
+@pytest.mark.slow   # a long test (also by tests/test_regression.py on records made by hand): CI runs it in a step of its own
+@pytest.mark.long
 def test_a_changed_model_width_cannot_be_compared(tmp_path):
     code, out, _ = job(tmp_path, None, "standard", "model.d_model=128")
     assert code == 2, out[-3000:]

@@ -96,8 +96,9 @@ def test_the_downstream_block_is_the_readme_s_one_and_the_downstream_test_runs_i
 
 
 # the pages whose blocks take minutes on 2 cores (each extension kind run under torchrun and Ray; a baseline
-# made, calibrated and judged): long tests, which CI runs in a step of its own after the test command
-LONG_PAGES = ("extending.md", "merge-gate.md")
+# made, calibrated and judged) or half a minute and more (a Ray cluster and torchrun, the paper's controls, a
+# killed and resumed run): long tests, which CI runs in a step of its own after the test command
+LONG_PAGES = ("extending.md", "merge-gate.md", "scale-out.md", "arms-and-controls.md", "long-runs.md")
 
 
 def _default_pages() -> list:

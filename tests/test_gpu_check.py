@@ -270,6 +270,8 @@ def test_the_dry_run_text_lists_the_parts_budgets_and_plans_a_full_step():
     assert gpu_check.gpu_name_of("NVIDIA H200") == "h200" and gpu_check.gpu_name_of("Tesla T4") is None
 
 
+@pytest.mark.slow   # a long test (every part's setup in subprocesses): CI runs it in a step of its own
+@pytest.mark.long
 def test_the_dry_run_needs_nothing_the_lent_image_lacks(tmp_path):
     """``--dry-run`` in a subprocess (and every process it starts) that cannot import mlflow, bitsandbytes, torchao
     or pytest-benchmark: every part's setup passes, the budgets sum to under 540 s, the table files are written."""

@@ -56,8 +56,17 @@ def test_one_worker_per_gpu_is_what_lets_the_pull_request_job_start(repository, 
     assert "stress" in problem and "pytest-xdist workers but 1 GPU" in problem
 
 
-@pytest.mark.parametrize("where", ["workflow", "template"])
-@pytest.mark.parametrize("name", list(EXPECTED))
+def _jobs() -> list:
+    """Every GPU job of the workflow and of the template; the pull-request jobs of this repository's workflow
+    in the test command, the others (the same commands on 4 GPUs, or with the template's values) long tests,
+    which CI runs in a step of its own after it."""
+    long = (pytest.mark.slow, pytest.mark.long)
+    return [pytest.param(name, where, id=f"{name}-{where}",
+                         marks=() if where == "workflow" and EXPECTED[name] == 1 else long)
+            for where in ("workflow", "template") for name in EXPECTED]
+
+
+@pytest.mark.parametrize(("name", "where"), _jobs())
 def test_the_gpu_job_reaches_its_first_cuda_computation(name, where, repository, downstream, tmp_path):
     root = repository if where == "workflow" else downstream
     workflow = root / ".github" / "workflows" / "stability.yml"

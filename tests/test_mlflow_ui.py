@@ -143,6 +143,8 @@ def test_the_runs_table_shows_both_arms_with_their_metrics(written, mlflow_ui, t
     assert shot.read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow   # a long test (a second MLflow UI session): CI runs it in a step of its own
+@pytest.mark.long
 def test_a_named_experiment_that_existed_untagged_opens_on_the_runs_table(named, mlflow_ui, tmp_path):
     """Both links the command printed (while training and at the end) open the runs table of the experiment
     named with --experiment, which the harness tagged as a model-training experiment."""

@@ -73,6 +73,8 @@ def gone(process, below: list[int]) -> None:
     process.communicate(timeout=600)
 
 
+@pytest.mark.slow   # a long test (a killed and resumed run twice over): CI runs it in a step of its own
+@pytest.mark.long
 def test_a_double_ctrl_c_keeps_the_run_ids_and_the_resume_continues_the_same_runs(tmp_path, template_store):
     uri = template_store(tmp_path / "m.db")
     process = start(["run", "--tracking-uri", uri, *SETS], tmp_path)
@@ -101,6 +103,8 @@ def test_kill_9_on_a_new_store_leaves_no_process_and_the_resume_makes_no_second_
     assert_each_step_once(uri, resume(tmp_path, run_dir, uri), STEPS)
 
 
+@pytest.mark.slow   # a long test (a killed and resumed run): CI runs it in a step of its own
+@pytest.mark.long
 def test_runs_whose_ids_never_reached_the_disk_are_adopted_by_their_tags(tmp_path, template_store):
     """A warm store, the reference arm finished, kill -9 in the gated arm; then the run ids are taken out of
     the record and its ids file: what a kill in the moment between a run's creation and its id reaching
@@ -137,6 +141,8 @@ def paused_once_live_runs_hold_steps(process, tmp_path, uri) -> None:
     assert wait_until(holds_steps), "the live run of reference-seed0 never held a step"
 
 
+@pytest.mark.slow   # a long test (a killed and resumed run): CI runs it in a step of its own
+@pytest.mark.long
 def test_resume_no_live_continues_the_live_runs(tmp_path, template_store):
     """Ctrl-C once the live runs hold steps, then ``--resume --no-live``: the record sent at the end completes
     the live runs with the steps they lack."""
