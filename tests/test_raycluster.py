@@ -131,7 +131,7 @@ def test_a_killed_worker_is_retried_and_its_unit_counted_once(ray_local):
     from stability.cases.ray_runner import RayRunner
 
     config = tiny()
-    victim = Unit("standard", "gated", 0, config.arm_config("gated", 0), Standard()).id
+    victim = task_id(Unit("standard", "gated", 0, config.arm_config("gated", 0), Standard()))
 
     def kill_first_attempt(unit_id, attempt):   # the worker process dies in the middle of its task
         if unit_id == victim and attempt == 1:

@@ -310,7 +310,7 @@ def test_a_late_divergence_of_one_seed_fails_although_a_later_named_run_director
     assert job.failed and job.steps["check"].outputs == {"code": "1"}, job.log()
     assert ":x: REGRESSED" in job.summary and "make the baseline again" not in job.summary
     failed = [o["reason"] for o in harmful.result["outcomes"]] + [
-        f"{row['case']} {row['arm']} {row['figure']}" for row in harmful.result["rows"] if row["verdict"] == "regressed"]
+        f"{row['case_key']} {row['arm']} {row['figure']}" for row in harmful.result["rows"] if row["verdict"] == "regressed"]
     assert any("seed 1" in reason for reason in failed) or any("gated" in reason for reason in failed), failed
     runs = jobs.copy / "reports" / "runs"
     assert newest_session(runs).name == PLANTED != harmful.session.name
