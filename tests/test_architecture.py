@@ -239,7 +239,9 @@ def test_the_case_registry_imports_without_torch():
                                 "from stability.cases.stress import CASES\nprint(','.join(CASES))\n")
     done = subprocess.run([sys.executable, "-c", block], check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["standard,lr_sweep,lr_ramp,batch_ramp,precision_ladder,shock"]
+    from stability.cases.stress import CASES
+
+    assert done.stdout.split() == [",".join(CASES)] and "standard" in CASES
 
 
 # The registries' own packages, where a built-in name may be branched on: the config (it declares the
@@ -275,14 +277,23 @@ def branches_on_names(source: str, names: dict[str, str]) -> list[tuple[int, str
     return found
 
 
+def own_names(where: str) -> set[str]:
+    """The names a case's own module declares (its case's name and its figures): ``where`` names them freely."""
+    from stability.cases.stress import CASES
+
+    owner = next((case for case in CASES.values() if where == f"stability/cases/{case.name}.py"), None)
+    return set() if owner is None else {owner.name, *(entry.name for entry in owner.figures)}
+
+
 def test_no_module_outside_the_registries_branches_on_a_built_in_name():
     names = built_in_names()
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         where = path.relative_to(PACKAGE.parent).as_posix()
         if not where.startswith(REGISTRY_HOMES):
+            own = own_names(where)
             offenders += [f"{where}:{line} {kind} {name!r}" for line, kind, name in branches_on_names(
-                path.read_text(), names)]
+                path.read_text(), names) if name not in own]
     assert offenders == [], "special cases of built-in names outside their registries: " + "; ".join(offenders)
 
 

@@ -304,13 +304,13 @@ CASE_SETTINGS = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_record_of_every_stress_case_validates(tmp_path, case):
     """Trained (tiny), written through a session and the pipeline (validated on every write), read back."""
-    assert set(CASE_SETTINGS) == set(CASES)
+    assert set(CASE_SETTINGS) <= set(CASES)   # a case without settings here trains at TINY as it is
     torch.set_num_threads(1)
-    config = resolve("smoke", {**TINY, **CASE_SETTINGS[case]})
+    config = resolve("smoke", {**TINY, **CASE_SETTINGS.get(case, {})})
     record = run_recorded(case, config, tmp_path, track=False, plots=False)
     back = read_record(record["record_path"])
     assert back["status"] == Status.COMPLETED and back["case"] == case
-    assert case == "standard" or case in back["results"]
+    assert (case in back.get("results", {})) == (CASES[case].result is not None)   # results of the type it declares
     assert not set(back) & set(CASES)   # the case's results in the one slot, never under a key of their own
     assert {r["status"] for r in back["runs"]} <= USABLE and "checkpoint_dir" in back
     if case == "standard":

@@ -113,9 +113,13 @@ class CaseRun:
         per arm: arm, seed, status, diverged_at_step, the figures and the extras."""
         return self.train_runs(every_arm(self.case, self.config, schedule), figures_of)
 
+    def declared_units(self) -> list[Unit]:
+        """The runs the case declares on this run's (prepared) config, in training order."""
+        return self.case.units_of_prepared(self.config)
+
     def train_declared(self, figures_of) -> list[dict]:
         """``train_each_arm`` over the runs the case declares (``StressCase.units``: one per arm and seed)."""
-        return self.train_runs(self.case.units(self.config), figures_of)
+        return self.train_runs(self.declared_units(), figures_of)
 
     def train_runs(self, units: list[Unit], figures_of) -> list[dict]:
         """Train ``units`` (one per arm and seed) and add ``figures_of(run, arm_record)`` to each (see
@@ -221,11 +225,20 @@ class StressCase:
         return Unit(self.name, arm, seed, run, schedule, self.rung(run) if self.rung else None)
 
     def units(self, config: cfg.ExperimentConfig) -> list[Unit]:
-        """The runs it trains on ``config``, in the order it trains them (``runs``; without, one run per seed
-        and arm under the standard schedule). Nothing is built or trained: the plan counts these."""
+        """The runs ``run(config)`` trains, in the order it trains them (``prepare`` d where the case declares it;
+        ``runs``; without, one run per seed and arm under the standard schedule). Nothing is built or
+        trained: the plan counts these."""
+        return self.units_of_prepared(self.prepared(config))
+
+    def units_of_prepared(self, config: cfg.ExperimentConfig) -> list[Unit]:
+        """``units`` of a config already ``prepared`` (the one a ``CaseRun`` holds)."""
         if self.runs is not None:
             return self.runs(self, config)
         return every_arm(self, config, Standard())
+
+    def prepared(self, config: cfg.ExperimentConfig) -> cfg.ExperimentConfig:
+        """The config ``run`` trains: ``prepare(config)`` where the case declares it, else ``config``."""
+        return self.prepare(config) if self.prepare is not None else config
 
     def run_steps(self, config: cfg.ExperimentConfig) -> int:
         """The steps one of its runs trains on ``config``."""
@@ -246,6 +259,6 @@ class StressCase:
     def run(self, config: cfg.ExperimentConfig, session=None, runner=None) -> dict:
         """Train the case on ``config`` (``prepare`` d where it declares it) with its CPU threads
         (``stress.threads``); its case record."""
-        config = self.prepare(config) if self.prepare is not None else config
+        config = self.prepared(config)
         with cpu_threads(config.stress.threads):
             return self.record(config, session, runner)

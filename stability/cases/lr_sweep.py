@@ -103,7 +103,7 @@ def train_sweep(case: CaseRun) -> None:
     grid = config.stress.sweep_lrs
     ref = reference_index(grid, config.run.optim.lr)
     per_arm, runs = [], []
-    trained = case.train_units(case.case.units(config))
+    trained = case.train_units(case.declared_units())
     for seed in config.seeds:
         for arm in config.arm_names:
             records = []

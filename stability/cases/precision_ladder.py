@@ -117,7 +117,7 @@ def train_precision_ladder(case: CaseRun) -> None:
     skipped = ladder_skips(config)
     precisions = [p for p in config.stress.precisions if p not in skipped]
     runs, sources = [], {}
-    trained = case.train_units([unit for unit in case.case.units(config)
+    trained = case.train_units([unit for unit in case.declared_units()
                                 if unit.run.precision.dtype not in skipped])
     for seed in config.seeds:
         for arm in config.arm_names:
