@@ -118,14 +118,14 @@ def _task(config, unit: Unit, attempts, before_unit) -> tuple[str, dict]:
     (id, record)."""
     import ray
 
-    attempt = ray_attempt()
+    attempt, id_ = ray_attempt(), task_id(unit)
     if before_unit is not None:
-        before_unit(task_id(unit), attempt)
-    counted = ray.get(attempts.start.remote(task_id(unit)))
+        before_unit(id_, attempt)
+    counted = ray.get(attempts.start.remote(id_))
     attempt = max(attempt or 0, counted)
     arm_record = train_alone(config, unit)
-    set_unit(arm_record, task_id(unit), task_name(unit), attempt, os.getpid())
-    return task_id(unit), arm_record
+    set_unit(arm_record, id_, task_name(unit), attempt, os.getpid())
+    return id_, arm_record
 
 
 class _Attempts:

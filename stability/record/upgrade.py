@@ -156,13 +156,12 @@ def upgraded(record):
 OLD_BASELINE_KEYS = {"draws": "replicates"}   # a baseline's keys before their rename (any schema)
 
 
-def _renamed(value):
-    """``value`` with every key of ``OLD_BASELINE_KEYS`` under its name of today, in the same place; a dict
-    holding both names of one key keeps the old one, which validation then refuses."""
+def _renamed(value, names: dict[str, str] = OLD_BASELINE_KEYS):
+    """``value`` with every key of ``names`` (old -> new) under its new name, in the same place; a dict holding
+    both names of one key keeps the old one, which validation then refuses."""
     if not isinstance(value, dict):
         return value
-    return {OLD_BASELINE_KEYS[k] if k in OLD_BASELINE_KEYS and OLD_BASELINE_KEYS[k] not in value else k: v
-            for k, v in value.items()}
+    return {names[k] if k in names and names[k] not in value else k: v for k, v in value.items()}
 
 
 def upgraded_invariant(line):
@@ -170,7 +169,7 @@ def upgraded_invariant(line):
     (was "case"), the reference arm "reference" (was "baseline"), in a copy; anything else as it is."""
     if not isinstance(line, dict):
         return line
-    out = {("case_key" if key == "case" and "case_key" not in line else key): value for key, value in line.items()}
+    out = _renamed(line, {"case": "case_key"})
     if isinstance(out.get("arm"), str):
         out["arm"] = current_arm_name(out["arm"])
     return out
